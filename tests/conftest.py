@@ -1,5 +1,19 @@
-"""Test-wide JAX settings: implicit rank promotion is an error, as in rlax."""
+"""Test-wide JAX settings.
+
+Implicit rank promotion is an error, as in rlax, so a shape slip in the
+library fails here instead of broadcasting silently. Compiled programs are
+cached on disk: many runtime tests build the same rollout and update
+functions afresh, and recompiling each costs seconds on a 2-core machine.
+"""
+
+import os
+import tempfile
 
 import jax
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update(
+    "jax_compilation_cache_dir",
+    os.environ.get("PPO_ASYNC_JAX_CACHE", os.path.join(tempfile.gettempdir(), "ppo_async_jax_cache")),
+)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

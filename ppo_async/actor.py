@@ -1,0 +1,238 @@
+"""Actors: threads that collect experience with a CPU copy of the policy.
+
+An actor owns ``envs_per_actor`` gymnax envs. Per chunk it (1) drains its
+broadcast queue without blocking and keeps the newest `PolicyBroadcast`,
+(2) asks its `ActorThrottle` whether the chunk would run too far ahead of the
+learner, waiting on the broadcast queue if so, (3) runs the jitted ``lax.scan``
+rollout of ``num_steps`` steps, and (4) puts one `Experience` on the shared
+experience queue. An exception inside an actor is sent to the learner as an
+`ActorFailure` so that the run stops at once instead of starving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.envs import BatchedEnv, EnvCarry, Trajectory, make_rollout
+from ppo_async.networks import ActorCritic, init_params, make_network
+from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
+
+# How often a waiting actor looks at the stop signal.
+_POLL_S = 0.05
+
+
+class Experience(NamedTuple):
+    """One chunk from one actor: ``T = num_steps`` rows of its ``E`` envs (numpy)."""
+
+    actor_id: int
+    policy_version: int  # learner updates behind the params that collected it
+    trajectory: Trajectory  # time-major [T, E, ...] numpy arrays
+    bootstrap_obs: np.ndarray  # [E, *obs_shape] observation after the last row
+    bootstrap_value: np.ndarray  # [E] V(bootstrap_obs) under the behaviour params
+
+
+class ActorFailure(NamedTuple):
+    """Sent on the experience queue by an actor that raised."""
+
+    actor_id: int
+    error: BaseException  # carries its own __traceback__
+    formatted_traceback: str
+
+
+class ActorError(RuntimeError):
+    """An actor raised; the original exception is the ``__cause__``."""
+
+    def __init__(self, actor_id: int, formatted_traceback: str):
+        super().__init__(f"actor {actor_id} failed:\n{formatted_traceback}")
+        self.actor_id = actor_id
+
+
+@dataclasses.dataclass
+class ActorStats:
+    """Counters of one actor, returned when its thread ends."""
+
+    actor_id: int
+    env_steps: int = 0  # env steps collected (all envs of this actor)
+    episodes: int = 0  # episodes finished
+    rollouts_sent: int = 0  # Experience messages sent
+    broadcasts_received: int = 0  # PolicyBroadcast messages taken off the queue
+    pause_s: float = 0.0  # time spent held back by the staleness valve
+    active_s: float = 0.0  # time spent collecting (rollout and sending)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorThrottle:
+    """The staleness valve of one actor.
+
+    Each learner update consumes exactly ``num_steps`` rows from every actor,
+    so a broadcast carrying ``learner_updates = U`` proves that the learner has
+    consumed ``U * num_steps`` rows of this actor. A chunk may start only if,
+    after it, the actor's lead over that would be at most ``max_lead_steps``.
+    The newest params an actor can hold are those of update ``U``, and the chunk
+    it may start is consumed at the latest by update ``U + lead_chunks``, so the
+    policy lag of every consumed step is at most ``max_lead_steps // num_steps - 1``.
+    """
+
+    num_steps: int
+    max_lead_steps: int
+
+    @classmethod
+    def from_config(cls, config: AsyncActorLearnerConfig) -> ActorThrottle:
+        return cls(config.num_steps, config.max_lead_steps)
+
+    def may_start_chunk(self, produced_steps: int, learner_updates: int) -> bool:
+        """Whether a chunk may start after ``produced_steps`` rows, given ``learner_updates``."""
+        consumed = learner_updates * self.num_steps
+        return produced_steps + self.num_steps - consumed <= self.max_lead_steps
+
+
+class ActorChannels(NamedTuple):
+    """The queue ends and stop signal one actor thread owns."""
+
+    experience_queue: queue.Queue  # shared by all actors -> learner (Experience | ActorFailure)
+    broadcast_queue: queue.Queue  # learner -> this actor (PolicyBroadcast)
+    stop: threading.Event  # set by train() to end the run
+
+
+class ActorProgram(NamedTuple):
+    """What every actor of a run shares: built once, so the rollout compiles once."""
+
+    env: BatchedEnv
+    network: ActorCritic
+    rollout: Callable[[Any, EnvCarry], tuple[EnvCarry, Trajectory, jax.Array]]
+    params_template: Any  # host params with the network's structure, for from_bytes
+
+
+def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
+    env = BatchedEnv(config.env_id, config.envs_per_actor)
+    network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
+    template = jax.device_get(
+        init_params(network, jax.random.key(0), env.observation_shape)
+    )
+    rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
+    return ActorProgram(env, network, rollout, template)
+
+
+def _drain(broadcast_queue: queue.Queue) -> tuple[PolicyBroadcast | None, int]:
+    """The newest broadcast waiting (or None) and how many were taken."""
+    newest, taken = None, 0
+    while True:
+        try:
+            newest = broadcast_queue.get_nowait()
+        except queue.Empty:
+            return newest, taken
+        taken += 1
+
+
+def actor_thread(
+    actor_id: int,
+    config: AsyncActorLearnerConfig,
+    program: ActorProgram,
+    channels: ActorChannels,
+    device: jax.Device,
+    stats: ActorStats | None = None,
+) -> ActorStats:
+    """Body of one actor thread; returns its `ActorStats` when ``channels.stop`` is set.
+
+    The first `PolicyBroadcast` must already be on (or arrive on) the broadcast
+    queue: the actor never acts with params the learner did not send. Raises
+    whatever the env, rollout or loading raises; `spawn_actor` reports it.
+    """
+    stats = stats if stats is not None else ActorStats(actor_id)
+    throttle = ActorThrottle.from_config(config)
+    key = jax.random.fold_in(jax.random.key(config.seed), actor_id)
+    carry = jax.device_put(program.env.reset(key), device)
+    params, learner_updates, policy_version = None, 0, -1
+    produced = 0
+
+    while not channels.stop.is_set():
+        newest, taken = _drain(channels.broadcast_queue)
+        stats.broadcasts_received += taken
+        if newest is None and (
+            params is None or not throttle.may_start_chunk(produced, learner_updates)
+        ):
+            # Held back (or not yet given params): block on the broadcast queue,
+            # in short waits so that a stop is seen promptly.
+            pause_start = time.perf_counter()
+            try:
+                newest = channels.broadcast_queue.get(timeout=_POLL_S)
+                stats.broadcasts_received += 1
+            except queue.Empty:
+                pass
+            stats.pause_s += time.perf_counter() - pause_start
+            if newest is None:
+                continue
+        if newest is not None:
+            params = load_policy_from_broadcast(newest, program.params_template, device)
+            learner_updates, policy_version = newest.learner_updates, newest.version
+            continue  # look again: more may have arrived, and the valve may now open
+
+        start = time.perf_counter()
+        carry, trajectory, bootstrap_value = program.rollout(params, carry)
+        # device_get blocks until the rollout is done and copies to numpy, so the
+        # learner never touches an actor-device buffer.
+        trajectory, bootstrap_obs, bootstrap_value = jax.device_get(
+            (trajectory, carry.obs, bootstrap_value)
+        )
+        channels.experience_queue.put(
+            Experience(actor_id, policy_version, trajectory, bootstrap_obs, bootstrap_value)
+        )
+        produced += config.num_steps
+        stats.env_steps += trajectory.reward.size
+        stats.episodes += int(np.count_nonzero(trajectory.episode_length))
+        stats.rollouts_sent += 1
+        stats.active_s += time.perf_counter() - start
+    return stats
+
+
+@dataclasses.dataclass
+class ActorHandle:
+    """A running actor thread, its live stats, and the error it died of (if any)."""
+
+    actor_id: int
+    thread: threading.Thread
+    stats: ActorStats
+    error: BaseException | None = None
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s; True if the thread has ended."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+
+def spawn_actor(
+    actor_id: int,
+    config: AsyncActorLearnerConfig,
+    program: ActorProgram,
+    channels: ActorChannels,
+    device: jax.Device,
+) -> ActorHandle:
+    """Start `actor_thread` in a daemon thread and return its `ActorHandle`.
+
+    An exception in the actor is stored on the handle and sent to the learner
+    as an `ActorFailure` on the experience queue.
+    """
+    handle = ActorHandle(actor_id, None, ActorStats(actor_id))  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            actor_thread(actor_id, config, program, channels, device, handle.stats)
+        except BaseException as error:  # noqa: BLE001 - reported, never swallowed
+            handle.error = error
+            channels.experience_queue.put(
+                ActorFailure(actor_id, error, traceback.format_exc())
+            )
+
+    handle.thread = threading.Thread(target=run, name=f"ppo-actor-{actor_id}", daemon=True)
+    handle.thread.start()
+    return handle

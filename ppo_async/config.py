@@ -1,0 +1,246 @@
+"""`AsyncActorLearnerConfig`: every knob of a run, validated on construction.
+
+One frozen dataclass. Each field's docstring is its ``--help`` line in the CLI
+(tyro reads them). Derived quantities are properties, never fields written
+after parsing. Sweeps use ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field and the fix."""
+
+
+class _DerivedLead(int):
+    """A ``max_lead_steps`` that was derived from ``None`` (two chunks).
+
+    ``dataclasses.replace(cfg, num_steps=...)`` passes the resolved value back
+    in; this marker lets ``__post_init__`` derive it again from the new sizes
+    instead of keeping a lead that the new config would reject.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncActorLearnerConfig:
+    """Configuration of one asynchronous actor-learner PPO run."""
+
+    # --- run ---
+    env_id: str = "CartPole-v1"
+    """gymnax environment id, e.g. CartPole-v1, Acrobot-v1, Pendulum-v1, Breakout-MinAtar."""
+    total_env_steps: int = 500_000
+    """Environment steps the learner consumes before the run ends."""
+    seed: int = 0
+    """Seed of every random key in the run (actor i uses fold_in(key, i))."""
+
+    # --- topology ---
+    num_actors: int = 2
+    """Actor threads, each with its own batch of environments."""
+    envs_per_actor: int = 4
+    """Environments stepped together by one actor."""
+    num_steps: int = 64
+    """Rows (env steps per env) in one actor chunk and in one column of the learner's batch."""
+    broadcast_every: int = 1
+    """The learner sends new weights to the actors every this many updates."""
+    max_lead_steps: int | None = None
+    """Staleness valve: steps per env an actor may run ahead of what the learner consumed from it. None: two chunks (2 * num_steps * broadcast_every)."""
+    learner_timeout_s: float = 60.0
+    """The run fails if the learner waits this long for any experience."""
+
+    # --- V-trace ---
+    use_vtrace: bool = False
+    """Correct stale experience with V-trace, re-evaluated under the learner's current params."""
+    vtrace_rho_bar: float = 1.0
+    """V-trace clip on the importance weight in the TD errors (and the policy-gradient advantage)."""
+    vtrace_c_bar: float = 1.0
+    """V-trace clip on the trace-cutting coefficients."""
+    vtrace_lambda: float = 0.95
+    """V-trace lambda; equal to gae_lambda, on-policy V-trace is exactly GAE."""
+
+    # --- PPO ---
+    learning_rate: float = 2.5e-4
+    """Adam learning rate."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to 0 over the run."""
+    num_epochs: int = 4
+    """Passes over each batch per update."""
+    num_minibatches: int = 4
+    """Minibatches per epoch; must divide the batch (num_actors * envs_per_actor * num_steps)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda (without V-trace)."""
+    clip_eps: float = 0.2
+    """PPO surrogate clip epsilon."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+
+    # --- network ---
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Widths of the actor and critic MLPs."""
+
+    # --- devices ---
+    learner_device: str | None = None
+    """Device of the learner's params and update, as 'platform' or 'platform:index' (e.g. gpu:0, cpu:1). None: JAX's default device."""
+    actor_device: str = "cpu"
+    """Device the actors run inference on, as 'platform' or 'platform:index'."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        if self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead):
+            lead = _DerivedLead(2 * self.num_steps * self.broadcast_every)
+            object.__setattr__(self, "max_lead_steps", lead)
+        if self.max_lead_steps < self.num_steps * self.broadcast_every:
+            raise ConfigError(
+                f"max_lead_steps={self.max_lead_steps} is below num_steps * "
+                f"broadcast_every = {self.num_steps * self.broadcast_every}: actors "
+                "would wait for a broadcast the learner can never send. Set it to at "
+                "least that (num_steps alone with broadcast_every=1 is lock-step)."
+            )
+
+    # --- derived ---
+    @property
+    def num_envs(self) -> int:
+        """Environments over all actors."""
+        return self.num_actors * self.envs_per_actor
+
+    @property
+    def batch_size(self) -> int:
+        """Env steps in one learner update."""
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        """Learner updates in the run."""
+        return self.total_env_steps // self.batch_size
+
+    @property
+    def max_lead_chunks(self) -> int:
+        """The valve's lead in whole chunks; the policy lag is at most this minus one."""
+        return self.max_lead_steps // self.num_steps
+
+    @property
+    def lock_step(self) -> bool:
+        """Actors never run ahead: every chunk is collected under the newest params."""
+        return self.max_lead_steps == self.num_steps and self.broadcast_every == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (tuples become lists)."""
+        return {
+            f.name: (list(v) if isinstance(v, tuple) else (int(v) if isinstance(v, _DerivedLead) else v))
+            for f in dataclasses.fields(self)
+            for v in [getattr(self, f.name)]
+        }
+
+
+def _require(condition: bool, field: str, value: Any, fix: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field}={value!r}: {fix}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+def _validate(cfg: AsyncActorLearnerConfig) -> None:
+    # Imported here so that a bad env id is reported as a config error without
+    # making the config module depend on gymnax at import time.
+    import gymnax
+
+    _require(
+        isinstance(cfg.env_id, str) and cfg.env_id in gymnax.registered_envs,
+        "env_id", cfg.env_id,
+        "unknown environment; choose one of " + ", ".join(gymnax.registered_envs),
+    )
+    for name in ("num_actors", "envs_per_actor", "num_steps", "broadcast_every",
+                 "num_epochs", "num_minibatches", "total_env_steps"):
+        value = getattr(cfg, name)
+        _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+    _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed,
+             "must be an integer >= 0")
+    if cfg.max_lead_steps is not None:
+        _require(_is_int(cfg.max_lead_steps) and cfg.max_lead_steps >= 1,
+                 "max_lead_steps", cfg.max_lead_steps,
+                 "must be an integer >= 1, or None for two chunks")
+    _require(_is_number(cfg.learner_timeout_s) and cfg.learner_timeout_s > 0,
+             "learner_timeout_s", cfg.learner_timeout_s, "must be a number > 0")
+    for name in ("use_vtrace", "anneal_lr"):
+        _require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name),
+                 "must be True or False")
+    for name in ("vtrace_rho_bar", "vtrace_c_bar", "learning_rate", "clip_eps",
+                 "max_grad_norm"):
+        value = getattr(cfg, name)
+        _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
+    for name in ("vf_coef", "ent_coef"):
+        value = getattr(cfg, name)
+        _require(_is_number(value) and value >= 0, name, value, "must be a number >= 0")
+    for name in ("gamma", "gae_lambda", "vtrace_lambda"):
+        value = getattr(cfg, name)
+        _require(_is_number(value) and 0 <= value <= 1, name, value,
+                 "must be a number in [0, 1]")
+    _require(
+        isinstance(cfg.hidden_sizes, tuple) and len(cfg.hidden_sizes) >= 1
+        and all(_is_int(h) and h >= 1 for h in cfg.hidden_sizes),
+        "hidden_sizes", cfg.hidden_sizes, "must be a non-empty tuple of integers >= 1",
+    )
+    batch_size = cfg.num_actors * cfg.envs_per_actor * cfg.num_steps
+    _require(
+        batch_size % cfg.num_minibatches == 0, "num_minibatches", cfg.num_minibatches,
+        f"must divide the batch num_actors * envs_per_actor * num_steps = {batch_size}",
+    )
+    _require(
+        cfg.total_env_steps >= batch_size, "total_env_steps", cfg.total_env_steps,
+        f"must be at least one batch (num_actors * envs_per_actor * num_steps = {batch_size})",
+    )
+    for name in ("learner_device", "actor_device"):
+        value = getattr(cfg, name)
+        if value is None and name == "learner_device":
+            continue
+        _require(isinstance(value, str) and _parse_device_spec(value) is not None,
+                 name, value, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
+
+
+def _parse_device_spec(spec: str) -> tuple[str, int] | None:
+    platform, _, index = spec.partition(":")
+    if not platform or (index and not index.isdigit()):
+        return None
+    return platform, int(index or 0)
+
+
+def resolve_device(spec: str | None):
+    """The ``jax.Device`` a config device string names (``None``: the default device)."""
+    import jax
+
+    if spec is None:
+        return jax.devices()[0]
+    platform, index = _parse_device_spec(spec)
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError as error:
+        raise ConfigError(f"device {spec!r}: no {platform} backend here ({error})") from None
+    if index >= len(devices):
+        raise ConfigError(
+            f"device {spec!r}: only {len(devices)} {platform} device(s) here "
+            "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)"
+        )
+    return devices[index]

@@ -1,0 +1,314 @@
+"""The learner: rollout buffer, jitted PPO update, and the loop that feeds it.
+
+`RolloutBuffer` keeps one column per actor. When every column holds a chunk of
+``num_steps`` rows, `learner_loop` takes one chunk per actor in fixed actor
+order (so a lock-step run is reproducible), stacks them along the env axis,
+and runs one jitted `make_update_fn` step: advantages (GAE on the behaviour
+values, or V-trace re-evaluated under the current params), then
+``num_epochs x num_minibatches`` PPO steps with optax. Every
+``broadcast_every`` updates it sends the params to every actor as bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import queue
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ppo_async.actor import ActorError, ActorFailure, ActorStats, Experience
+from ppo_async.advantages import gae, vtrace
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.losses import ppo_loss
+from ppo_async.networks import ActorCritic
+from ppo_async.policy_io import PolicyBroadcast, serialize_policy
+
+
+class LearnerTimeoutError(TimeoutError):
+    """The learner waited ``learner_timeout_s`` without receiving experience."""
+
+
+class Batch(NamedTuple):
+    """One learner batch: a chunk from every actor, envs stacked (``B = num_envs``)."""
+
+    obs: jax.Array  # [T, B, *obs_shape]
+    action: jax.Array  # [T, B] or [T, B, action_dim]
+    reward: jax.Array  # [T, B] truncation bootstrap folded in
+    done: jax.Array  # [T, B] bool, terminated or truncated
+    behaviour_logp: jax.Array  # [T, B]
+    behaviour_value: jax.Array  # [T, B]
+    bootstrap_obs: jax.Array  # [B, *obs_shape]
+    bootstrap_value: jax.Array  # [B] under the behaviour params
+
+
+class RolloutBuffer:
+    """One FIFO column of `Experience` chunks per actor."""
+
+    def __init__(self, num_actors: int):
+        self.columns: list[collections.deque[Experience]] = [
+            collections.deque() for _ in range(num_actors)
+        ]
+
+    def add(self, experience: Experience) -> None:
+        self.columns[experience.actor_id].append(experience)
+
+    def ready(self) -> bool:
+        """Every column holds at least one chunk (``num_steps`` rows)."""
+        return all(self.columns)
+
+    def pop_batch(self) -> list[Experience]:
+        """The oldest chunk of every column, in actor order."""
+        if not self.ready():
+            raise RuntimeError("pop_batch on a buffer with an empty column")
+        return [column.popleft() for column in self.columns]
+
+
+def stack_experiences(experiences: Sequence[Experience]) -> Batch:
+    """Concatenate chunks along the env axis, in the order given (numpy)."""
+
+    def cat(arrays, axis):
+        return np.concatenate(arrays, axis=axis)
+
+    trajectories = [e.trajectory for e in experiences]
+    return Batch(
+        obs=cat([t.obs for t in trajectories], 1),
+        action=cat([t.action for t in trajectories], 1),
+        reward=cat([t.reward for t in trajectories], 1),
+        done=cat([t.terminated | t.truncated for t in trajectories], 1),
+        behaviour_logp=cat([t.behaviour_logp for t in trajectories], 1),
+        behaviour_value=cat([t.behaviour_value for t in trajectories], 1),
+        bootstrap_obs=cat([e.bootstrap_obs for e in experiences], 0),
+        bootstrap_value=cat([e.bootstrap_value for e in experiences], 0),
+    )
+
+
+class LearnerState(NamedTuple):
+    """What the update step carries from one update to the next."""
+
+    params: Any  # network params on the learner device
+    opt_state: Any  # optax state
+    key: jax.Array  # PRNG key for minibatch shuffling
+
+
+def make_optimizer(config: AsyncActorLearnerConfig) -> optax.GradientTransformation:
+    steps_per_update = config.num_epochs * config.num_minibatches
+    if config.anneal_lr:
+        learning_rate = optax.linear_schedule(
+            config.learning_rate, 0.0, config.num_updates * steps_per_update
+        )
+    else:
+        learning_rate = config.learning_rate
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adam(learning_rate, eps=1e-5),
+    )
+
+
+def init_learner_state(
+    config: AsyncActorLearnerConfig, params: Any, key: jax.Array
+) -> LearnerState:
+    return LearnerState(params, make_optimizer(config).init(params), key)
+
+
+def make_update_fn(
+    config: AsyncActorLearnerConfig, network: ActorCritic
+) -> Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]:
+    """A jitted ``update(state, batch) -> (state, metrics)``: one learner update."""
+    optimizer = make_optimizer(config)
+
+    def evaluate(params, obs, action):
+        dist, value = network.apply(params, obs)
+        return dist.log_prob(action), value, dist.entropy()
+
+    def advantages_and_targets(params, batch: Batch):
+        discounts = config.gamma * (1.0 - batch.done.astype(jnp.float32))
+        if not config.use_vtrace:
+            advantages, targets = gae(
+                batch.reward, batch.behaviour_value, discounts, batch.bootstrap_value,
+                lambda_=config.gae_lambda,
+            )
+            return advantages, targets, batch.behaviour_logp, batch.behaviour_value, {}
+        # Decoupled PPO with V-trace: the learner's current policy is both the
+        # V-trace target and the proximal policy of the clipped ratio, so the
+        # surrogate stays centred at ratio 1 however stale the behaviour was.
+        target_logp, values, _ = evaluate(params, batch.obs, batch.action)
+        _, bootstrap_value = network.apply(params, batch.bootstrap_obs)
+        out = vtrace(
+            batch.reward, values, discounts, bootstrap_value,
+            target_logp - batch.behaviour_logp,
+            lambda_=config.vtrace_lambda, rho_bar=config.vtrace_rho_bar,
+            c_bar=config.vtrace_c_bar,
+        )
+        extra = {"vtrace_clipped_rho_mean": jnp.mean(out.clipped_rhos)}
+        return out.pg_advantages, out.value_targets, target_logp, values, extra
+
+    def minibatch_loss(params, minibatch):
+        obs, action, old_logp, advantages, old_values, targets = minibatch
+        logp, values, entropy = evaluate(params, obs, action)
+        return ppo_loss(
+            logp, old_logp, advantages, values, old_values, targets, entropy,
+            clip_eps=config.clip_eps, vf_coef=config.vf_coef, ent_coef=config.ent_coef,
+        )
+
+    def sgd_step(carry, minibatch):
+        params, opt_state = carry
+        (_, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
+            params, minibatch
+        )
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return (params, opt_state), metrics
+
+    @jax.jit
+    def update(state: LearnerState, batch: Batch):
+        advantages, targets, old_logp, old_values, extra = advantages_and_targets(
+            state.params, batch
+        )
+        flat = jax.tree.map(
+            lambda x: x.reshape(config.batch_size, *x.shape[2:]),
+            (batch.obs, batch.action, old_logp, advantages, old_values, targets),
+        )
+
+        def epoch(carry, key):
+            permutation = jax.random.permutation(key, config.batch_size)
+            minibatches = jax.tree.map(
+                lambda x: x[permutation].reshape(
+                    config.num_minibatches, config.minibatch_size, *x.shape[1:]
+                ),
+                flat,
+            )
+            return jax.lax.scan(sgd_step, carry, minibatches)
+
+        key, epoch_key = jax.random.split(state.key)
+        (params, opt_state), metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state),
+            jax.random.split(epoch_key, config.num_epochs),
+        )
+        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics.update(extra)
+        metrics["advantage_mean"] = jnp.mean(advantages)
+        metrics["value_target_mean"] = jnp.mean(targets)
+        return LearnerState(params, opt_state, key), metrics
+
+    return update
+
+
+@dataclasses.dataclass
+class LearnerReport:
+    """Summary of a run, returned by `learner_loop` (and in `TrainResult`)."""
+
+    updates: int = 0  # learner updates done
+    env_steps: int = 0  # env steps consumed by the learner
+    wall_time_s: float = 0.0  # from the learner's start to its last update
+    env_steps_per_s: float = 0.0  # env_steps / wall_time_s
+    policy_lag_mean: float = 0.0  # learner updates, averaged over every consumed step
+    policy_lag_max: int = 0
+    policy_lag_counts: dict[int, int] = dataclasses.field(default_factory=dict)  # lag -> chunks
+    episode_return_mean: float = float("nan")  # last 100 finished training episodes
+    episodes: int = 0  # training episodes finished in consumed experience
+    learner_wait_s: float = 0.0  # time the learner blocked on the experience queue
+    actor_stats: list[ActorStats] = dataclasses.field(default_factory=list)
+
+
+class LearnerChannels(NamedTuple):
+    """The learner's queue ends."""
+
+    experience_queue: queue.Queue  # from all actors
+    broadcast_queues: Sequence[queue.Queue]  # one per actor, in actor order
+
+
+def broadcast(channels: LearnerChannels, params: Any, learner_updates: int) -> float:
+    """Send ``params`` to every actor; returns the seconds it took."""
+    start = time.perf_counter()
+    message = PolicyBroadcast(learner_updates, learner_updates, serialize_policy(params))
+    for broadcast_queue in channels.broadcast_queues:
+        broadcast_queue.put(message)
+    return time.perf_counter() - start
+
+
+def learner_loop(
+    config: AsyncActorLearnerConfig,
+    network: ActorCritic,
+    state: LearnerState,
+    channels: LearnerChannels,
+    device: jax.Device,
+    on_update: Callable[[dict[str, float]], None] | None = None,
+) -> tuple[LearnerState, LearnerReport]:
+    """Consume experience until ``config.num_updates`` updates are done.
+
+    ``state`` must already be on ``device`` and its params already broadcast
+    as version 0. ``on_update`` receives each update's flat metrics dict
+    (host floats). Raises `ActorError` (chained to the actor's exception) when
+    an actor fails and `LearnerTimeoutError` when no experience arrives for
+    ``learner_timeout_s``.
+    """
+    update = make_update_fn(config, network)
+    buffer = RolloutBuffer(config.num_actors)
+    report = LearnerReport()
+    recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+    lag_sum = 0
+    start = time.perf_counter()
+
+    while report.updates < config.num_updates:
+        while not buffer.ready():
+            wait_start = time.perf_counter()
+            try:
+                item = channels.experience_queue.get(timeout=config.learner_timeout_s)
+            except queue.Empty:
+                raise LearnerTimeoutError(
+                    f"no experience for learner_timeout_s={config.learner_timeout_s} s "
+                    f"after {report.updates} updates (are the actors stuck?)"
+                ) from None
+            report.learner_wait_s += time.perf_counter() - wait_start
+            if isinstance(item, ActorFailure):
+                raise ActorError(item.actor_id, item.formatted_traceback) from item.error
+            buffer.add(item)
+
+        experiences = buffer.pop_batch()
+        lags = [report.updates - e.policy_version for e in experiences]
+        batch = jax.device_put(stack_experiences(experiences), device)
+        state, metrics = update(state, batch)
+        report.updates += 1
+        report.env_steps += config.batch_size
+
+        broadcast_s = 0.0
+        if report.updates % config.broadcast_every == 0 and report.updates < config.num_updates:
+            broadcast_s = broadcast(channels, state.params, report.updates)
+
+        for experience in experiences:
+            finished = experience.trajectory.episode_length > 0
+            recent_returns.extend(experience.trajectory.episode_return[finished].tolist())
+            report.episodes += int(finished.sum())
+        for lag in lags:
+            report.policy_lag_counts[lag] = report.policy_lag_counts.get(lag, 0) + 1
+        lag_sum += sum(lags)
+        report.policy_lag_max = max(report.policy_lag_max, *lags)
+        report.policy_lag_mean = lag_sum / (report.updates * config.num_actors)
+        report.wall_time_s = time.perf_counter() - start
+        report.env_steps_per_s = report.env_steps / report.wall_time_s
+        if recent_returns:
+            report.episode_return_mean = float(np.mean(recent_returns))
+
+        if on_update is not None:
+            host_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            host_metrics.update(
+                update=report.updates,
+                env_steps=report.env_steps,
+                env_steps_per_s=report.env_steps_per_s,
+                episode_return=report.episode_return_mean,
+                policy_lag_mean=float(np.mean(lags)),
+                policy_lag_max=max(lags),
+                queue_depth=channels.experience_queue.qsize(),
+                learner_wait_s=report.learner_wait_s,
+                broadcast_s=broadcast_s,
+            )
+            on_update(host_metrics)
+    return state, report
