@@ -164,7 +164,7 @@ def make_update_fn(
         )
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         return (params, opt_state), metrics
 
     @jax.jit

@@ -1,0 +1,230 @@
+"""Tests of `ppo_async.config`: validation, derived values, serialization, devices."""
+
+import dataclasses
+import json
+import math
+
+import jax
+import pytest
+
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_device
+
+
+def test_defaults_construct_and_derive():
+    cfg = AsyncActorLearnerConfig()
+    assert cfg.env_id == "CartPole-v1"
+    # None resolves to two chunks of the broadcast period, as a plain int.
+    assert cfg.max_lead_steps == 2 * cfg.num_steps * cfg.broadcast_every == 128
+    assert isinstance(cfg.max_lead_steps, int)
+    assert cfg.num_envs == cfg.num_actors * cfg.envs_per_actor == 8
+    assert cfg.batch_size == 8 * 64
+    assert cfg.minibatch_size == cfg.batch_size // cfg.num_minibatches == 128
+    assert cfg.num_updates == 500_000 // 512
+    assert cfg.max_lead_chunks == 2
+    assert cfg.lock_step is False
+
+
+def test_derived_lead_follows_replace_but_explicit_lead_is_kept():
+    cfg = AsyncActorLearnerConfig()
+    bigger = dataclasses.replace(cfg, num_steps=128)
+    assert bigger.max_lead_steps == 256
+    assert bigger.max_lead_chunks == 2
+    slower = dataclasses.replace(cfg, broadcast_every=3)
+    assert slower.max_lead_steps == 2 * 64 * 3
+
+    explicit = AsyncActorLearnerConfig(max_lead_steps=300)
+    assert explicit.max_lead_steps == 300
+    kept = dataclasses.replace(explicit, num_steps=128)
+    assert kept.max_lead_steps == 300
+    assert kept.max_lead_chunks == 2  # 300 // 128
+    # An explicit lead that the new sizes make too short is refused, not rewritten.
+    with pytest.raises(ConfigError, match="max_lead_steps"):
+        dataclasses.replace(explicit, num_steps=512)
+
+
+@pytest.mark.parametrize(
+    "kwargs, lock_step",
+    [
+        (dict(num_actors=1, max_lead_steps=64, broadcast_every=1), True),
+        (dict(num_actors=1, max_lead_steps=65, broadcast_every=1), False),
+        (dict(num_actors=1, max_lead_steps=128, broadcast_every=2), False),
+        (dict(num_actors=1), False),
+    ],
+)
+def test_lock_step(kwargs, lock_step):
+    cfg = AsyncActorLearnerConfig(**kwargs)
+    assert cfg.lock_step is lock_step
+
+
+def test_derived_sizes_of_a_small_config():
+    cfg = AsyncActorLearnerConfig(
+        num_actors=3, envs_per_actor=2, num_steps=10, num_minibatches=5,
+        total_env_steps=1000, max_lead_steps=35,
+    )
+    assert cfg.batch_size == 60
+    assert cfg.minibatch_size == 12
+    assert cfg.num_updates == 16  # 1000 // 60
+    assert cfg.max_lead_chunks == 3
+    assert cfg.lock_step is False
+
+
+# (overrides, field the message must name)
+BAD_CONFIGS = [
+    (dict(num_actors=0), "num_actors"),
+    (dict(num_actors=-1), "num_actors"),
+    (dict(envs_per_actor=0), "envs_per_actor"),
+    (dict(num_steps=0), "num_steps"),
+    (dict(num_steps=-64), "num_steps"),
+    (dict(broadcast_every=0), "broadcast_every"),
+    (dict(num_epochs=0), "num_epochs"),
+    (dict(num_minibatches=0), "num_minibatches"),
+    (dict(num_minibatches=-4), "num_minibatches"),
+    (dict(num_minibatches=3), "num_minibatches"),  # 3 does not divide 2 * 4 * 64
+    (dict(max_lead_steps=63), "max_lead_steps"),  # below num_steps
+    (dict(broadcast_every=2, max_lead_steps=100), "max_lead_steps"),  # below 64 * 2
+    (dict(max_lead_steps=0), "max_lead_steps"),
+    (dict(vtrace_rho_bar=0.0), "vtrace_rho_bar"),
+    (dict(vtrace_rho_bar=-1.0), "vtrace_rho_bar"),
+    (dict(vtrace_c_bar=0.0), "vtrace_c_bar"),
+    (dict(gamma=1.01), "gamma"),
+    (dict(gamma=-0.1), "gamma"),
+    (dict(gae_lambda=-0.1), "gae_lambda"),
+    (dict(vtrace_lambda=1.5), "vtrace_lambda"),
+    (dict(learning_rate=0.0), "learning_rate"),
+    (dict(learning_rate=-1e-3), "learning_rate"),
+    (dict(learning_rate=math.nan), "learning_rate"),
+    (dict(learning_rate=math.inf), "learning_rate"),
+    (dict(clip_eps=0.0), "clip_eps"),
+    (dict(ent_coef=-0.01), "ent_coef"),
+    (dict(vf_coef=-0.5), "vf_coef"),
+    (dict(max_grad_norm=0.0), "max_grad_norm"),
+    (dict(hidden_sizes=()), "hidden_sizes"),
+    (dict(hidden_sizes=(64, 0)), "hidden_sizes"),
+    (dict(hidden_sizes=[64, 64]), "hidden_sizes"),  # a list is not a (hashable) tuple
+    (dict(env_id="NoSuchEnv-v0"), "env_id"),
+    (dict(total_env_steps=511), "total_env_steps"),  # below one batch of 2 * 4 * 64
+    (dict(total_env_steps=0), "total_env_steps"),
+    (dict(num_actors=True), "num_actors"),  # a bool is not an int
+    (dict(num_steps=64.0), "num_steps"),
+    (dict(seed=-1), "seed"),
+    (dict(use_vtrace=1), "use_vtrace"),
+    (dict(learner_device="gpu:x"), "learner_device"),
+    (dict(actor_device=":0"), "actor_device"),
+    (dict(actor_device=None), "actor_device"),
+    (dict(learner_timeout_s=0.0), "learner_timeout_s"),
+    (dict(learner_timeout_s=-5), "learner_timeout_s"),
+]
+
+
+@pytest.mark.parametrize(
+    "overrides, field", BAD_CONFIGS, ids=[f"{f}={v!r}" for o, f in BAD_CONFIGS for v in o.values()]
+)
+def test_bad_config_raises_config_error_naming_the_field(overrides, field):
+    with pytest.raises(ConfigError) as excinfo:
+        AsyncActorLearnerConfig(**overrides)
+    assert field in str(excinfo.value)
+
+
+def test_bad_config_list_is_broad():
+    assert len({tuple(sorted(o.items())) for o, _ in BAD_CONFIGS}) >= 15
+    assert len({f for _, f in BAD_CONFIGS}) >= 15
+
+
+def test_unknown_env_id_message_lists_valid_ids():
+    with pytest.raises(ConfigError) as excinfo:
+        AsyncActorLearnerConfig(env_id="NoSuchEnv-v0")
+    message = str(excinfo.value)
+    assert "NoSuchEnv-v0" in message
+    for valid in ("CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"):
+        assert valid in message
+
+
+def test_messages_say_the_fix():
+    with pytest.raises(ConfigError, match="must divide the batch .* = 512"):
+        AsyncActorLearnerConfig(num_minibatches=3)
+    with pytest.raises(ConfigError, match=r"num_steps \* broadcast_every = 64"):
+        AsyncActorLearnerConfig(max_lead_steps=63)
+    with pytest.raises(ConfigError, match="at least one batch"):
+        AsyncActorLearnerConfig(total_env_steps=511)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(gamma=1.0, gae_lambda=0.0, vtrace_lambda=1.0),  # closed interval [0, 1]
+        dict(ent_coef=0.0, vf_coef=0.0),
+        dict(num_actors=1, envs_per_actor=1, num_steps=1, num_minibatches=1, total_env_steps=1),
+        dict(max_lead_steps=64),  # exactly num_steps * broadcast_every
+        dict(learner_device="cpu:0", actor_device="gpu"),  # syntax only; resolved later
+        dict(use_vtrace=True, vtrace_rho_bar=2.0, vtrace_c_bar=0.5),
+        dict(hidden_sizes=(32,)),
+        dict(env_id="Breakout-MinAtar"),
+    ],
+)
+def test_edge_configs_are_accepted(overrides):
+    AsyncActorLearnerConfig(**overrides)
+
+
+def test_config_error_is_value_error():
+    assert issubclass(ConfigError, ValueError)
+    with pytest.raises(ValueError):
+        AsyncActorLearnerConfig(num_actors=0)
+
+
+def test_config_is_frozen():
+    cfg = AsyncActorLearnerConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.num_steps = 128
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.max_lead_steps = 1000
+    assert cfg.num_steps == 64
+    hash(cfg)  # frozen with hashable fields: usable as a dict key or static arg
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(max_lead_steps=300, hidden_sizes=(32, 16, 8), learner_device="cpu:0",
+             use_vtrace=True, num_steps=32),
+    ],
+)
+def test_to_dict_is_json_and_round_trips(overrides):
+    cfg = AsyncActorLearnerConfig(**overrides)
+    d = cfg.to_dict()
+    assert set(d) == {f.name for f in dataclasses.fields(cfg)}
+    assert isinstance(d["hidden_sizes"], list)
+    assert type(d["max_lead_steps"]) is int
+    loaded = json.loads(json.dumps(d))
+    assert loaded == d
+    loaded["hidden_sizes"] = tuple(loaded["hidden_sizes"])
+    again = AsyncActorLearnerConfig(**loaded)
+    assert again == cfg
+    assert again.max_lead_steps == cfg.max_lead_steps
+    assert again.to_dict() == d
+
+
+def test_round_tripped_derived_lead_is_explicit():
+    # After to_dict the lead is a plain number: replace() then keeps it.
+    d = AsyncActorLearnerConfig().to_dict()
+    d["hidden_sizes"] = tuple(d["hidden_sizes"])
+    cfg = AsyncActorLearnerConfig(**d)
+    assert dataclasses.replace(cfg, num_steps=32).max_lead_steps == 128
+
+
+def test_resolve_device():
+    cpu = resolve_device("cpu")
+    assert cpu.platform == "cpu"
+    assert resolve_device("cpu:0") == jax.devices("cpu")[0]
+    assert resolve_device(None) == jax.devices()[0]
+    count = len(jax.devices("cpu"))
+    with pytest.raises(ConfigError) as excinfo:
+        resolve_device("cpu:99")
+    message = str(excinfo.value)
+    assert "cpu:99" in message
+    assert f"only {count} cpu device" in message
+
+
+def test_resolve_device_unknown_platform():
+    with pytest.raises(ConfigError, match="nosuchplatform"):
+        resolve_device("nosuchplatform")

@@ -1,0 +1,287 @@
+"""The actor-learner runtime: weights as bytes, the valve, the buffer, train().
+
+Integration runs use a tiny topology (2 actors x 2 envs x 8 steps) so that a
+run is a few seconds, most of it compilation (cached on disk by conftest).
+"""
+
+import dataclasses
+import importlib
+import json
+import threading
+import time
+
+import chex
+import flax.serialization
+import jax
+import numpy as np
+import pytest
+
+from ppo_async import (
+    ActorError,
+    ActorThrottle,
+    AsyncActorLearnerConfig,
+    Experience,
+    LearnerTimeoutError,
+    PolicyBroadcast,
+    PolicyLoadError,
+    RolloutBuffer,
+    load_policy_from_broadcast,
+    serialize_policy,
+    train,
+)
+from ppo_async.envs import Trajectory
+from ppo_async.networks import init_params, make_network
+
+TINY = AsyncActorLearnerConfig(
+    num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+    total_env_steps=2 * 2 * 8 * 6, learner_timeout_s=30.0, seed=0,
+)
+
+
+def actor_threads_alive():
+    return [t for t in threading.enumerate() if t.name.startswith("ppo-actor")]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_leaks():
+    yield
+    assert actor_threads_alive() == []
+
+
+# --- weights as bytes -------------------------------------------------------------
+
+def _cartpole_params(seed):
+    network = make_network((4,), type("Discrete", (), {"n": 2})(), (16, 16))
+    return network, init_params(network, jax.random.key(seed), (4,))
+
+
+def test_policy_bytes_round_trip_exactly_onto_requested_device():
+    _, params = _cartpole_params(0)
+    _, template = _cartpole_params(1)
+    device = jax.devices("cpu")[0]
+    message = PolicyBroadcast(3, 3, serialize_policy(params))
+    assert isinstance(message.payload, bytes)
+    loaded = load_policy_from_broadcast(message, jax.device_get(template), device)
+    chex.assert_trees_all_equal(jax.device_get(loaded), jax.device_get(params))
+    for leaf in jax.tree.leaves(loaded):
+        assert leaf.devices() == {device}
+
+
+def test_broadcast_of_another_architecture_is_refused():
+    _, params = _cartpole_params(0)
+    wider = make_network((4,), type("Discrete", (), {"n": 2})(), (32, 16))
+    other = init_params(wider, jax.random.key(0), (4,))
+    message = PolicyBroadcast(1, 1, serialize_policy(other))
+    with pytest.raises(PolicyLoadError, match="version 1"):
+        load_policy_from_broadcast(message, jax.device_get(params))
+    with pytest.raises(PolicyLoadError):
+        load_policy_from_broadcast(PolicyBroadcast(2, 2, b"not msgpack"), params)
+
+
+# --- the staleness valve ----------------------------------------------------------
+
+def test_throttle_decisions_on_hand_made_counters():
+    lock_step = ActorThrottle(num_steps=8, max_lead_steps=8)
+    assert lock_step.may_start_chunk(produced_steps=0, learner_updates=0)
+    assert not lock_step.may_start_chunk(produced_steps=8, learner_updates=0)
+    assert lock_step.may_start_chunk(produced_steps=8, learner_updates=1)
+    assert not lock_step.may_start_chunk(produced_steps=16, learner_updates=1)
+
+    two_chunks = ActorThrottle(num_steps=8, max_lead_steps=16)
+    assert two_chunks.may_start_chunk(8, 0)
+    assert not two_chunks.may_start_chunk(16, 0)
+    assert two_chunks.may_start_chunk(16, 1)
+    assert not two_chunks.may_start_chunk(24, 1)
+    # A lead that is not a whole number of chunks rounds down to whole chunks.
+    odd = ActorThrottle(num_steps=8, max_lead_steps=20)
+    assert odd.may_start_chunk(8, 0) and not odd.may_start_chunk(16, 0)
+
+
+# --- the rollout buffer -----------------------------------------------------------
+
+def _fake_experience(actor_id, version, num_steps=2, num_envs=1):
+    zeros = np.zeros((num_steps, num_envs), np.float32)
+    trajectory = Trajectory(
+        obs=np.full((num_steps, num_envs, 1), actor_id, np.float32),
+        action=zeros.astype(np.int32), reward=zeros + version,
+        terminated=zeros.astype(bool), truncated=zeros.astype(bool),
+        behaviour_logp=zeros, behaviour_value=zeros,
+        episode_return=zeros, episode_length=zeros.astype(np.int32),
+    )
+    return Experience(actor_id, version, trajectory, np.zeros((num_envs, 1)), np.zeros(num_envs))
+
+
+def test_rollout_buffer_fills_by_column_and_pops_in_actor_order():
+    buffer = RolloutBuffer(num_actors=3)
+    buffer.add(_fake_experience(2, 0))
+    buffer.add(_fake_experience(0, 0))
+    buffer.add(_fake_experience(2, 1))
+    assert not buffer.ready()
+    with pytest.raises(RuntimeError):
+        buffer.pop_batch()
+    buffer.add(_fake_experience(1, 0))
+    assert buffer.ready()
+    batch = buffer.pop_batch()
+    assert [e.actor_id for e in batch] == [0, 1, 2]
+    assert [e.policy_version for e in batch] == [0, 0, 0]  # oldest chunk first
+    assert not buffer.ready()  # actor 2's second chunk waits for the others
+    assert len(buffer.columns[2]) == 1 and buffer.columns[2][0].policy_version == 1
+
+
+# --- train(): integration ---------------------------------------------------------
+
+def test_two_actors_run_a_few_updates_and_stop_cleanly(tmp_path):
+    seen = []
+    result = train(TINY, run_dir=tmp_path, progress=False, on_update=seen.append)
+    report = result.report
+    assert report.updates == TINY.num_updates == 6
+    assert report.env_steps == 6 * TINY.batch_size
+    assert report.wall_time_s > 0 and report.env_steps_per_s > 0
+    assert len(report.actor_stats) == 2
+    for stats in report.actor_stats:
+        assert stats.rollouts_sent >= 6  # at least what the learner consumed
+        assert stats.env_steps == stats.rollouts_sent * TINY.num_steps * TINY.envs_per_actor
+        assert stats.broadcasts_received >= 1
+    chex.assert_tree_all_finite(result.params)
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(result.params))
+    # Every update's metrics are finite and on disk, one JSON object per line.
+    assert len(seen) == 6
+    for metrics in seen:
+        assert {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
+                "policy_lag_mean", "policy_lag_max", "queue_depth", "learner_wait_s",
+                "env_steps_per_s", "episode_return"} <= metrics.keys()
+        assert all(np.isfinite(v) for k, v in metrics.items() if k != "episode_return")
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["update"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["max_lead_steps"] == TINY.max_lead_steps
+    restored = flax.serialization.from_bytes(
+        result.params, (tmp_path / "params.msgpack").read_bytes()
+    )
+    chex.assert_trees_all_equal(restored, result.params)
+
+
+@pytest.mark.parametrize(
+    "lead_chunks, broadcast_every, use_vtrace",
+    [(1, 1, False), (2, 1, False), (3, 1, True), (4, 2, False), (2, 2, True)],
+)
+def test_policy_lag_is_bounded_by_the_valve(lead_chunks, broadcast_every, use_vtrace):
+    config = dataclasses.replace(
+        TINY, max_lead_steps=lead_chunks * TINY.num_steps, broadcast_every=broadcast_every,
+        use_vtrace=use_vtrace, total_env_steps=TINY.batch_size * 12,
+    )
+    report = train(config, progress=False).report
+    assert report.updates == 12
+    assert report.policy_lag_max <= config.max_lead_steps // config.num_steps - 1
+    assert sum(report.policy_lag_counts.values()) == 12 * config.num_actors
+    assert max(report.policy_lag_counts) == report.policy_lag_max
+
+
+def test_lock_step_runs_are_byte_identical():
+    config = dataclasses.replace(TINY, max_lead_steps=TINY.num_steps, broadcast_every=1)
+    assert config.lock_step
+    first = train(config, progress=False)
+    second = train(config, progress=False)
+    assert first.report.policy_lag_max == 0
+    assert flax.serialization.to_bytes(first.params) == flax.serialization.to_bytes(
+        second.params
+    )
+    # ...and a different seed really changes them (the check can fail).
+    other = train(dataclasses.replace(config, seed=1), progress=False)
+    assert flax.serialization.to_bytes(other.params) != flax.serialization.to_bytes(
+        first.params
+    )
+
+
+class _Boom(RuntimeError):
+    pass
+
+
+def _patch_rollout(monkeypatch, wrap):
+    """Make every actor's rollout ``wrap(original_rollout)``."""
+    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
+
+    original_make = train_module.make_actor_program
+
+    def make(config):
+        program = original_make(config)
+        return program._replace(rollout=wrap(program.rollout))
+
+    monkeypatch.setattr(train_module, "make_actor_program", make)
+
+
+def test_an_actor_that_raises_stops_the_run_naming_it(monkeypatch):
+    calls = {}
+
+    def wrap(rollout):
+        def failing(params, carry):
+            # Chunks of every actor share this counter; the 3rd chunk overall raises.
+            calls["n"] = calls.get("n", 0) + 1
+            if calls["n"] == 3:
+                raise _Boom("env exploded")
+            return rollout(params, carry)
+        return failing
+
+    _patch_rollout(monkeypatch, wrap)
+    config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 50)
+    with pytest.raises(ActorError, match=r"actor \d failed") as info:
+        train(config, progress=False)
+    assert isinstance(info.value.__cause__, _Boom)
+    assert "env exploded" in str(info.value)
+    assert info.value.actor_id in (0, 1)
+
+
+def test_a_starved_learner_times_out(monkeypatch):
+    def wrap(rollout):
+        def stuck(params, carry):
+            time.sleep(1.5)  # longer than the learner will wait
+            return rollout(params, carry)
+        return stuck
+
+    _patch_rollout(monkeypatch, wrap)
+    config = dataclasses.replace(TINY, learner_timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(LearnerTimeoutError, match="learner_timeout_s=0.5"):
+        train(config, progress=False)
+    assert time.monotonic() - start < 30
+
+
+def test_keyboard_interrupt_stops_cleanly():
+    def interrupt(metrics):
+        if metrics["update"] == 2:
+            raise KeyboardInterrupt
+
+    config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 50)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, progress=False, on_update=interrupt)
+
+
+def test_vtrace_update_runs_and_reports_clipped_rho():
+    seen = []
+    config = dataclasses.replace(TINY, use_vtrace=True, vtrace_rho_bar=0.9)
+    train(config, progress=False, on_update=seen.append)
+    rhos = [m["vtrace_clipped_rho_mean"] for m in seen]
+    assert all(0 < rho <= 0.9 + 1e-6 for rho in rhos)
+
+
+def test_cli_train_writes_a_run_directory(tmp_path, capsys):
+    from ppo_async.cli import main
+
+    main(["train", "--num-actors", "2", "--envs-per-actor", "2", "--num-steps", "8",
+          "--num-epochs", "1", "--num-minibatches", "2", "--total-env-steps", "64",
+          "--no-progress", "--run-root", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "final return" in out and "run directory" in out
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.startswith("CartPole-v1-")
+    assert {p.name for p in run_dir.iterdir()} == {"config.json", "metrics.jsonl", "params.msgpack"}
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_cli_rejects_a_bad_config_with_exit_code_2(capsys):
+    from ppo_async.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--num-minibatches", "7", "--no-progress"])
+    assert info.value.code == 2
+    assert "num_minibatches" in capsys.readouterr().err
