@@ -117,7 +117,7 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize(
-    "overrides, field", BAD_CONFIGS, ids=[f"{f}={v!r}" for o, f in BAD_CONFIGS for v in o.values()]
+    "overrides, field", BAD_CONFIGS, ids=[",".join(f"{k}={v!r}" for k, v in o.items()) for o, _ in BAD_CONFIGS]
 )
 def test_bad_config_raises_config_error_naming_the_field(overrides, field):
     with pytest.raises(ConfigError) as excinfo:
