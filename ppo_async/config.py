@@ -233,7 +233,10 @@ def resolve_device(spec: str | None):
 
     if spec is None:
         return jax.devices()[0]
-    platform, index = _parse_device_spec(spec)
+    parsed = _parse_device_spec(spec) if isinstance(spec, str) else None
+    if parsed is None:
+        raise ConfigError(f"device {spec!r}: must look like 'cpu', 'gpu:0' or 'cpu:1'")
+    platform, index = parsed
     try:
         devices = jax.devices(platform)
     except RuntimeError as error:

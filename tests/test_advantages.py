@@ -45,7 +45,7 @@ def make_trajectory(seed, T, B, gamma=GAMMA, p_done=0.1):
 
 
 # --------------------------------------------------------------------------
-# Compilation on this project's CPU CI costs ~0.3 s per distinct program, so the
+# On a small CPU machine each distinct compiled program costs ~0.3 s, so the
 # wide sweeps below use one jitted kernel per input shape with the
 # hyperparameters *traced* (jax.jit traces Python-float keyword arguments; the
 # kernels only use them arithmetically, and pg_rho_bar=None is static pytree
@@ -70,6 +70,7 @@ def vtrace_sweep(
         rewards, values, discounts, bootstrap_value, log_rhos,
         lambda_=lambda_, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
     )
+
 
 LAMBDAS = [0.0, 0.5, 0.95, 1.0]
 BAR_VALUES = [0.5, 1.0, 2.0]

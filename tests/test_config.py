@@ -126,7 +126,7 @@ def test_bad_config_raises_config_error_naming_the_field(overrides, field):
 
 
 def test_bad_config_list_is_broad():
-    assert len({tuple(sorted(o.items())) for o, _ in BAD_CONFIGS}) >= 15
+    assert len({repr(sorted(o.items())) for o, _ in BAD_CONFIGS}) == len(BAD_CONFIGS)
     assert len({f for _, f in BAD_CONFIGS}) >= 15
 
 
@@ -204,14 +204,6 @@ def test_to_dict_is_json_and_round_trips(overrides):
     assert again.to_dict() == d
 
 
-def test_round_tripped_derived_lead_is_explicit():
-    # After to_dict the lead is a plain number: replace() then keeps it.
-    d = AsyncActorLearnerConfig().to_dict()
-    d["hidden_sizes"] = tuple(d["hidden_sizes"])
-    cfg = AsyncActorLearnerConfig(**d)
-    assert dataclasses.replace(cfg, num_steps=32).max_lead_steps == 128
-
-
 def test_resolve_device():
     cpu = resolve_device("cpu")
     assert cpu.platform == "cpu"
@@ -228,3 +220,9 @@ def test_resolve_device():
 def test_resolve_device_unknown_platform():
     with pytest.raises(ConfigError, match="nosuchplatform"):
         resolve_device("nosuchplatform")
+
+
+@pytest.mark.parametrize("spec", ["gpu:x", ""])
+def test_resolve_device_malformed_spec(spec):
+    with pytest.raises(ConfigError, match="device"):
+        resolve_device(spec)

@@ -342,7 +342,9 @@ def pendulum_run():
     params = value_params(bias=PD_VALUE, scale=0.0, log_std=[math.log(3.0)])
     carry0 = env.reset(jax.random.key(0))
     carry, traj, boot = rollout(params, carry0)
-    return types.SimpleNamespace(env=env, carry0=carry0, carry=carry, traj=traj, boot=boot)
+    return types.SimpleNamespace(
+        env=env, rollout=rollout, params=params, carry0=carry0, carry=carry, traj=traj, boot=boot
+    )
 
 
 def test_pendulum_shapes_and_dtypes(pendulum_run):
@@ -454,3 +456,11 @@ def test_unknown_env_id_lists_valid_ids(env_id):
         assert valid in message
     with pytest.raises(UnknownEnvError):
         BatchedEnv(env_id, 2)
+
+
+def test_pendulum_rollout_does_not_recompile_on_its_own_carry(pendulum_run):
+    # Pendulum's reset leaves `last_u` weakly typed while step makes it strong:
+    # unless reset() normalizes the carry, the second call compiles again.
+    carry, traj, _ = pendulum_run.rollout(pendulum_run.params, pendulum_run.carry)
+    jax.block_until_ready(traj)
+    assert pendulum_run.rollout._cache_size() == 1
