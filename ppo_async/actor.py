@@ -104,23 +104,43 @@ class ActorChannels(NamedTuple):
     stop: threading.Event  # set by train() to end the run
 
 
-class ActorProgram(NamedTuple):
-    """What every actor of a run shares: built once, so the rollout compiles once."""
+Carry = Any  # whatever an ActorProgram's envs carry between chunks
 
-    env: BatchedEnv
+
+class ActorProgram(NamedTuple):
+    """How actors of a run collect: built once and shared, so the rollout compiles once.
+
+    An env backend provides ``reset`` and ``rollout``; the actor loop does not
+    care whether the envs are jitted gymnax envs or host simulators.
+    """
+
+    observation_shape: tuple[int, ...]  # one observation
     network: ActorCritic
-    rollout: Callable[[Any, EnvCarry], tuple[EnvCarry, Trajectory, jax.Array]]
     params_template: Any  # host params with the network's structure, for from_bytes
+    # reset(key, device) -> carry: fresh episodes in every env of one actor
+    reset: Callable[[jax.Array, jax.Device], Carry]
+    # rollout(params, carry) -> (carry, trajectory [T, E, ...], bootstrap_obs [E, ...],
+    #                            bootstrap_value [E]); arrays may live on the device
+    rollout: Callable[[Any, Carry], tuple[Carry, Trajectory, Any, Any]]
 
 
 def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
+    """The `ActorProgram` for ``config.env_id`` (gymnax envs, rolled out by ``lax.scan``)."""
     env = BatchedEnv(config.env_id, config.envs_per_actor)
     network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
     template = jax.device_get(
         init_params(network, jax.random.key(0), env.observation_shape)
     )
-    rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
-    return ActorProgram(env, network, rollout, template)
+    scan_rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
+
+    def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
+        return jax.device_put(env.reset(key), device)
+
+    def rollout(params, carry: EnvCarry):
+        carry, trajectory, bootstrap_value = scan_rollout(params, carry)
+        return carry, trajectory, carry.obs, bootstrap_value
+
+    return ActorProgram(env.observation_shape, network, template, reset, rollout)
 
 
 def _drain(broadcast_queue: queue.Queue) -> tuple[PolicyBroadcast | None, int]:
@@ -151,7 +171,7 @@ def actor_thread(
     stats = stats if stats is not None else ActorStats(actor_id)
     throttle = ActorThrottle.from_config(config)
     key = jax.random.fold_in(jax.random.key(config.seed), actor_id)
-    carry = jax.device_put(program.env.reset(key), device)
+    carry = program.reset(key, device)
     params, learner_updates, policy_version = None, 0, -1
     produced = 0
 
@@ -178,11 +198,11 @@ def actor_thread(
             continue  # look again: more may have arrived, and the valve may now open
 
         start = time.perf_counter()
-        carry, trajectory, bootstrap_value = program.rollout(params, carry)
+        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
         # device_get blocks until the rollout is done and copies to numpy, so the
         # learner never touches an actor-device buffer.
         trajectory, bootstrap_obs, bootstrap_value = jax.device_get(
-            (trajectory, carry.obs, bootstrap_value)
+            (trajectory, bootstrap_obs, bootstrap_value)
         )
         channels.experience_queue.put(
             Experience(actor_id, policy_version, trajectory, bootstrap_obs, bootstrap_value)

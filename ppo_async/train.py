@@ -113,7 +113,7 @@ def train(
 
     program = make_actor_program(config)
     params_key, learner_key = jax.random.split(jax.random.key(config.seed))
-    params = init_params(program.network, params_key, program.env.observation_shape)
+    params = init_params(program.network, params_key, program.observation_shape)
     state = jax.device_put(init_learner_state(config, params, learner_key), learner_device)
 
     experience_queue: queue.Queue = queue.Queue()
