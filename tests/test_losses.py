@@ -15,6 +15,9 @@ import pytest
 from ppo_async.losses import ppo_loss
 
 CLIP_EPS = 0.2
+# One batch size throughout: eagerly, every primitive compiles once per shape,
+# so a shared N keeps the eager half of the suite from recompiling per test.
+N = 16
 METRIC_NAMES = {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"}
 
 
@@ -23,7 +26,7 @@ def maybe_jit(request):
     return jax.jit if request.param else (lambda fn: fn)
 
 
-def _random_inputs(rng, n=32):
+def _random_inputs(rng, n=N):
     """Per-sample loss inputs ``[n]`` as float32 jax arrays, ratios near 1."""
     old_logp = -np.abs(rng.standard_normal(n))
     logp = old_logp + 0.3 * rng.standard_normal(n)
@@ -74,7 +77,7 @@ def _f64(inputs):
 
 def test_ratio_one_is_plain_policy_gradient(maybe_jit):
     rng = np.random.default_rng(0)
-    inputs = _random_inputs(rng, n=16)
+    inputs = _random_inputs(rng)
     inputs["logp"] = inputs["old_logp"]
     inputs = _as_jax(inputs)
     loss_fn = _loss_fn(normalize_advantages=False)
@@ -86,7 +89,7 @@ def test_ratio_one_is_plain_policy_gradient(maybe_jit):
 
     advantages = np.asarray(inputs["advantages"], np.float64)
     np.testing.assert_allclose(value, -advantages.mean(), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(grad, -advantages / 16, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(grad, -advantages / N, rtol=1e-5, atol=1e-8)
 
 
 def test_policy_loss_matches_numpy(maybe_jit):
@@ -117,6 +120,7 @@ _CLIP_CASES = [
     (1.21, -2.0, False),
     (0.50, +1.0, False),
     (0.79, +0.5, False),
+    (1.00, -1.0, False),
 ]
 
 
@@ -125,6 +129,7 @@ def test_clipping_zeroes_gradient_exactly_where_clipped_branch_is_active(maybe_j
     advantages = np.array([case[1] for case in _CLIP_CASES])
     clipped_active = np.array([case[2] for case in _CLIP_CASES])
     n = len(_CLIP_CASES)
+    assert n == N
     old_logp = np.full(n, -1.0)
     inputs = _as_jax(dict(
         logp=old_logp + np.log(ratio), old_logp=old_logp, advantages=advantages,
@@ -161,13 +166,15 @@ def test_clipping_zeroes_gradient_exactly_where_clipped_branch_is_active(maybe_j
 
 def test_clip_fraction_matches_numpy_on_random_ratios(maybe_jit):
     rng = np.random.default_rng(2)
-    inputs = _random_inputs(rng, n=256)
-    ratio = np.exp(inputs["logp"] - inputs["old_logp"])
-    # Keep every ratio clear of the clip edges (float32 rounding).
-    keep = np.abs(np.abs(ratio - 1.0) - CLIP_EPS) > 1e-3
-    inputs = _as_jax({name: value[keep] for name, value in inputs.items()})
-    _, metrics = maybe_jit(_loss_fn())(inputs)
-    expected = np.mean(np.abs(ratio[keep] - 1.0) > CLIP_EPS)
+    inputs = _random_inputs(rng)
+    # Log-ratios in [-0.4, 0.4], kept clear of the clip edges (float32 rounding).
+    log_ratio = rng.uniform(-0.4, 0.4, size=4 * N)
+    edges = np.log([1.0 - CLIP_EPS, 1.0 + CLIP_EPS])
+    clear = np.abs(log_ratio[:, None] - edges).min(axis=1) > 1e-3
+    log_ratio = log_ratio[clear][:N]
+    inputs["logp"] = inputs["old_logp"] + log_ratio
+    _, metrics = maybe_jit(_loss_fn())(_as_jax(inputs))
+    expected = np.mean(np.abs(np.exp(log_ratio) - 1.0) > CLIP_EPS)
     assert 0.1 < expected < 0.9  # the case is not degenerate
     np.testing.assert_allclose(metrics["clip_fraction"], expected, rtol=1e-6)
 
@@ -176,15 +183,15 @@ def test_approx_kl_nonnegative_and_zero_at_ratio_one(maybe_jit):
     rng = np.random.default_rng(3)
     loss_fn = maybe_jit(_loss_fn())
     for _ in range(5):
-        inputs = _random_inputs(rng, n=64)
-        inputs["logp"] = inputs["old_logp"] + rng.standard_normal(64)
+        inputs = _random_inputs(rng)
+        inputs["logp"] = inputs["old_logp"] + rng.standard_normal(N)
         _, metrics = loss_fn(_as_jax(inputs))
         log_ratio = np.float32(inputs["logp"]) - np.float32(inputs["old_logp"])
         expected = np.mean(np.expm1(log_ratio.astype(np.float64)) - log_ratio)
         assert metrics["approx_kl"] >= 0.0
         np.testing.assert_allclose(metrics["approx_kl"], expected, rtol=1e-4)
 
-    inputs = _random_inputs(rng, n=64)
+    inputs = _random_inputs(rng)
     inputs["logp"] = inputs["old_logp"]
     _, metrics = loss_fn(_as_jax(inputs))
     assert metrics["approx_kl"] == 0.0
@@ -193,7 +200,7 @@ def test_approx_kl_nonnegative_and_zero_at_ratio_one(maybe_jit):
 
 def test_normalize_advantages_standardises(maybe_jit):
     rng = np.random.default_rng(4)
-    inputs = _random_inputs(rng, n=20)
+    inputs = _random_inputs(rng)
     inputs["advantages"] = 5.0 + 3.0 * inputs["advantages"]
     inputs["logp"] = inputs["old_logp"]
     inputs = _as_jax(inputs)
@@ -209,10 +216,10 @@ def test_normalize_advantages_standardises(maybe_jit):
     # At ratio 1 the gradient w.r.t. logp is -A_used / N, exposing A_used.
     advantages = np.asarray(inputs["advantages"], np.float64)
     standardised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    np.testing.assert_allclose(grad, -standardised / 20, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grad, -standardised / N, rtol=1e-4, atol=1e-6)
     assert abs(float(value)) < 1e-6  # -mean of standardised advantages
     # Away from ratio 1, the same loss for a positive affine map of the advantages.
-    logp = inputs["old_logp"] + jnp.asarray(0.3 * rng.standard_normal(20), jnp.float32)
+    logp = inputs["old_logp"] + jnp.asarray(0.3 * rng.standard_normal(N), jnp.float32)
     np.testing.assert_allclose(
         policy_loss(logp, 0.5 * inputs["advantages"] - 2.0),
         policy_loss(logp, inputs["advantages"]),
@@ -228,7 +235,7 @@ def test_normalize_advantages_standardises(maybe_jit):
 @pytest.mark.parametrize("value_clip_eps", [None, 0.2])
 def test_value_loss_matches_numpy(maybe_jit, value_clip_eps):
     rng = np.random.default_rng(5)
-    inputs = _as_jax(_random_inputs(rng, n=64))
+    inputs = _as_jax(_random_inputs(rng))
     _, metrics = maybe_jit(_loss_fn(value_clip_eps=value_clip_eps))(inputs)
     f64 = _f64(inputs)
     expected = _np_value_loss(
@@ -287,7 +294,7 @@ def test_total_loss_combines_terms(maybe_jit):
 def test_gradients_finite_and_none_into_targets(maybe_jit, normalize_advantages,
                                                 value_clip_eps):
     rng = np.random.default_rng(7)
-    inputs = _as_jax(_random_inputs(rng, n=128))
+    inputs = _as_jax(_random_inputs(rng))
     loss_fn = _loss_fn(normalize_advantages=normalize_advantages,
                        value_clip_eps=value_clip_eps)
 
@@ -298,7 +305,7 @@ def test_gradients_finite_and_none_into_targets(maybe_jit, normalize_advantages,
     np.testing.assert_array_equal(grads["value_targets"], 0.0)
     np.testing.assert_array_equal(grads["old_logp"], -grads["logp"])
     # The entropy bonus: d loss / d entropy = -ent_coef / N.
-    np.testing.assert_allclose(grads["entropy"], np.full(128, -0.01 / 128), rtol=1e-5)
+    np.testing.assert_allclose(grads["entropy"], np.full(N, -0.01 / N), rtol=1e-5)
     assert np.any(grads["logp"] != 0.0) and np.any(grads["values"] != 0.0)
 
 
@@ -312,8 +319,8 @@ def test_jit_and_eager_agree():
 
 
 def test_shape_checks():
-    inputs = _as_jax(_random_inputs(np.random.default_rng(9), n=8))
+    inputs = _as_jax(_random_inputs(np.random.default_rng(9)))
     with pytest.raises(AssertionError):
-        _loss_fn()({**inputs, "values": jnp.zeros(7)})
+        _loss_fn()({**inputs, "values": jnp.zeros(N - 1)})
     with pytest.raises(AssertionError):
         _loss_fn()({name: value[None] for name, value in inputs.items()})
