@@ -125,8 +125,19 @@ class ActorProgram(NamedTuple):
 
 
 def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
-    """The `ActorProgram` for ``config.env_id`` (gymnax envs, rolled out by ``lax.scan``)."""
-    env = BatchedEnv(config.env_id, config.envs_per_actor)
+    """The `ActorProgram` for ``config.env_id``.
+
+    gymnax ids (no prefix, or ``gymnax:``) are rolled out by a jitted
+    ``lax.scan``; ``gymnasium:``, ``envpool:`` and ``host:`` ids by
+    `ppo_async.host_envs.make_host_actor_program`.
+    """
+    # Imported here: host_envs builds on this module's ActorProgram.
+    from ppo_async.host_envs import GYMNAX, make_host_actor_program, split_env_id
+
+    backend, env_name = split_env_id(config.env_id)
+    if backend != GYMNAX:
+        return make_host_actor_program(config)
+    env = BatchedEnv(env_name, config.envs_per_actor)
     network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
     template = jax.device_get(
         init_params(network, jax.random.key(0), env.observation_shape)

@@ -31,7 +31,7 @@ class AsyncActorLearnerConfig:
 
     # --- run ---
     env_id: str = "CartPole-v1"
-    """gymnax environment id, e.g. CartPole-v1, Acrobot-v1, Pendulum-v1, Breakout-MinAtar."""
+    """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.host_envs.register_host_env)."""
     total_env_steps: int = 500_000
     """Environment steps the learner consumes before the run ends."""
     seed: int = 0
@@ -164,14 +164,11 @@ def _is_number(value: Any) -> bool:
 
 def _validate(cfg: AsyncActorLearnerConfig) -> None:
     # Imported here so that a bad env id is reported as a config error without
-    # making the config module depend on gymnax at import time.
-    import gymnax
+    # making the config module depend on gymnax (or any env backend) at import time.
+    from ppo_async.host_envs import env_id_problem
 
-    _require(
-        isinstance(cfg.env_id, str) and cfg.env_id in gymnax.registered_envs,
-        "env_id", cfg.env_id,
-        "unknown environment; choose one of " + ", ".join(gymnax.registered_envs),
-    )
+    env_problem = env_id_problem(cfg.env_id)
+    _require(env_problem is None, "env_id", cfg.env_id, env_problem)
     for name in ("num_actors", "envs_per_actor", "num_steps", "broadcast_every",
                  "num_epochs", "num_minibatches", "total_env_steps"):
         value = getattr(cfg, name)

@@ -1,0 +1,476 @@
+"""Host environments: simulators the actor steps in Python, one batched policy step per env step.
+
+The gymnax backend (`ppo_async.envs`) jits the envs into the rollout. Many
+simulators cannot be jitted -- Atari, MuJoCo, a lab's own Python code -- and
+this module runs them instead. An actor owns a batch of ``E`` host envs; per
+env step it runs ONE jitted policy call on the whole batch (action, log-prob,
+value) on the actor device, copies the actions to numpy, and steps the envs.
+
+The env id's prefix picks the backend (`split_env_id`):
+
+==================== ===================================================
+``CartPole-v1``      gymnax (jitted; `ppo_async.envs`), the default
+``gymnax:NAME``      the same, spelled out
+``gymnasium:NAME``   ``gymnasium.make_vec(NAME, vectorization_mode="sync")``
+                     with ``AutoresetMode.SAME_STEP``
+``envpool:NAME``     ``envpool.make(NAME, env_type="gymnasium")``, made
+                     same-step by resetting ended envs at once
+``host:NAME``        a factory registered with `register_host_env`
+==================== ===================================================
+
+Every host backend presents the `HostVectorEnv` contract below: same-step
+auto-reset, so ``step`` returns the next episode's first observation where an
+episode ended, and the observation the ended episode reached as
+``final_obs``. The rollout then stores exactly what the gymnax rollout stores
+(see `ppo_async.envs.Trajectory`): at a truncated (and not terminated) step
+``gamma * V(final_obs)`` is folded into the reward and the step counts as
+done, so the learner's discount there is 0; ``episode_return`` /
+``episode_length`` are nonzero only at done steps. The learner cannot tell a
+host rollout from a gymnax one: same fields, shapes and dtypes.
+
+Plugging in your own simulator::
+
+    class MySim:                       # E copies, numpy in and out
+        observation_shape = (8,)
+        action_space = gymnasium.spaces.Discrete(3)   # or a 1-D Box
+
+        def __init__(self, num_envs): ...
+        def reset(self, seed):         # -> obs [E, 8]
+            ...
+        def step(self, actions):       # actions [E] int32 -> HostStep / 5-tuple
+            ...                        # (obs, reward, terminated, truncated, final_obs)
+
+    register_host_env("mysim", MySim)  # factory(num_envs) -> HostVectorEnv
+    train(AsyncActorLearnerConfig(env_id="host:mysim"))
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import jax
+import numpy as np
+
+from ppo_async.actor import ActorProgram
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.envs import Trajectory, UnknownEnvError
+from ppo_async.networks import init_params, make_network
+
+GYMNAX, GYMNASIUM, ENVPOOL, HOST = "gymnax", "gymnasium", "envpool", "host"
+ENV_BACKENDS = (GYMNAX, GYMNASIUM, ENVPOOL, HOST)  # env id prefixes, in the order docs list them
+
+
+class HostEnvError(RuntimeError):
+    """A host env broke the `HostVectorEnv` contract (a wrong shape, a missing attribute)."""
+
+
+class BackendNotInstalledError(ImportError):
+    """The env id names a backend whose package is not installed."""
+
+
+# --------------------------------------------------------------------------
+# The contract every host backend presents.
+# --------------------------------------------------------------------------
+
+
+class HostStep(NamedTuple):
+    """What `HostVectorEnv.step` returns for a batch of ``E`` envs (any 5-sequence will do)."""
+
+    obs: np.ndarray  # [E, *obs_shape] next observation; a new episode's first where one ended
+    reward: np.ndarray  # [E] reward of this step
+    terminated: np.ndarray  # [E] bool, the MDP ended at this step
+    truncated: np.ndarray  # [E] bool, a time limit ended the episode at this step
+    final_obs: np.ndarray  # [E, *obs_shape] observation the ended episode reached (rows where done; others ignored)
+
+
+@runtime_checkable
+class HostVectorEnv(Protocol):
+    """``E`` host environments stepped together; numpy in and out.
+
+    Auto-reset is same-step: where an episode ends at a step, ``step`` already
+    returns the first observation of the next episode as ``obs`` and the
+    observation the ended episode reached as ``final_obs``. Observations may
+    be any numeric dtype (the actor casts them to float32).
+
+    Attributes:
+      observation_shape: shape of one observation, ``(D,)`` or ``(H, W, C)``.
+      action_space: a discrete space with ``n`` (actions arrive as int32
+        ``[E]``) or a 1-D box with ``shape`` (actions arrive as float32
+        ``[E, action_dim]``, clipped to ``low``/``high`` when the space has them).
+    """
+
+    observation_shape: tuple[int, ...]
+    action_space: Any
+
+    def reset(self, seed: int) -> np.ndarray:
+        """Fresh episodes in every env, seeded from ``seed``; returns obs ``[E, *obs_shape]``."""
+        ...
+
+    def step(self, actions: np.ndarray) -> HostStep:
+        """One step of every env: ``(obs, reward, terminated, truncated, final_obs)``."""
+        ...
+
+
+HostEnvFactory = Callable[[int], HostVectorEnv]  # factory(num_envs) -> a batch of num_envs envs
+
+_REGISTRY: dict[str, HostEnvFactory] = {}
+
+
+def register_host_env(name: str, factory: HostEnvFactory) -> None:
+    """Make ``host:<name>`` an env id: ``factory(num_envs)`` returns a `HostVectorEnv`.
+
+    Each actor calls the factory once, so every actor owns its own envs.
+    Registering a name again replaces its factory (re-running a notebook cell
+    that defines the simulator should just work).
+    """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"host env name {name!r}: must be a non-empty string without ':'")
+    if not callable(factory):
+        raise TypeError(f"host env {name!r}: factory {factory!r} is not callable")
+    _REGISTRY[name] = factory
+
+
+def registered_host_envs() -> tuple[str, ...]:
+    """Names registered with `register_host_env`, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+# --------------------------------------------------------------------------
+# Env ids.
+# --------------------------------------------------------------------------
+
+
+def split_env_id(env_id: str) -> tuple[str, str]:
+    """``(backend, name)`` of an env id; no prefix means gymnax.
+
+    Only the first ``:`` separates, so gymnasium's own ``module:Name-v0``
+    syntax survives: ``gymnasium:ale_py:ALE/Pong-v5``.
+    """
+    backend, sep, name = env_id.partition(":")
+    if not sep:
+        return GYMNAX, env_id
+    if backend not in ENV_BACKENDS:
+        raise UnknownEnvError(
+            f"env id {env_id!r}: unknown backend prefix {backend!r}; valid prefixes: "
+            + ", ".join(f"{b}:" for b in ENV_BACKENDS)
+            + " (no prefix means gymnax:)"
+        )
+    return backend, name
+
+
+def is_host_env_id(env_id: str) -> bool:
+    """Whether ``env_id`` names a host backend (anything but gymnax)."""
+    return split_env_id(env_id)[0] != GYMNAX
+
+
+def env_id_problem(env_id: Any) -> str | None:
+    """Why ``env_id`` cannot run here, as a fix for the user; None if it can.
+
+    Used by the config's validation, so it only looks names up: it builds no env.
+    """
+    if not isinstance(env_id, str):
+        return "must be a string such as 'CartPole-v1' or 'gymnasium:CartPole-v1'"
+    try:
+        backend, name = split_env_id(env_id)
+    except UnknownEnvError:
+        return (
+            "unknown backend prefix; valid prefixes: "
+            + ", ".join(f"{b}:" for b in ENV_BACKENDS) + " (no prefix means gymnax:)"
+        )
+    if backend == GYMNAX:
+        import gymnax
+
+        if name not in gymnax.registered_envs:
+            return (
+                "unknown environment; choose one of " + ", ".join(gymnax.registered_envs)
+                + " (or a host env: " + ", ".join(f"{b}:NAME" for b in ENV_BACKENDS[1:]) + ")"
+            )
+        return None
+    if backend == GYMNASIUM:
+        import gymnasium
+
+        try:
+            gymnasium.spec(name)  # imports the module of a 'module:Name-v0' id
+        except (gymnasium.error.Error, ModuleNotFoundError) as error:
+            return f"not a registered gymnasium environment ({error})"
+        return None
+    if backend == ENVPOOL:
+        try:
+            envpool = _import_envpool()
+        except BackendNotInstalledError as error:
+            return str(error)
+        if name not in envpool.list_all_envs():
+            return "not an envpool environment (envpool.list_all_envs() lists them)"
+        return None
+    if name not in _REGISTRY:
+        registered = ", ".join(registered_host_envs()) or "none yet"
+        return (
+            f"no host env registered as {name!r} (registered: {registered}); call "
+            "ppo_async.host_envs.register_host_env(name, factory) before building the config"
+        )
+    return None
+
+
+def _import_envpool():
+    try:
+        return importlib.import_module("envpool")
+    except ImportError as error:
+        raise BackendNotInstalledError(
+            "envpool is not installed; install it with pip install 'ppo-async[gym]' "
+            f"(wheels exist for Linux x86_64) or pip install envpool ({error})"
+        ) from error
+
+
+# --------------------------------------------------------------------------
+# Backends.
+# --------------------------------------------------------------------------
+
+
+class GymnasiumVectorEnv:
+    """``gymnasium.make_vec(name, num_envs, vectorization_mode="sync")``, same-step auto-reset.
+
+    With ``AutoresetMode.SAME_STEP`` gymnasium resets an ended sub-env inside
+    the step that ended it, returns the new episode's first observation, and
+    puts the ended episode's last one in ``info["final_obs"]`` (masked by
+    ``info["_final_obs"]``): exactly the `HostVectorEnv` contract. gymnasium's
+    ``TimeLimit`` sets ``truncated``; an MDP end sets ``terminated``.
+    """
+
+    def __init__(self, name: str, num_envs: int, **make_kwargs: Any):
+        import gymnasium
+        from gymnasium.vector import AutoresetMode
+
+        self.env = gymnasium.make_vec(
+            name, num_envs=num_envs, vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **make_kwargs,
+        )
+        self.observation_shape = tuple(self.env.single_observation_space.shape)
+        self.action_space = self.env.single_action_space
+
+    def reset(self, seed: int) -> np.ndarray:
+        obs, _ = self.env.reset(seed=seed)
+        return obs
+
+    def step(self, actions: np.ndarray) -> HostStep:
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        final_obs = obs
+        if "_final_obs" in info and np.any(info["_final_obs"]):
+            final_obs = np.array(obs)
+            for i in np.flatnonzero(info["_final_obs"]):
+                final_obs[i] = info["final_obs"][i]
+        return HostStep(obs, reward, terminated, truncated, final_obs)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class EnvpoolVectorEnv:
+    """``envpool.make(name, env_type="gymnasium", num_envs=E)`` in sync mode, made same-step.
+
+    envpool auto-resets next-step: the step where an episode ends returns its
+    last observation, and the following ``step`` ignores that env's action and
+    returns a reset. Resetting the ended envs explicitly (``reset(env_ids)``)
+    at once turns that into the same-step contract, so no transition is spent
+    on a reset. Image observations come channels-first ``[C, H, W]``
+    (Atari's frame stack); they are handed on channels-last ``[H, W, C]``,
+    the layout of `ppo_async.networks`' conv torso.
+    """
+
+    def __init__(self, name: str, num_envs: int, **make_kwargs: Any):
+        self._envpool = _import_envpool()
+        self._name, self._num_envs, self._make_kwargs = name, num_envs, make_kwargs
+        self.env = self._make(seed=0)
+        shape = tuple(self.env.observation_space.shape)
+        self._channels_first = len(shape) == 3
+        self.observation_shape = shape[1:] + shape[:1] if self._channels_first else shape
+        self.action_space = self.env.action_space
+
+    def _make(self, seed: int):
+        return self._envpool.make(
+            self._name, env_type="gymnasium", num_envs=self._num_envs, seed=seed,
+            **self._make_kwargs,
+        )
+
+    def _layout(self, obs: np.ndarray) -> np.ndarray:
+        return np.moveaxis(obs, 1, -1) if self._channels_first else obs
+
+    def reset(self, seed: int) -> np.ndarray:
+        # envpool seeds at construction (env i gets seed + i).
+        self.env.close()
+        self.env = self._make(seed=seed)
+        obs, _ = self.env.reset()
+        return self._layout(obs)
+
+    def step(self, actions: np.ndarray) -> HostStep:
+        final_obs, reward, terminated, truncated, _ = self.env.step(actions)
+        obs = final_obs
+        ended = np.flatnonzero(np.logical_or(terminated, truncated))
+        if ended.size:
+            obs = np.array(final_obs)
+            reset_obs, reset_info = self.env.reset(ended.astype(np.int32))
+            obs[reset_info["env_id"]] = reset_obs
+        return HostStep(self._layout(obs), reward, terminated, truncated, self._layout(final_obs))
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def make_host_env(env_id: str, num_envs: int) -> HostVectorEnv:
+    """A batch of ``num_envs`` host envs for a ``gymnasium:``, ``envpool:`` or ``host:`` id."""
+    backend, name = split_env_id(env_id)
+    if backend == GYMNASIUM:
+        return GymnasiumVectorEnv(name, num_envs)
+    if backend == ENVPOOL:
+        return EnvpoolVectorEnv(name, num_envs)
+    if backend == HOST:
+        if name not in _REGISTRY:
+            raise UnknownEnvError(env_id_problem(env_id))
+        envs = _REGISTRY[name](num_envs)
+        for attribute in ("observation_shape", "action_space", "reset", "step"):
+            if not hasattr(envs, attribute):
+                raise HostEnvError(
+                    f"host env {name!r}: {type(envs).__name__} has no {attribute!r} "
+                    "(see ppo_async.host_envs.HostVectorEnv)"
+                )
+        return envs
+    raise UnknownEnvError(f"env id {env_id!r} is a gymnax id; use ppo_async.envs.BatchedEnv")
+
+
+# --------------------------------------------------------------------------
+# The actor program.
+# --------------------------------------------------------------------------
+
+
+class HostCarry(NamedTuple):
+    """What one actor's host envs carry from one chunk to the next."""
+
+    envs: HostVectorEnv  # this actor's own E env instances
+    obs: np.ndarray  # [E, *obs_shape] float32, the observation to act on next
+    episode_return: np.ndarray  # [E] float32, undiscounted return so far
+    episode_length: np.ndarray  # [E] int32, steps so far in the episode
+    key: jax.Array  # PRNG key for actions, on the actor device
+
+
+def _batch(env_id: str, field: str, value: Any, shape: tuple[int, ...], dtype) -> np.ndarray:
+    # np.array copies: an env may hand back a buffer it overwrites on its next step.
+    array = np.array(value, dtype=dtype)
+    if array.shape != shape:
+        raise HostEnvError(
+            f"{env_id}: {field} has shape {array.shape}, expected {shape} "
+            "(see ppo_async.host_envs.HostVectorEnv)"
+        )
+    return array
+
+
+def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
+    """The `ActorProgram` for a host env id: a Python loop over env steps.
+
+    ``reset(key, device)`` builds this actor's own ``envs_per_actor`` envs,
+    seeded from ``key``. ``rollout(params, carry)`` steps them
+    ``num_steps`` times; each step is one jitted policy call on the whole
+    batch (plus one value call on the final observations at steps where some
+    episode was truncated) and returns numpy `Trajectory` ``[T, E, ...]``,
+    ``bootstrap_obs`` ``[E, ...]`` and ``bootstrap_value`` ``[E]``, with the
+    dtypes of the gymnax path.
+    """
+    env_id, num_envs, num_steps = config.env_id, config.envs_per_actor, config.num_steps
+    probe = make_host_env(env_id, num_envs)
+    observation_shape = tuple(int(d) for d in probe.observation_shape)
+    action_space = probe.action_space
+    if hasattr(probe, "close"):
+        probe.close()
+    network = make_network(observation_shape, action_space, config.hidden_sizes)
+    template = jax.device_get(init_params(network, jax.random.key(0), observation_shape))
+
+    continuous = not hasattr(action_space, "n")
+    action_shape = (int(action_space.shape[0]),) if continuous else ()
+    action_dtype = np.float32 if continuous else np.int32
+    low = np.asarray(getattr(action_space, "low", -np.inf), np.float32)
+    high = np.asarray(getattr(action_space, "high", np.inf), np.float32)
+    gamma = np.float32(config.gamma)
+    obs_batch_shape = (num_envs, *observation_shape)
+
+    @jax.jit
+    def act(params, obs, key):
+        key, action_key = jax.random.split(key)
+        dist, value = network.apply(params, obs)
+        action = dist.sample(action_key)
+        return key, action, dist.log_prob(action), value
+
+    @jax.jit
+    def value_of(params, obs):
+        return network.apply(params, obs)[1]
+
+    def reset(key: jax.Array, device: jax.Device) -> HostCarry:
+        env_key, action_key = jax.random.split(key)
+        seed = int(jax.random.randint(env_key, (), 0, np.iinfo(np.int32).max))
+        envs = make_host_env(env_id, num_envs)
+        obs = _batch(env_id, "reset obs", envs.reset(seed), obs_batch_shape, np.float32)
+        return HostCarry(
+            envs=envs,
+            obs=obs,
+            episode_return=np.zeros((num_envs,), np.float32),
+            episode_length=np.zeros((num_envs,), np.int32),
+            key=jax.device_put(action_key, device),
+        )
+
+    def rollout(params, carry: HostCarry):
+        envs, obs, episode_return, episode_length, key = carry
+        # Fresh arrays every chunk: the learner keeps the ones it was sent.
+        trajectory = Trajectory(
+            obs=np.empty((num_steps, *obs_batch_shape), np.float32),
+            action=np.empty((num_steps, num_envs, *action_shape), action_dtype),
+            reward=np.empty((num_steps, num_envs), np.float32),
+            terminated=np.empty((num_steps, num_envs), bool),
+            truncated=np.empty((num_steps, num_envs), bool),
+            behaviour_logp=np.empty((num_steps, num_envs), np.float32),
+            behaviour_value=np.empty((num_steps, num_envs), np.float32),
+            episode_return=np.empty((num_steps, num_envs), np.float32),
+            episode_length=np.empty((num_steps, num_envs), np.int32),
+        )
+        for t in range(num_steps):
+            key, action, logp, value = act(params, obs, key)
+            # One device->host copy per step: the envs need the actions now.
+            action, logp, value = jax.device_get((action, logp, value))
+            env_action = np.clip(action, low, high) if continuous else action
+            step = envs.step(env_action)
+            if len(step) != 5:
+                raise HostEnvError(
+                    f"{env_id}: step returned {len(step)} values, expected 5 "
+                    "(obs, reward, terminated, truncated, final_obs)"
+                )
+            next_obs = _batch(env_id, "obs", step[0], obs_batch_shape, np.float32)
+            reward = _batch(env_id, "reward", step[1], (num_envs,), np.float32)
+            terminated = _batch(env_id, "terminated", step[2], (num_envs,), bool)
+            truncated = _batch(env_id, "truncated", step[3], (num_envs,), bool) & ~terminated
+
+            learn_reward = reward
+            if truncated.any():
+                # As in envs.make_rollout: a time limit is not a terminal, so the
+                # episode's tail value V(final_obs) goes into its last reward.
+                final_obs = _batch(env_id, "final_obs", step[4], obs_batch_shape, np.float32)
+                final_value = np.asarray(jax.device_get(value_of(params, final_obs)))
+                learn_reward = reward + gamma * np.where(truncated, final_value, np.float32(0))
+
+            done = terminated | truncated
+            episode_return = episode_return + reward
+            episode_length = episode_length + np.int32(1)
+            trajectory.obs[t] = obs
+            trajectory.action[t] = action
+            trajectory.reward[t] = learn_reward
+            trajectory.terminated[t] = terminated
+            trajectory.truncated[t] = truncated
+            trajectory.behaviour_logp[t] = logp
+            trajectory.behaviour_value[t] = value
+            trajectory.episode_return[t] = np.where(done, episode_return, np.float32(0))
+            trajectory.episode_length[t] = np.where(done, episode_length, np.int32(0))
+            episode_return = np.where(done, np.float32(0), episode_return)
+            episode_length = np.where(done, np.int32(0), episode_length)
+            obs = next_obs
+        bootstrap_value = value_of(params, obs)
+        carry = HostCarry(envs, obs, episode_return, episode_length, key)
+        return carry, trajectory, obs, bootstrap_value
+
+    return ActorProgram(observation_shape, network, template, reset, rollout)
