@@ -304,3 +304,19 @@ def test_checkpoint_is_not_pickle(tmp_path, trained_state):
     assert not content.startswith(b"\x80")  # pickle protocol 2+ header
     envelope = flax.serialization.msgpack_restore(content)
     assert envelope["format"] == "ppo_async-checkpoint"
+
+
+def test_actor_env_carry_round_trips(tmp_path):
+    """A resume that must continue episodes can checkpoint the actors' env carries too."""
+    env = BatchedEnv("CartPole-v1", 2)
+    carry = env.reset(jax.random.key(1))
+    state = {"actors": [carry]}
+    save_checkpoint(tmp_path, step=0, state=state, counters={}, config_dict={}, keep=1)
+    template = {"actors": [env.reset(jax.random.key(0))]}
+    loaded = load_latest_checkpoint(tmp_path, template).state["actors"][0]
+    assert jax.tree.structure(loaded) == jax.tree.structure(carry)
+    for restored, original in zip(jax.tree.leaves(loaded), jax.tree.leaves(carry)):
+        if jax.dtypes.issubdtype(original.dtype, jax.dtypes.prng_key):
+            restored, original = jax.random.key_data(restored), jax.random.key_data(original)
+        assert restored.dtype == original.dtype
+        np.testing.assert_array_equal(restored, original)
