@@ -12,7 +12,13 @@ from ppo_async.actor import (
 )
 from ppo_async.advantages import VTraceOutput, gae, vtrace
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
-from ppo_async.learner import LearnerReport, LearnerTimeoutError, RolloutBuffer, learner_loop
+from ppo_async.learner import (
+    LearnerReport,
+    LearnerTimeoutError,
+    NonFiniteError,
+    RolloutBuffer,
+    learner_loop,
+)
 from ppo_async.losses import ppo_loss
 from ppo_async.policy_io import (
     PolicyBroadcast,
@@ -25,7 +31,7 @@ from ppo_async.train import TrainResult, train
 __all__ = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
     "AsyncActorLearnerConfig", "ConfigError", "Experience", "LearnerReport",
-    "LearnerTimeoutError", "PolicyBroadcast", "PolicyLoadError", "RolloutBuffer",
+    "LearnerTimeoutError", "NonFiniteError", "PolicyBroadcast", "PolicyLoadError", "RolloutBuffer",
     "TrainResult", "VTraceOutput", "actor_thread", "gae", "learner_loop",
     "load_policy_from_broadcast", "ppo_loss", "serialize_policy", "spawn_actor",
     "train", "vtrace",

@@ -39,6 +39,9 @@ class Experience(NamedTuple):
     trajectory: Trajectory  # time-major [T, E, ...] numpy arrays
     bootstrap_obs: np.ndarray  # [E, *obs_shape] observation after the last row
     bootstrap_value: np.ndarray  # [E] V(bootstrap_obs) under the behaviour params
+    # The actor's env carry after this chunk: where the actor would resume from if
+    # this were the last chunk the learner consumed (checkpoints keep it).
+    env_carry: Any = None
 
 
 class ActorFailure(NamedTuple):
@@ -67,6 +70,7 @@ class ActorStats:
     rollouts_sent: int = 0  # Experience messages sent
     broadcasts_received: int = 0  # PolicyBroadcast messages taken off the queue
     pause_s: float = 0.0  # time spent held back by the staleness valve
+    restarts: int = 0  # times the supervisor restarted this actor after it raised
     active_s: float = 0.0  # time spent collecting (rollout and sending)
 
 
@@ -165,6 +169,14 @@ def _drain(broadcast_queue: queue.Queue) -> tuple[PolicyBroadcast | None, int]:
         taken += 1
 
 
+class ActorStart(NamedTuple):
+    """Where an actor starts: fresh, after a restart, or from a checkpoint."""
+
+    restart: int = 0  # restarts so far; a restarted actor folds it into its key
+    produced_steps: int = 0  # rows (per env) the learner counts as already produced
+    carry: Any = None  # env carry to continue from; None resets the envs
+
+
 def actor_thread(
     actor_id: int,
     config: AsyncActorLearnerConfig,
@@ -172,6 +184,7 @@ def actor_thread(
     channels: ActorChannels,
     device: jax.Device,
     stats: ActorStats | None = None,
+    start: ActorStart = ActorStart(),
 ) -> ActorStats:
     """Body of one actor thread; returns its `ActorStats` when ``channels.stop`` is set.
 
@@ -182,9 +195,11 @@ def actor_thread(
     stats = stats if stats is not None else ActorStats(actor_id)
     throttle = ActorThrottle.from_config(config)
     key = jax.random.fold_in(jax.random.key(config.seed), actor_id)
-    carry = program.reset(key, device)
+    if start.restart:
+        key = jax.random.fold_in(key, start.restart)
+    carry = program.reset(key, device) if start.carry is None else start.carry
     params, learner_updates, policy_version = None, 0, -1
-    produced = 0
+    produced = start.produced_steps
 
     while not channels.stop.is_set():
         newest, taken = _drain(channels.broadcast_queue)
@@ -216,7 +231,9 @@ def actor_thread(
             (trajectory, bootstrap_obs, bootstrap_value)
         )
         channels.experience_queue.put(
-            Experience(actor_id, policy_version, trajectory, bootstrap_obs, bootstrap_value)
+            Experience(
+                actor_id, policy_version, trajectory, bootstrap_obs, bootstrap_value, carry
+            )
         )
         produced += config.num_steps
         stats.env_steps += trajectory.reward.size
@@ -247,17 +264,21 @@ def spawn_actor(
     program: ActorProgram,
     channels: ActorChannels,
     device: jax.Device,
+    stats: ActorStats | None = None,
+    start: ActorStart = ActorStart(),
 ) -> ActorHandle:
     """Start `actor_thread` in a daemon thread and return its `ActorHandle`.
 
     An exception in the actor is stored on the handle and sent to the learner
-    as an `ActorFailure` on the experience queue.
+    as an `ActorFailure` on the experience queue. ``stats`` carries counters
+    over from an actor this one replaces.
     """
-    handle = ActorHandle(actor_id, None, ActorStats(actor_id))  # type: ignore[arg-type]
+    stats = stats if stats is not None else ActorStats(actor_id)
+    handle = ActorHandle(actor_id, None, stats)  # type: ignore[arg-type]
 
     def run() -> None:
         try:
-            actor_thread(actor_id, config, program, channels, device, handle.stats)
+            actor_thread(actor_id, config, program, channels, device, handle.stats, start)
         except BaseException as error:  # noqa: BLE001 - reported, never swallowed
             handle.error = error
             channels.experience_queue.put(

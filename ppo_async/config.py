@@ -62,7 +62,7 @@ class AsyncActorLearnerConfig:
     """V-trace lambda; equal to gae_lambda, on-policy V-trace is exactly GAE."""
 
     # --- PPO ---
-    learning_rate: float = 2.5e-4
+    learning_rate: float = 5e-4
     """Adam learning rate."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to 0 over the run."""
@@ -86,6 +86,18 @@ class AsyncActorLearnerConfig:
     # --- network ---
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Widths of the actor and critic MLPs."""
+
+    # --- reliability ---
+    max_actor_restarts: int = 0
+    """Restarts allowed per actor after it raises (0: an actor's exception ends the run)."""
+    checkpoint_every_updates: int = 0
+    """Write a checkpoint to the run directory every this many updates (0: never)."""
+    keep_checkpoints: int = 3
+    """Newest checkpoints kept on disk."""
+    eval_every_updates: int = 0
+    """Evaluate the greedy policy on an evaluator thread every this many updates (0: never)."""
+    eval_episodes: int = 10
+    """Episodes per periodic evaluation."""
 
     # --- devices ---
     learner_device: str | None = None
@@ -173,8 +185,13 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
                  "num_epochs", "num_minibatches", "total_env_steps"):
         value = getattr(cfg, name)
         _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-    _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed,
-             "must be an integer >= 0")
+    for name in ("seed", "max_actor_restarts", "checkpoint_every_updates",
+                 "eval_every_updates"):
+        value = getattr(cfg, name)
+        _require(_is_int(value) and value >= 0, name, value, "must be an integer >= 0")
+    for name in ("keep_checkpoints", "eval_episodes"):
+        value = getattr(cfg, name)
+        _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
     if cfg.max_lead_steps is not None:
         _require(_is_int(cfg.max_lead_steps) and cfg.max_lead_steps >= 1,
                  "max_lead_steps", cfg.max_lead_steps,

@@ -35,6 +35,10 @@ class LearnerTimeoutError(TimeoutError):
     """The learner waited ``learner_timeout_s`` without receiving experience."""
 
 
+class NonFiniteError(FloatingPointError):
+    """An update produced a non-finite metric or parameter; the run stops before using it."""
+
+
 class Batch(NamedTuple):
     """One learner batch: a chunk from every actor, envs stacked (``B = num_envs``)."""
 
@@ -196,6 +200,9 @@ def make_update_fn(
         metrics.update(extra)
         metrics["advantage_mean"] = jnp.mean(advantages)
         metrics["value_target_mean"] = jnp.mean(targets)
+        metrics["params_finite"] = jnp.all(
+            jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(params)])
+        ).astype(jnp.float32)
         return LearnerState(params, opt_state, key), metrics
 
     return update
@@ -216,6 +223,7 @@ class LearnerReport:
     episodes: int = 0  # training episodes finished in consumed experience
     learner_wait_s: float = 0.0  # time the learner blocked on the experience queue
     actor_stats: list[ActorStats] = dataclasses.field(default_factory=list)
+    actor_restarts: int = 0  # actors replaced by the supervisor after they raised
 
 
 class LearnerChannels(NamedTuple):
@@ -225,13 +233,25 @@ class LearnerChannels(NamedTuple):
     broadcast_queues: Sequence[queue.Queue]  # one per actor, in actor order
 
 
-def broadcast(channels: LearnerChannels, params: Any, learner_updates: int) -> float:
-    """Send ``params`` to every actor; returns the seconds it took."""
-    start = time.perf_counter()
+def broadcast(channels: LearnerChannels, params: Any, learner_updates: int) -> PolicyBroadcast:
+    """Send ``params`` to every actor as one `PolicyBroadcast`; returns it."""
     message = PolicyBroadcast(learner_updates, learner_updates, serialize_policy(params))
     for broadcast_queue in channels.broadcast_queues:
         broadcast_queue.put(message)
-    return time.perf_counter() - start
+    return message
+
+
+# on_actor_failure(failure, produced_steps, latest_broadcast) -> restarted?
+ActorFailureHandler = Callable[[ActorFailure, int, PolicyBroadcast], bool]
+
+
+def _check_finite(metrics: dict[str, float], update: int) -> None:
+    """Raise `NonFiniteError` naming the first non-finite metric of ``update``."""
+    if metrics["params_finite"] != 1.0:
+        raise NonFiniteError(f"update {update}: the updated params contain NaN or inf")
+    for name, value in metrics.items():
+        if not np.isfinite(value):
+            raise NonFiniteError(f"update {update}: metric {name} is {value}")
 
 
 def learner_loop(
@@ -241,14 +261,20 @@ def learner_loop(
     channels: LearnerChannels,
     device: jax.Device,
     on_update: Callable[[dict[str, float]], None] | None = None,
+    on_actor_failure: ActorFailureHandler | None = None,
+    latest_broadcast: PolicyBroadcast | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``config.num_updates`` updates are done.
 
     ``state`` must already be on ``device`` and its params already broadcast
-    as version 0. ``on_update`` receives each update's flat metrics dict
-    (host floats). Raises `ActorError` (chained to the actor's exception) when
-    an actor fails and `LearnerTimeoutError` when no experience arrives for
-    ``learner_timeout_s``.
+    as ``latest_broadcast``. ``on_update`` receives each update's flat
+    metrics dict (host floats). When an actor fails, ``on_actor_failure`` may
+    restart it (returning True): it is told how many rows the learner counts as
+    produced by that actor (consumed plus buffered), and the newest broadcast.
+    Raises `ActorError` (chained to the actor's exception) for a failure not
+    restarted, `LearnerTimeoutError` when no experience arrives for
+    ``learner_timeout_s``, and `NonFiniteError` when an update produces NaN or
+    inf (before the bad params are broadcast).
     """
     update = make_update_fn(config, network)
     buffer = RolloutBuffer(config.num_actors)
@@ -269,19 +295,33 @@ def learner_loop(
                 ) from None
             report.learner_wait_s += time.perf_counter() - wait_start
             if isinstance(item, ActorFailure):
-                raise ActorError(item.actor_id, item.formatted_traceback) from item.error
+                # Chunks the actor sent before failing were queued before this
+                # message, so they are in the buffer and are kept.
+                buffered = len(buffer.columns[item.actor_id])
+                produced = (report.updates + buffered) * config.num_steps
+                if on_actor_failure is None or not on_actor_failure(
+                    item, produced, latest_broadcast
+                ):
+                    raise ActorError(item.actor_id, item.formatted_traceback) from item.error
+                continue
             buffer.add(item)
 
         experiences = buffer.pop_batch()
         lags = [report.updates - e.policy_version for e in experiences]
         batch = jax.device_put(stack_experiences(experiences), device)
-        state, metrics = update(state, batch)
+        new_state, metrics = update(state, batch)
+        # Fetching the metrics waits for the update; the broadcast below would wait anyway.
+        host_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        _check_finite(host_metrics, report.updates + 1)
+        state = new_state
         report.updates += 1
         report.env_steps += config.batch_size
 
         broadcast_s = 0.0
         if report.updates % config.broadcast_every == 0 and report.updates < config.num_updates:
-            broadcast_s = broadcast(channels, state.params, report.updates)
+            broadcast_start = time.perf_counter()
+            latest_broadcast = broadcast(channels, state.params, report.updates)
+            broadcast_s = time.perf_counter() - broadcast_start
 
         for experience in experiences:
             finished = experience.trajectory.episode_length > 0
@@ -298,7 +338,6 @@ def learner_loop(
             report.episode_return_mean = float(np.mean(recent_returns))
 
         if on_update is not None:
-            host_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             host_metrics.update(
                 update=report.updates,
                 env_steps=report.env_steps,

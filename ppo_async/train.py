@@ -20,7 +20,14 @@ from typing import Any, NamedTuple
 import flax.serialization
 import jax
 
-from ppo_async.actor import ActorChannels, ActorHandle, make_actor_program, spawn_actor
+from ppo_async.actor import (
+    ActorChannels,
+    ActorFailure,
+    ActorHandle,
+    ActorStart,
+    make_actor_program,
+    spawn_actor,
+)
 from ppo_async.config import AsyncActorLearnerConfig, resolve_device
 from ppo_async.learner import (
     LearnerChannels,
@@ -30,6 +37,7 @@ from ppo_async.learner import (
     learner_loop,
 )
 from ppo_async.networks import init_params
+from ppo_async.policy_io import PolicyBroadcast
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +128,7 @@ def train(
     broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
     stop = threading.Event()
     learner_channels = LearnerChannels(experience_queue, broadcast_queues)
-    broadcast(learner_channels, state.params, 0)
+    first_broadcast = broadcast(learner_channels, state.params, 0)
 
     run_log = _RunLog(config, run_dir, progress)
 
@@ -130,12 +138,39 @@ def train(
             on_update(metrics)
 
     handles: list[ActorHandle] = []
+
+    def channels_of(actor_id: int) -> ActorChannels:
+        return ActorChannels(experience_queue, broadcast_queues[actor_id], stop)
+
+    def restart_actor(failure: ActorFailure, produced_steps: int,
+                      latest: PolicyBroadcast) -> bool:
+        """The supervisor: replace a failed actor while its restart budget lasts."""
+        old = handles[failure.actor_id]
+        if old.stats.restarts >= config.max_actor_restarts:
+            return False
+        logger.warning(
+            "actor %d failed; restarting it (restart %d of %d):\n%s", failure.actor_id,
+            old.stats.restarts + 1, config.max_actor_restarts, failure.formatted_traceback,
+        )
+        old.join(_JOIN_TIMEOUT_S)  # it ended right after sending its failure
+        old.stats.restarts += 1
+        # The dead actor may have drained every broadcast; give its successor the newest.
+        broadcast_queues[failure.actor_id].put(latest)
+        start = ActorStart(restart=old.stats.restarts, produced_steps=produced_steps)
+        handles[failure.actor_id] = spawn_actor(
+            failure.actor_id, config, program, channels_of(failure.actor_id),
+            actor_device, old.stats, start,
+        )
+        return True
+
     try:
         for actor_id in range(config.num_actors):
-            channels = ActorChannels(experience_queue, broadcast_queues[actor_id], stop)
-            handles.append(spawn_actor(actor_id, config, program, channels, actor_device))
+            handles.append(
+                spawn_actor(actor_id, config, program, channels_of(actor_id), actor_device)
+            )
         state, report = learner_loop(
-            config, program.network, state, learner_channels, learner_device, record
+            config, program.network, state, learner_channels, learner_device, record,
+            on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
         )
     finally:
         stop.set()
@@ -149,6 +184,7 @@ def train(
         raise RuntimeError(f"actor threads {alive} did not stop within {_JOIN_TIMEOUT_S} s")
 
     report.actor_stats = [handle.stats for handle in handles]
+    report.actor_restarts = sum(stats.restarts for stats in report.actor_stats)
     params = jax.device_get(state.params)
     if run_dir is not None:
         (run_dir / "params.msgpack").write_bytes(flax.serialization.to_bytes(params))

@@ -22,6 +22,7 @@ from ppo_async import (
     AsyncActorLearnerConfig,
     Experience,
     LearnerTimeoutError,
+    NonFiniteError,
     PolicyBroadcast,
     PolicyLoadError,
     RolloutBuffer,
@@ -285,3 +286,61 @@ def test_cli_rejects_a_bad_config_with_exit_code_2(capsys):
         main(["train", "--num-minibatches", "7", "--no-progress"])
     assert info.value.code == 2
     assert "num_minibatches" in capsys.readouterr().err
+
+
+# --- supervision and the NaN guard --------------------------------------------------
+
+def _fail_actor_zero(on_chunks):
+    """A rollout wrapper that raises in actor 0 on the given (1-based) chunk numbers."""
+    calls = {"n": 0}
+
+    def wrap(rollout):
+        def maybe_fail(params, carry):
+            if threading.current_thread().name == "ppo-actor-0":
+                calls["n"] += 1
+                if on_chunks(calls["n"]):
+                    raise _Boom(f"actor 0 chunk {calls['n']}")
+            return rollout(params, carry)
+        return maybe_fail
+
+    return wrap
+
+
+def test_a_failed_actor_is_restarted_and_the_run_completes(monkeypatch, caplog):
+    _patch_rollout(monkeypatch, _fail_actor_zero(lambda n: n == 3))
+    config = dataclasses.replace(TINY, max_actor_restarts=2, total_env_steps=TINY.batch_size * 10)
+    with caplog.at_level("WARNING"):
+        report = train(config, progress=False).report
+    assert report.updates == 10
+    assert report.actor_restarts == 1
+    assert [s.restarts for s in report.actor_stats] == [1, 0]
+    assert report.policy_lag_max <= config.max_lead_chunks - 1
+    assert "actor 0 failed; restarting it (restart 1 of 2)" in caplog.text
+    assert "actor 0 chunk 3" in caplog.text  # the traceback is logged
+
+
+def test_restarts_beyond_the_limit_fail_the_run_naming_the_actor(monkeypatch):
+    _patch_rollout(monkeypatch, _fail_actor_zero(lambda n: n >= 2))
+    config = dataclasses.replace(TINY, max_actor_restarts=2, total_env_steps=TINY.batch_size * 50)
+    with pytest.raises(ActorError, match="actor 0 failed") as info:
+        train(config, progress=False)
+    assert isinstance(info.value.__cause__, _Boom)
+
+
+def test_a_nan_reward_stops_the_run_naming_the_update(monkeypatch):
+    def wrap(rollout):
+        calls = {"n": 0}
+
+        def poisoned(params, carry):
+            carry, trajectory, bootstrap_obs, bootstrap_value = rollout(params, carry)
+            calls["n"] += 1
+            if calls["n"] == 5:
+                trajectory = trajectory._replace(reward=trajectory.reward.at[0, 0].set(np.nan))
+            return carry, trajectory, bootstrap_obs, bootstrap_value
+        return poisoned
+
+    _patch_rollout(monkeypatch, wrap)
+    config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 50)
+    with pytest.raises(NonFiniteError, match=r"update \d+: ") as info:
+        train(config, progress=False)
+    assert "nan" in str(info.value).lower()
