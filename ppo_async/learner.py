@@ -208,22 +208,47 @@ def make_update_fn(
     return update
 
 
+RECENT_EPISODES = 100  # episode_return_mean averages this many latest episodes
+
+
 @dataclasses.dataclass
 class LearnerReport:
     """Summary of a run, returned by `learner_loop` (and in `TrainResult`)."""
 
     updates: int = 0  # learner updates done
     env_steps: int = 0  # env steps consumed by the learner
-    wall_time_s: float = 0.0  # from the learner's start to its last update
-    env_steps_per_s: float = 0.0  # env_steps / wall_time_s
+    wall_time_s: float = 0.0  # from the learner's start to its last update (this process)
+    env_steps_per_s: float = 0.0  # env steps consumed per second of wall_time_s
     policy_lag_mean: float = 0.0  # learner updates, averaged over every consumed step
     policy_lag_max: int = 0
     policy_lag_counts: dict[int, int] = dataclasses.field(default_factory=dict)  # lag -> chunks
-    episode_return_mean: float = float("nan")  # last 100 finished training episodes
+    episode_return_mean: float = float("nan")  # mean of recent_returns
+    recent_returns: list[float] = dataclasses.field(default_factory=list)  # last 100 episodes
     episodes: int = 0  # training episodes finished in consumed experience
     learner_wait_s: float = 0.0  # time the learner blocked on the experience queue
     actor_stats: list[ActorStats] = dataclasses.field(default_factory=list)
     actor_restarts: int = 0  # actors replaced by the supervisor after they raised
+
+    def record_update(
+        self, config: AsyncActorLearnerConfig, experiences: Sequence[Experience],
+        lags: Sequence[int],
+    ) -> None:
+        """Count one update that consumed ``experiences`` with these policy lags."""
+        self.updates += 1
+        self.env_steps += config.batch_size
+        for experience in experiences:
+            finished = experience.trajectory.episode_length > 0
+            self.recent_returns.extend(experience.trajectory.episode_return[finished].tolist())
+            self.episodes += int(finished.sum())
+        del self.recent_returns[:-RECENT_EPISODES]
+        if self.recent_returns:
+            self.episode_return_mean = float(np.mean(self.recent_returns))
+        for lag in lags:
+            self.policy_lag_counts[lag] = self.policy_lag_counts.get(lag, 0) + 1
+        chunks = sum(self.policy_lag_counts.values())
+        # Every chunk holds the same number of steps, so this is the per-step mean.
+        self.policy_lag_mean = sum(k * n for k, n in self.policy_lag_counts.items()) / chunks
+        self.policy_lag_max = max(self.policy_lag_counts)
 
 
 class LearnerChannels(NamedTuple):
@@ -254,6 +279,12 @@ def _check_finite(metrics: dict[str, float], update: int) -> None:
             raise NonFiniteError(f"update {update}: metric {name} is {value}")
 
 
+# checkpoint(state, report, actor_carries): called every checkpoint_every_updates
+# with a state that passed the NaN check and the carries of each actor's last
+# consumed chunk (where each actor resumes from).
+Checkpointer = Callable[[LearnerState, "LearnerReport", list[Any]], None]
+
+
 def learner_loop(
     config: AsyncActorLearnerConfig,
     network: ActorCritic,
@@ -263,6 +294,8 @@ def learner_loop(
     on_update: Callable[[dict[str, float]], None] | None = None,
     on_actor_failure: ActorFailureHandler | None = None,
     latest_broadcast: PolicyBroadcast | None = None,
+    checkpoint: Checkpointer | None = None,
+    report: LearnerReport | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``config.num_updates`` updates are done.
 
@@ -271,17 +304,19 @@ def learner_loop(
     metrics dict (host floats). When an actor fails, ``on_actor_failure`` may
     restart it (returning True): it is told how many rows the learner counts as
     produced by that actor (consumed plus buffered), and the newest broadcast.
+    ``checkpoint`` is called every ``config.checkpoint_every_updates``
+    updates. A resumed run passes the saved ``report`` to continue counting.
+
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` when no experience arrives for
     ``learner_timeout_s``, and `NonFiniteError` when an update produces NaN or
-    inf (before the bad params are broadcast).
+    inf (before the bad params are broadcast or checkpointed).
     """
     update = make_update_fn(config, network)
     buffer = RolloutBuffer(config.num_actors)
-    report = LearnerReport()
-    recent_returns: collections.deque[float] = collections.deque(maxlen=100)
-    lag_sum = 0
-    start = time.perf_counter()
+    report = report if report is not None else LearnerReport()
+    last_carries: list[Any] = [None] * config.num_actors
+    start, start_env_steps = time.perf_counter(), report.env_steps
 
     while report.updates < config.num_updates:
         while not buffer.ready():
@@ -314,28 +349,21 @@ def learner_loop(
         host_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         _check_finite(host_metrics, report.updates + 1)
         state = new_state
-        report.updates += 1
-        report.env_steps += config.batch_size
+        report.record_update(config, experiences, lags)
+        report.wall_time_s = time.perf_counter() - start
+        report.env_steps_per_s = (report.env_steps - start_env_steps) / report.wall_time_s
+        last_carries = [e.env_carry for e in experiences]
 
         broadcast_s = 0.0
         if report.updates % config.broadcast_every == 0 and report.updates < config.num_updates:
             broadcast_start = time.perf_counter()
             latest_broadcast = broadcast(channels, state.params, report.updates)
             broadcast_s = time.perf_counter() - broadcast_start
-
-        for experience in experiences:
-            finished = experience.trajectory.episode_length > 0
-            recent_returns.extend(experience.trajectory.episode_return[finished].tolist())
-            report.episodes += int(finished.sum())
-        for lag in lags:
-            report.policy_lag_counts[lag] = report.policy_lag_counts.get(lag, 0) + 1
-        lag_sum += sum(lags)
-        report.policy_lag_max = max(report.policy_lag_max, *lags)
-        report.policy_lag_mean = lag_sum / (report.updates * config.num_actors)
-        report.wall_time_s = time.perf_counter() - start
-        report.env_steps_per_s = report.env_steps / report.wall_time_s
-        if recent_returns:
-            report.episode_return_mean = float(np.mean(recent_returns))
+        if checkpoint is not None and config.checkpoint_every_updates and (
+            report.updates % config.checkpoint_every_updates == 0
+            or report.updates == config.num_updates
+        ):
+            checkpoint(state, report, last_carries)
 
         if on_update is not None:
             host_metrics.update(

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import flax.serialization
 import jax
+import numpy as np
 
 from ppo_async.actor import (
     ActorChannels,
@@ -28,10 +29,14 @@ from ppo_async.actor import (
     make_actor_program,
     spawn_actor,
 )
-from ppo_async.config import AsyncActorLearnerConfig, resolve_device
+from ppo_async.checkpoint import load_latest_checkpoint, save_checkpoint
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_device
+from ppo_async.envs import EnvCarry
 from ppo_async.learner import (
+    RECENT_EPISODES,
     LearnerChannels,
     LearnerReport,
+    LearnerState,
     broadcast,
     init_learner_state,
     learner_loop,
@@ -63,12 +68,12 @@ class _RunLog:
     """metrics.jsonl writer and progress bar; both optional."""
 
     def __init__(self, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
-                 progress: bool):
+                 progress: bool, append: bool = False):
         self.file = None
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-            self.file = open(run_dir / "metrics.jsonl", "w", buffering=1)
+            self.file = open(run_dir / "metrics.jsonl", "a" if append else "w", buffering=1)
         self.bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -94,10 +99,77 @@ class _RunLog:
             self.bar.close()
 
 
+CHECKPOINT_SUBDIR = "checkpoints"
+
+
+class _Resumed(NamedTuple):
+    state: LearnerState  # host arrays
+    report: LearnerReport
+    actor_carries: tuple  # one env carry per actor, or () for host envs
+
+
+def _checkpoint_contents(state: LearnerState, report: LearnerReport, carries) -> tuple:
+    """(state pytree, integer counters) of one checkpoint."""
+    recent = np.full(RECENT_EPISODES, np.nan, np.float32)
+    recent[: len(report.recent_returns)] = report.recent_returns
+    resumable = all(isinstance(carry, EnvCarry) for carry in carries)
+    tree = {
+        "learner": state,
+        # Host-env carries hold live simulator objects; those actors restart their envs.
+        "actor_carries": tuple(carries) if resumable else (),
+        "recent_returns": recent,
+    }
+    counters = {
+        "updates": report.updates,
+        "env_steps": report.env_steps,
+        "episodes": report.episodes,
+        "recent_count": len(report.recent_returns),
+        **{f"lag_{lag}": count for lag, count in report.policy_lag_counts.items()},
+    }
+    return tree, counters
+
+
+def _load_resume_point(config, program, run_dir: pathlib.Path, template_state) -> _Resumed:
+    cpu = jax.devices("cpu")[0]
+    carries_template = ()
+    if isinstance(program.reset(jax.random.key(0), cpu), EnvCarry):
+        carries_template = tuple(
+            program.reset(jax.random.key(i), cpu) for i in range(config.num_actors)
+        )
+    template = {
+        "learner": template_state,
+        "actor_carries": carries_template,
+        "recent_returns": np.zeros(RECENT_EPISODES, np.float32),
+    }
+    loaded = load_latest_checkpoint(
+        run_dir / CHECKPOINT_SUBDIR, template, config_dict=config.to_dict()
+    )
+    if loaded is None:
+        raise ConfigError(f"resume_from={str(run_dir)!r}: no checkpoint in {run_dir / CHECKPOINT_SUBDIR}")
+    counters = loaded.counters
+    report = LearnerReport(
+        updates=counters["updates"], env_steps=counters["env_steps"],
+        episodes=counters["episodes"],
+        policy_lag_counts={
+            int(name[4:]): count for name, count in counters.items() if name.startswith("lag_")
+        },
+        recent_returns=loaded.state["recent_returns"][: counters["recent_count"]].tolist(),
+    )
+    if report.policy_lag_counts:
+        chunks = sum(report.policy_lag_counts.values())
+        report.policy_lag_mean = sum(k * n for k, n in report.policy_lag_counts.items()) / chunks
+        report.policy_lag_max = max(report.policy_lag_counts)
+    if report.recent_returns:
+        report.episode_return_mean = float(np.mean(report.recent_returns))
+    logger.info("resuming from %s (update %d)", loaded.path, report.updates)
+    return _Resumed(loaded.state["learner"], report, loaded.state["actor_carries"])
+
+
 def train(
     config: AsyncActorLearnerConfig,
     *,
     run_dir: str | pathlib.Path | None = None,
+    resume_from: str | pathlib.Path | None = None,
     progress: bool = True,
     on_update: Callable[[dict[str, float]], None] | None = None,
 ) -> TrainResult:
@@ -106,31 +178,62 @@ def train(
     Args:
       config: the run's configuration (validated on construction).
       run_dir: if given, write ``config.json``, ``metrics.jsonl`` (one JSON
-        object per update) and the final ``params.msgpack`` (flax bytes) there.
+        object per update), checkpoints (``checkpoints/``, every
+        ``config.checkpoint_every_updates``) and the final ``params.msgpack``
+        (flax bytes) there.
+      resume_from: a run directory to continue from its newest valid
+        checkpoint (params, optimizer state, keys, counters, and each actor's
+        env state); also the default ``run_dir``. The config may change
+        anything but the env and the network.
       progress: show a progress bar with env steps/s, return and lag.
       on_update: also called with each update's metrics dict.
 
     Raises:
-      ConfigError: a device the config names does not exist.
+      ConfigError: a device the config names does not exist, checkpoints
+        without a run directory, nothing to resume, or a resume that changes
+        the env or network.
       ActorError: an actor raised (chained to its exception).
       LearnerTimeoutError: no experience for ``config.learner_timeout_s``.
+      NonFiniteError: an update produced NaN or inf (the last checkpoint stays).
     """
     learner_device = resolve_device(config.learner_device)
     actor_device = resolve_device(config.actor_device)
+    if resume_from is not None:
+        resume_from = pathlib.Path(resume_from)
+        if not resume_from.is_dir():
+            raise ConfigError(f"resume_from={str(resume_from)!r}: no such run directory")
+        run_dir = run_dir if run_dir is not None else resume_from
     run_dir = pathlib.Path(run_dir) if run_dir is not None else None
+    if config.checkpoint_every_updates and run_dir is None:
+        raise ConfigError(
+            f"checkpoint_every_updates={config.checkpoint_every_updates}: checkpoints "
+            "need a run directory; pass run_dir (or set it to 0)"
+        )
 
     program = make_actor_program(config)
     params_key, learner_key = jax.random.split(jax.random.key(config.seed))
     params = init_params(program.network, params_key, program.observation_shape)
-    state = jax.device_put(init_learner_state(config, params, learner_key), learner_device)
+    state = init_learner_state(config, params, learner_key)
+    report, actor_carries = None, ()
+    if resume_from is not None:
+        state, report, actor_carries = _load_resume_point(config, program, resume_from, state)
+    state = jax.device_put(state, learner_device)
+    start_updates = report.updates if report is not None else 0
 
     experience_queue: queue.Queue = queue.Queue()
     broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
     stop = threading.Event()
     learner_channels = LearnerChannels(experience_queue, broadcast_queues)
-    first_broadcast = broadcast(learner_channels, state.params, 0)
+    first_broadcast = broadcast(learner_channels, state.params, start_updates)
 
-    run_log = _RunLog(config, run_dir, progress)
+    def save(state: LearnerState, report: LearnerReport, carries: list) -> None:
+        tree, counters = _checkpoint_contents(state, report, carries)
+        save_checkpoint(
+            run_dir / CHECKPOINT_SUBDIR, step=report.updates, state=tree, counters=counters,
+            config_dict=config.to_dict(), keep=config.keep_checkpoints,
+        )
+
+    run_log = _RunLog(config, run_dir, progress, append=resume_from is not None)
 
     def record(metrics: dict[str, float]) -> None:
         run_log(metrics)
@@ -165,12 +268,18 @@ def train(
 
     try:
         for actor_id in range(config.num_actors):
-            handles.append(
-                spawn_actor(actor_id, config, program, channels_of(actor_id), actor_device)
+            start = ActorStart(
+                produced_steps=start_updates * config.num_steps,
+                carry=jax.device_put(actor_carries[actor_id], actor_device)
+                if actor_carries else None,
             )
+            handles.append(spawn_actor(
+                actor_id, config, program, channels_of(actor_id), actor_device, None, start
+            ))
         state, report = learner_loop(
             config, program.network, state, learner_channels, learner_device, record,
             on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
+            checkpoint=save if config.checkpoint_every_updates else None, report=report,
         )
     finally:
         stop.set()
