@@ -52,11 +52,15 @@ class ActorFailure(NamedTuple):
     formatted_traceback: str
 
 
+EVALUATOR_ID = -1  # the actor_id an evaluator thread's failure is reported under
+
+
 class ActorError(RuntimeError):
-    """An actor raised; the original exception is the ``__cause__``."""
+    """An actor (or the evaluator thread) raised; the original exception is the ``__cause__``."""
 
     def __init__(self, actor_id: int, formatted_traceback: str):
-        super().__init__(f"actor {actor_id} failed:\n{formatted_traceback}")
+        who = "evaluator thread" if actor_id == EVALUATOR_ID else f"actor {actor_id}"
+        super().__init__(f"{who} failed:\n{formatted_traceback}")
         self.actor_id = actor_id
 
 

@@ -217,6 +217,12 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         and all(_is_int(h) and h >= 1 for h in cfg.hidden_sizes),
         "hidden_sizes", cfg.hidden_sizes, "must be a non-empty tuple of integers >= 1",
     )
+    if cfg.eval_every_updates:
+        from ppo_async.host_envs import GYMNAX, split_env_id
+
+        _require(split_env_id(cfg.env_id)[0] == GYMNAX, "eval_every_updates",
+                 cfg.eval_every_updates,
+                 "periodic evaluation runs gymnax envs only; set it to 0 for host envs")
     batch_size = cfg.num_actors * cfg.envs_per_actor * cfg.num_steps
     _require(
         batch_size % cfg.num_minibatches == 0, "num_minibatches", cfg.num_minibatches,

@@ -228,6 +228,7 @@ class LearnerReport:
     learner_wait_s: float = 0.0  # time the learner blocked on the experience queue
     actor_stats: list[ActorStats] = dataclasses.field(default_factory=list)
     actor_restarts: int = 0  # actors replaced by the supervisor after they raised
+    eval_returns: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (version, mean)
 
     def record_update(
         self, config: AsyncActorLearnerConfig, experiences: Sequence[Experience],
@@ -254,8 +255,10 @@ class LearnerReport:
 class LearnerChannels(NamedTuple):
     """The learner's queue ends."""
 
-    experience_queue: queue.Queue  # from all actors
+    experience_queue: queue.Queue  # from all actors (and failures of any thread)
     broadcast_queues: Sequence[queue.Queue]  # one per actor, in actor order
+    evaluator_queue: queue.Queue | None = None  # PolicyBroadcasts to evaluate
+    eval_results: queue.Queue | None = None  # (policy version, EvalResult) back
 
 
 def broadcast(channels: LearnerChannels, params: Any, learner_updates: int) -> PolicyBroadcast:
@@ -359,6 +362,23 @@ def learner_loop(
             broadcast_start = time.perf_counter()
             latest_broadcast = broadcast(channels, state.params, report.updates)
             broadcast_s = time.perf_counter() - broadcast_start
+        if channels.evaluator_queue is not None and config.eval_every_updates and (
+            report.updates % config.eval_every_updates == 0
+        ):
+            eval_message = latest_broadcast
+            if eval_message is None or eval_message.version != report.updates:
+                # Not a broadcast update: serialize for the evaluator alone.
+                eval_message = PolicyBroadcast(
+                    report.updates, report.updates, serialize_policy(state.params)
+                )
+            channels.evaluator_queue.put(eval_message)
+        eval_metrics = {}
+        while channels.eval_results is not None and not channels.eval_results.empty():
+            version, result = channels.eval_results.get_nowait()
+            report.eval_returns.append((version, result.mean_return))
+            eval_metrics = {"eval_return_mean": result.mean_return,
+                            "eval_return_std": result.std_return,
+                            "eval_policy_version": version}
         if checkpoint is not None and config.checkpoint_every_updates and (
             report.updates % config.checkpoint_every_updates == 0
             or report.updates == config.num_updates
@@ -376,6 +396,7 @@ def learner_loop(
                 queue_depth=channels.experience_queue.qsize(),
                 learner_wait_s=report.learner_wait_s,
                 broadcast_s=broadcast_s,
+                **eval_metrics,
             )
             on_update(host_metrics)
     return state, report

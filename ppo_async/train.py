@@ -14,6 +14,7 @@ import pathlib
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -22,6 +23,7 @@ import jax
 import numpy as np
 
 from ppo_async.actor import (
+    EVALUATOR_ID,
     ActorChannels,
     ActorFailure,
     ActorHandle,
@@ -49,6 +51,44 @@ logger = logging.getLogger(__name__)
 # Actors notice the stop signal within one chunk; a chunk is milliseconds, but
 # the first one also compiles the rollout.
 _JOIN_TIMEOUT_S = 60.0
+# How long a finished run waits for its outstanding evaluations.
+_EVAL_DRAIN_TIMEOUT_S = 300.0
+
+
+def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
+                     stop: threading.Event) -> threading.Thread:
+    """A thread that evaluates each `PolicyBroadcast` put on ``channels.evaluator_queue``.
+
+    It receives the same bytes as the actors, so the learner never waits for
+    it; results go back on ``channels.eval_results``, failures on the
+    experience queue (which stops the run like an actor's). A ``None`` on the
+    queue ends it once the evaluations before it are done; ``stop`` ends it
+    after the current one.
+    """
+    from ppo_async.evaluate import Evaluator
+
+    def run() -> None:
+        try:
+            evaluator = Evaluator(config, config.eval_episodes)
+            while not stop.is_set():
+                try:
+                    message = channels.evaluator_queue.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if message is None:
+                    return
+                # Seeded apart from training, and the same every time, so that
+                # changes in the eval return come from the policy alone.
+                result = evaluator.evaluate_broadcast(message, seed=config.seed + 1_000_003)
+                channels.eval_results.put((message.version, result))
+        except BaseException as error:  # noqa: BLE001 - reported, never swallowed
+            channels.experience_queue.put(
+                ActorFailure(EVALUATOR_ID, error, traceback.format_exc())
+            )
+
+    thread = threading.Thread(target=run, name="ppo-evaluator", daemon=True)
+    thread.start()
+    return thread
 
 
 class TrainResult(NamedTuple):
@@ -223,7 +263,11 @@ def train(
     experience_queue: queue.Queue = queue.Queue()
     broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
     stop = threading.Event()
-    learner_channels = LearnerChannels(experience_queue, broadcast_queues)
+    evaluating = config.eval_every_updates > 0
+    learner_channels = LearnerChannels(
+        experience_queue, broadcast_queues,
+        queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
+    )
     first_broadcast = broadcast(learner_channels, state.params, start_updates)
 
     def save(state: LearnerState, report: LearnerReport, carries: list) -> None:
@@ -248,6 +292,8 @@ def train(
     def restart_actor(failure: ActorFailure, produced_steps: int,
                       latest: PolicyBroadcast) -> bool:
         """The supervisor: replace a failed actor while its restart budget lasts."""
+        if failure.actor_id == EVALUATOR_ID:
+            return False
         old = handles[failure.actor_id]
         if old.stats.restarts >= config.max_actor_restarts:
             return False
@@ -266,7 +312,10 @@ def train(
         )
         return True
 
+    evaluator_thread = None
     try:
+        if evaluating:
+            evaluator_thread = _spawn_evaluator(config, learner_channels, stop)
         for actor_id in range(config.num_actors):
             start = ActorStart(
                 produced_steps=start_updates * config.num_steps,
@@ -281,9 +330,17 @@ def train(
             on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
             checkpoint=save if config.checkpoint_every_updates else None, report=report,
         )
+        if evaluator_thread is not None:
+            # Let the evaluations already asked for finish, so the last one is reported.
+            learner_channels.evaluator_queue.put(None)
+            evaluator_thread.join(_EVAL_DRAIN_TIMEOUT_S)
     finally:
         stop.set()
         alive = _join_actors(handles, _JOIN_TIMEOUT_S)
+        if evaluator_thread is not None:
+            evaluator_thread.join(_JOIN_TIMEOUT_S)
+            if evaluator_thread.is_alive():
+                alive.append(EVALUATOR_ID)
         run_log.close()
         if alive:
             # Only reached if an actor is stuck inside a single rollout; the
@@ -294,6 +351,9 @@ def train(
 
     report.actor_stats = [handle.stats for handle in handles]
     report.actor_restarts = sum(stats.restarts for stats in report.actor_stats)
+    while evaluating and not learner_channels.eval_results.empty():
+        version, result = learner_channels.eval_results.get_nowait()
+        report.eval_returns.append((version, result.mean_return))
     params = jax.device_get(state.params)
     if run_dir is not None:
         (run_dir / "params.msgpack").write_bytes(flax.serialization.to_bytes(params))

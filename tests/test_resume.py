@@ -28,7 +28,7 @@ LOCK_STEP = AsyncActorLearnerConfig(
 @pytest.fixture(autouse=True)
 def no_thread_leaks():
     yield
-    assert [t for t in threading.enumerate() if t.name.startswith("ppo-actor")] == []
+    assert [t for t in threading.enumerate() if t.name.startswith("ppo-")] == []
 
 
 def _interrupt_at(update):

@@ -40,7 +40,7 @@ TINY = AsyncActorLearnerConfig(
 
 
 def actor_threads_alive():
-    return [t for t in threading.enumerate() if t.name.startswith("ppo-actor")]
+    return [t for t in threading.enumerate() if t.name.startswith("ppo-")]
 
 
 @pytest.fixture(autouse=True)
@@ -344,3 +344,27 @@ def test_a_nan_reward_stops_the_run_naming_the_update(monkeypatch):
     with pytest.raises(NonFiniteError, match=r"update \d+: ") as info:
         train(config, progress=False)
     assert "nan" in str(info.value).lower()
+
+
+def test_periodic_evaluation_runs_on_its_own_thread_and_reports():
+    seen = []
+    config = dataclasses.replace(TINY, eval_every_updates=2, eval_episodes=3)
+    report = train(config, progress=False, on_update=seen.append).report
+    # Every evaluation asked for (updates 2, 4, 6) is finished before train returns.
+    assert [version for version, _ in report.eval_returns] == [2, 4, 6]
+    assert all(np.isfinite(mean) and mean > 0 for _, mean in report.eval_returns)
+    reported = [m["eval_policy_version"] for m in seen if "eval_return_mean" in m]
+    assert reported == sorted(reported) and set(reported) <= {2, 4, 6}
+
+
+def test_an_evaluator_that_raises_stops_the_run(monkeypatch):
+    from ppo_async.evaluate import Evaluator
+
+    def broken(self, broadcast, seed=0):
+        raise _Boom("eval exploded")
+
+    monkeypatch.setattr(Evaluator, "evaluate_broadcast", broken)
+    config = dataclasses.replace(TINY, eval_every_updates=1, total_env_steps=TINY.batch_size * 400)
+    with pytest.raises(ActorError, match="evaluator thread failed") as info:
+        train(config, progress=False)
+    assert isinstance(info.value.__cause__, _Boom)
