@@ -8,6 +8,7 @@ set and every actor thread is joined before `train` returns or raises.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -142,7 +143,7 @@ class _RunLog:
 CHECKPOINT_SUBDIR = "checkpoints"
 
 
-class _Resumed(NamedTuple):
+class ResumePoint(NamedTuple):
     state: LearnerState  # host arrays
     report: LearnerReport
     actor_carries: tuple  # one env carry per actor, or () for host envs
@@ -169,7 +170,8 @@ def _checkpoint_contents(state: LearnerState, report: LearnerReport, carries) ->
     return tree, counters
 
 
-def _load_resume_point(config, program, run_dir: pathlib.Path, template_state) -> _Resumed:
+def load_resume_point(config, program, run_dir: pathlib.Path, template_state) -> ResumePoint:
+    """The newest valid checkpoint of ``run_dir`` (damaged newer ones are skipped with a warning)."""
     cpu = jax.devices("cpu")[0]
     carries_template = ()
     if isinstance(program.reset(jax.random.key(0), cpu), EnvCarry):
@@ -202,7 +204,14 @@ def _load_resume_point(config, program, run_dir: pathlib.Path, template_state) -
     if report.recent_returns:
         report.episode_return_mean = float(np.mean(report.recent_returns))
     logger.info("resuming from %s (update %d)", loaded.path, report.updates)
-    return _Resumed(loaded.state["learner"], report, loaded.state["actor_carries"])
+    return ResumePoint(loaded.state["learner"], report, loaded.state["actor_carries"])
+
+
+def _summary(report: LearnerReport) -> dict[str, Any]:
+    """The report as JSON (actor stats as dicts)."""
+    summary = dataclasses.asdict(report)
+    summary["policy_lag_counts"] = {str(k): v for k, v in report.policy_lag_counts.items()}
+    return summary
 
 
 def train(
@@ -256,7 +265,7 @@ def train(
     state = init_learner_state(config, params, learner_key)
     report, actor_carries = None, ()
     if resume_from is not None:
-        state, report, actor_carries = _load_resume_point(config, program, resume_from, state)
+        state, report, actor_carries = load_resume_point(config, program, resume_from, state)
     state = jax.device_put(state, learner_device)
     start_updates = report.updates if report is not None else 0
 
@@ -357,4 +366,5 @@ def train(
     params = jax.device_get(state.params)
     if run_dir is not None:
         (run_dir / "params.msgpack").write_bytes(flax.serialization.to_bytes(params))
+        (run_dir / "summary.json").write_text(json.dumps(_summary(report), indent=2))
     return TrainResult(params, report)

@@ -275,8 +275,31 @@ def test_cli_train_writes_a_run_directory(tmp_path, capsys):
     assert "final return" in out and "run directory" in out
     (run_dir,) = tmp_path.iterdir()
     assert run_dir.name.startswith("CartPole-v1-")
-    assert {p.name for p in run_dir.iterdir()} == {"config.json", "metrics.jsonl", "params.msgpack"}
+    assert {p.name for p in run_dir.iterdir()} == {
+        "config.json", "metrics.jsonl", "params.msgpack", "summary.json"}
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+    main(["eval", str(run_dir), "--num-episodes", "3"])
+    assert "CartPole-v1: return" in capsys.readouterr().out
+    main(["plot", str(run_dir)])
+    assert (run_dir / "curves.png").stat().st_size > 1000
+
+
+def test_cli_resume_continues_a_run_with_its_own_config(tmp_path, capsys):
+    from ppo_async.cli import main
+
+    common = ["--num-actors", "2", "--envs-per-actor", "2", "--num-steps", "8",
+              "--num-epochs", "1", "--num-minibatches", "2", "--max-lead-steps", "8",
+              "--no-progress", "--run-root", str(tmp_path)]
+    main(["train", "--total-env-steps", "128", "--checkpoint-every-updates", "2", *common])
+    (run_dir,) = tmp_path.iterdir()
+    # Resume with a longer budget; the other fields come from the run's config.json.
+    main(["train", "--resume", str(run_dir), "--total-env-steps", "192", "--no-progress"])
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["total_env_steps"] == 192 and saved["envs_per_actor"] == 2
+    updates = [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
+    assert updates == [1, 2, 3, 4, 5, 6]
+    assert str(run_dir) in capsys.readouterr().out
 
 
 def test_cli_rejects_a_bad_config_with_exit_code_2(capsys):
