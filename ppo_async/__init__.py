@@ -17,6 +17,7 @@ from ppo_async.learner import (
     LearnerTimeoutError,
     NonFiniteError,
     RolloutBuffer,
+    StopTraining,
     learner_loop,
 )
 from ppo_async.losses import ppo_loss
@@ -31,7 +32,7 @@ from ppo_async.train import TrainResult, train
 __all__ = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
     "AsyncActorLearnerConfig", "ConfigError", "Experience", "LearnerReport",
-    "LearnerTimeoutError", "NonFiniteError", "PolicyBroadcast", "PolicyLoadError", "RolloutBuffer",
+    "LearnerTimeoutError", "NonFiniteError", "PolicyBroadcast", "PolicyLoadError", "RolloutBuffer", "StopTraining",
     "TrainResult", "VTraceOutput", "actor_thread", "gae", "learner_loop",
     "load_policy_from_broadcast", "ppo_loss", "serialize_policy", "spawn_actor",
     "train", "vtrace",

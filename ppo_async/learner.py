@@ -35,6 +35,10 @@ class LearnerTimeoutError(TimeoutError):
     """The learner waited ``learner_timeout_s`` without receiving experience."""
 
 
+class StopTraining(Exception):
+    """Raise from an ``on_update`` callback to end the run early, as if it had finished."""
+
+
 class NonFiniteError(FloatingPointError):
     """An update produced a non-finite metric or parameter; the run stops before using it."""
 
@@ -308,7 +312,7 @@ def learner_loop(
     restart it (returning True): it is told how many rows the learner counts as
     produced by that actor (consumed plus buffered), and the newest broadcast.
     ``checkpoint`` is called every ``config.checkpoint_every_updates``
-    updates. A resumed run passes the saved ``report`` to continue counting.
+    updates. ``on_update`` may raise `StopTraining` to end the run there. A resumed run passes the saved ``report`` to continue counting.
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` when no experience arrives for
@@ -398,5 +402,8 @@ def learner_loop(
                 broadcast_s=broadcast_s,
                 **eval_metrics,
             )
-            on_update(host_metrics)
+            try:
+                on_update(host_metrics)
+            except StopTraining:
+                break
     return state, report

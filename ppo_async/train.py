@@ -235,7 +235,8 @@ def train(
         env state); also the default ``run_dir``. The config may change
         anything but the env and the network.
       progress: show a progress bar with env steps/s, return and lag.
-      on_update: also called with each update's metrics dict.
+      on_update: also called with each update's metrics dict; it may raise
+        `StopTraining` to end the run early (train then returns normally).
 
     Raises:
       ConfigError: a device the config names does not exist, checkpoints

@@ -391,3 +391,16 @@ def test_an_evaluator_that_raises_stops_the_run(monkeypatch):
     with pytest.raises(ActorError, match="evaluator thread failed") as info:
         train(config, progress=False)
     assert isinstance(info.value.__cause__, _Boom)
+
+
+def test_stop_training_from_on_update_ends_the_run_normally(tmp_path):
+    from ppo_async import StopTraining
+
+    def stop_at_three(metrics):
+        if metrics["update"] == 3:
+            raise StopTraining
+
+    config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 50)
+    result = train(config, run_dir=tmp_path, progress=False, on_update=stop_at_three)
+    assert result.report.updates == 3
+    assert (tmp_path / "params.msgpack").is_file()
