@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
-from ppo_async.envs import BatchedEnv, make_rollout
-from ppo_async.learner import Batch, init_learner_state, make_update_fn
+from ppo_async.envs import BatchedEnv, EnvCarry, make_rollout
+from ppo_async.learner import Batch, LearnerState, init_learner_state, make_update_fn
 from ppo_async.networks import init_params, make_network
 
 
@@ -34,43 +34,67 @@ class SyncResult(NamedTuple):
     metrics: dict[str, jax.Array]
 
 
-def make_train(config: AsyncActorLearnerConfig) -> Callable[[jax.Array], SyncResult]:
-    """A pure, jittable ``train_fn(key)`` running ``config.num_updates`` synchronous updates."""
+class SyncCarry(NamedTuple):
+    """What the synchronous loop carries from one update to the next."""
+
+    learner: LearnerState
+    env: EnvCarry
+
+
+class SyncTwin(NamedTuple):
+    """The twin as two pure functions, for loops that stop early (benchmarks)."""
+
+    init: Callable[[jax.Array], SyncCarry]  # key -> carry
+    step: Callable[[SyncCarry], tuple[SyncCarry, dict[str, jax.Array]]]  # one update
+
+
+def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
+    """``init(key)`` and ``step(carry)``: one rollout and one update per step."""
     env = BatchedEnv(config.env_id, config.num_envs)
     network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
     rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
     update = make_update_fn(config, network)
 
-    def train_fn(key: jax.Array) -> SyncResult:
+    def init(key: jax.Array) -> SyncCarry:
         # The same key derivation as train(): with one actor in lock-step the
-        # asynchronous runtime reproduces this function bit for bit.
+        # asynchronous runtime reproduces this loop bit for bit.
         params_key, learner_key = jax.random.split(key)
-        env_key = jax.random.fold_in(key, 0)
         params = init_params(network, params_key, env.observation_shape)
-        state = init_learner_state(config, params, learner_key)
-
-        def one_update(carry, _):
-            state, env_carry = carry
-            env_carry, trajectory, bootstrap_value = rollout(state.params, env_carry)
-            batch = Batch(
-                obs=trajectory.obs,
-                action=trajectory.action,
-                reward=trajectory.reward,
-                done=trajectory.done,
-                behaviour_logp=trajectory.behaviour_logp,
-                behaviour_value=trajectory.behaviour_value,
-                bootstrap_obs=env_carry.obs,
-                bootstrap_value=bootstrap_value,
-            )
-            state, metrics = update(state, batch)
-            metrics["episode_return_sum"] = jnp.sum(trajectory.episode_return)
-            metrics["episodes"] = jnp.sum(trajectory.episode_length > 0)
-            return (state, env_carry), metrics
-
-        (state, _), metrics = jax.lax.scan(
-            one_update, (state, env.reset(env_key)), None, length=config.num_updates
+        return SyncCarry(
+            init_learner_state(config, params, learner_key),
+            env.reset(jax.random.fold_in(key, 0)),
         )
-        return SyncResult(state.params, metrics)
+
+    def step(carry: SyncCarry) -> tuple[SyncCarry, dict[str, jax.Array]]:
+        env_carry, trajectory, bootstrap_value = rollout(carry.learner.params, carry.env)
+        batch = Batch(
+            obs=trajectory.obs,
+            action=trajectory.action,
+            reward=trajectory.reward,
+            done=trajectory.done,
+            behaviour_logp=trajectory.behaviour_logp,
+            behaviour_value=trajectory.behaviour_value,
+            bootstrap_obs=env_carry.obs,
+            bootstrap_value=bootstrap_value,
+        )
+        learner, metrics = update(carry.learner, batch)
+        metrics["episode_return_sum"] = jnp.sum(trajectory.episode_return)
+        metrics["episodes"] = jnp.sum(trajectory.episode_length > 0)
+        return SyncCarry(learner, env_carry), metrics
+
+    return SyncTwin(init, step)
+
+
+def make_train(config: AsyncActorLearnerConfig) -> Callable[[jax.Array], SyncResult]:
+    """A pure, jittable ``train_fn(key)`` running ``config.num_updates`` synchronous updates."""
+    twin = make_sync_twin(config)
+
+    def train_fn(key: jax.Array) -> SyncResult:
+        carry, metrics = jax.lax.scan(
+            lambda carry, _: twin.step(carry), twin.init(key), None,
+            length=config.num_updates,
+        )
+        return SyncResult(carry.learner.params, metrics)
 
     return train_fn
 
