@@ -75,7 +75,8 @@ class ActorStats:
     broadcasts_received: int = 0  # PolicyBroadcast messages taken off the queue
     pause_s: float = 0.0  # time spent held back by the staleness valve
     restarts: int = 0  # times the supervisor restarted this actor after it raised
-    active_s: float = 0.0  # time spent collecting (rollout and sending)
+    active_s: float = 0.0  # time spent collecting (rollout and sending), first chunk excluded
+    first_chunk_s: float = 0.0  # the first chunk's time, which includes compiling the rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +244,11 @@ def actor_thread(
         stats.env_steps += trajectory.reward.size
         stats.episodes += int(np.count_nonzero(trajectory.episode_length))
         stats.rollouts_sent += 1
-        stats.active_s += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        if stats.first_chunk_s == 0.0:
+            stats.first_chunk_s = elapsed
+        else:
+            stats.active_s += elapsed
     return stats
 
 
