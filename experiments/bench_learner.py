@@ -1,0 +1,120 @@
+"""Where the learner's time goes: idle fraction and broadcast cost.
+
+At the default config, in this process:
+
+- learner idle fraction: time the learner blocked on the experience queue
+  over wall time, in the steady state (updates after ``--warmup`` updates, so
+  that compiling is not counted as waiting); target < 10%.
+- broadcast cost: serialize + send (the learner's ``broadcast_s`` per update)
+  plus one actor's load (`load_policy_from_broadcast`, timed here on the same
+  bytes), as a fraction of one learner update (the jitted update timed alone on
+  a real batch); target < 2%.
+
+    python experiments/bench_learner.py [--total-env-steps 300000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import common
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--total-env-steps", type=int, default=300_000)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+
+    import jax
+
+    from ppo_async import AsyncActorLearnerConfig, train
+    from ppo_async.actor import Experience, make_actor_program
+    from ppo_async.learner import (
+        init_learner_state,
+        make_update_fn,
+        stack_experiences,
+    )
+    from ppo_async.policy_io import (
+        PolicyBroadcast,
+        load_policy_from_broadcast,
+        serialize_policy,
+    )
+
+    config = AsyncActorLearnerConfig(total_env_steps=args.total_env_steps)
+    metrics, stamps = [], []
+
+    def record(m):
+        metrics.append(m)
+        stamps.append(time.perf_counter())
+
+    report = train(config, progress=False, on_update=record).report
+    first, last = args.warmup, len(metrics) - 1
+    window_s = stamps[last] - stamps[first]
+    idle = (metrics[last]["learner_wait_s"] - metrics[first]["learner_wait_s"]) / window_s
+    broadcast_s = statistics.median(m["broadcast_s"] for m in metrics[first:])
+    steady_update_s = window_s / (last - first)
+
+    # The pieces alone, on one real batch.
+    program = make_actor_program(config)
+    cpu = jax.devices("cpu")[0]
+    params = jax.device_put(program.params_template, cpu)
+    carry = program.reset(jax.random.key(0), cpu)
+    experiences = []
+    for actor_id in range(config.num_actors):
+        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+        experiences.append(Experience(actor_id, 0, *jax.device_get(
+            (trajectory, bootstrap_obs, bootstrap_value))))
+    batch = jax.device_put(stack_experiences(experiences))
+    update = make_update_fn(config, program.network)
+    state = init_learner_state(config, params, jax.random.key(1))
+    jax.block_until_ready(update(state, batch))
+    update_s = _median_time(lambda: jax.block_until_ready(update(state, batch)), 100)
+    message = PolicyBroadcast(1, 1, serialize_policy(params))
+    load_s = _median_time(
+        lambda: jax.block_until_ready(
+            load_policy_from_broadcast(message, program.params_template, cpu)), 200)
+    serialize_s = _median_time(lambda: serialize_policy(params), 200)
+
+    broadcast_fraction = (broadcast_s + load_s) / update_s
+    result = {
+        "config": config.to_dict(),
+        "learner_idle_fraction": idle,
+        "steady_seconds_per_update": steady_update_s,
+        "update_alone_s": update_s,
+        "broadcast_s_median": broadcast_s,
+        "serialize_alone_s": serialize_s,
+        "load_s": load_s,
+        "broadcast_fraction_of_update": broadcast_fraction,
+        "payload_bytes": len(message.payload),
+        "env_steps_per_s": report.env_steps_per_s,
+        "machine": common.machine_info(),
+    }
+    print(f"learner idle (waiting for experience) in the steady state: {idle:.1%} (target < 10%)")
+    print(f"one update alone: {update_s * 1e3:.2f} ms; in the running system one update "
+          f"every {steady_update_s * 1e3:.2f} ms")
+    print(f"serialize alone: {serialize_s * 1e3:.3f} ms")
+    print(f"broadcast: serialize+send {broadcast_s * 1e3:.3f} ms + load {load_s * 1e3:.3f} ms "
+          f"({len(message.payload)} bytes) = {broadcast_fraction:.1%} of an update (target < 2%)")
+    out = common.out_dir("bench_learner", args.out)
+    result["command"] = common.print_reproduce(__file__, argv)
+    common.write_json(out / "results.json", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

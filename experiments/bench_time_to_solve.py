@@ -1,0 +1,149 @@
+"""Wall time, compile included, for CartPole-v1 to reach a mean return of 475.
+
+Three ways to train the same config, each seed in turn, all in this process:
+
+- ``async``: `ppo_async.train` with the defaults (actors one chunk ahead);
+- ``lockstep``: `train` with ``max_lead_steps = num_steps`` (lag 0, no overlap);
+- ``sync``: the synchronous twin (`ppo_async.sync.make_sync_twin`), jitted in
+  blocks of ``--sync-block`` updates so that it can stop as soon as it solves.
+
+"Solved" is the mean return of the last 100 finished training episodes
+reaching ``--target`` (the async runs' ``episode_return_mean``, the twin's
+`recent_return_mean`). Each mode's clock starts before anything is built or
+compiled and stops at the first update that is solved. No persistent
+compilation cache is used, so every run pays its own compiles, as a fresh
+process would. A run that does not solve within the budget counts as its full
+wall time and is marked unsolved.
+
+    python experiments/bench_time_to_solve.py [--seeds 0 1 2] [--modes async lockstep sync]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+import common
+
+
+def _time_async(config, target: float) -> dict:
+    from ppo_async import StopTraining, train
+
+    solved_at = {}
+    start = time.perf_counter()
+
+    def watch(metrics):
+        if metrics["episode_return"] >= target:
+            solved_at["s"] = time.perf_counter() - start
+            solved_at["env_steps"] = metrics["env_steps"]
+            raise StopTraining
+
+    report = train(config, progress=False, on_update=watch).report
+    wall = time.perf_counter() - start
+    return {
+        "solved": bool(solved_at), "time_s": solved_at.get("s", wall),
+        "env_steps": solved_at.get("env_steps", report.env_steps),
+        "final_return": report.episode_return_mean, "policy_lag_max": report.policy_lag_max,
+    }
+
+
+def _time_sync(config, target: float, block: int) -> dict:
+    import jax
+    import numpy as np
+
+    from ppo_async.sync import make_sync_twin, recent_return_mean
+
+    start = time.perf_counter()
+    twin = make_sync_twin(config)
+    run_block = jax.jit(
+        lambda carry: jax.lax.scan(lambda c, _: twin.step(c), carry, None, length=block)
+    )
+    carry = jax.jit(twin.init)(jax.random.key(config.seed))
+    sums, counts = [], []
+    updates = 0
+    while updates < config.num_updates:
+        carry, metrics = run_block(carry)
+        metrics = jax.device_get(metrics)
+        sums.append(metrics["episode_return_sum"])
+        counts.append(metrics["episodes"])
+        updates += block
+        recent = recent_return_mean(
+            {"episode_return_sum": np.concatenate(sums), "episodes": np.concatenate(counts)}
+        )
+        if recent >= target:
+            return {"solved": True, "time_s": time.perf_counter() - start,
+                    "env_steps": updates * config.batch_size, "final_return": recent,
+                    "policy_lag_max": 0}
+    return {"solved": False, "time_s": time.perf_counter() - start,
+            "env_steps": updates * config.batch_size, "final_return": recent,
+            "policy_lag_max": 0}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--modes", nargs="+", default=["async", "lockstep", "sync"],
+                        choices=["async", "lockstep", "sync"])
+    parser.add_argument("--target", type=float, default=475.0)
+    parser.add_argument("--total-env-steps", type=int, default=500_000)
+    parser.add_argument("--sync-block", type=int, default=25,
+                        help="updates per jitted call of the twin between checks")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+
+    from ppo_async import AsyncActorLearnerConfig
+
+    base = AsyncActorLearnerConfig(total_env_steps=args.total_env_steps)
+    configs = {
+        "async": base,
+        "lockstep": dataclasses.replace(base, max_lead_steps=base.num_steps),
+        "sync": base,
+    }
+    rows = []
+    for seed in args.seeds:
+        for mode in args.modes:
+            config = dataclasses.replace(configs[mode], seed=seed)
+            if mode == "sync":
+                result = _time_sync(config, args.target, args.sync_block)
+            else:
+                result = _time_async(config, args.target)
+            row = {"mode": mode, "seed": seed, **result}
+            rows.append(row)
+            print(f"{mode:9s} seed {seed}: {'solved' if row['solved'] else 'NOT solved'} "
+                  f"in {row['time_s']:.1f} s at {row['env_steps']} env steps "
+                  f"(return {row['final_return']:.1f})", flush=True)
+
+    summary = {}
+    for mode in args.modes:
+        times = [r["time_s"] for r in rows if r["mode"] == mode]
+        summary[mode] = {
+            "median_time_s": statistics.median(times),
+            "solved": sum(r["solved"] for r in rows if r["mode"] == mode),
+            "runs": len(times),
+        }
+    if "sync" in summary:
+        for mode in ("async", "lockstep"):
+            if mode in summary:
+                summary[mode]["ratio_to_sync"] = (
+                    summary[mode]["median_time_s"] / summary["sync"]["median_time_s"]
+                )
+    print("\nmedian wall time to solve (compile included):")
+    for mode, figures in summary.items():
+        ratio = f"  {figures['ratio_to_sync']:.2f}x the sync twin" if "ratio_to_sync" in figures else ""
+        print(f"  {mode:9s} {figures['median_time_s']:6.1f} s  "
+              f"({figures['solved']}/{figures['runs']} solved){ratio}")
+
+    out = common.out_dir("bench_time_to_solve", args.out)
+    command = common.print_reproduce(__file__, argv)
+    result = {"rows": rows, "summary": summary, "target": args.target, "command": command,
+              "machine": common.machine_info()}
+    common.write_json(out / "results.json", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
