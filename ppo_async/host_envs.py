@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.actor import ActorProgram
@@ -392,12 +393,22 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     gamma = np.float32(config.gamma)
     obs_batch_shape = (num_envs, *observation_shape)
 
+    action_dim = action_shape[0] if continuous else 1
+
     @jax.jit
     def act(params, obs, key):
+        """``(key, [E, action_dim + 2] float32)``: action, log-prob and value side by side."""
         key, action_key = jax.random.split(key)
         dist, value = network.apply(params, obs)
         action = dist.sample(action_key)
-        return key, action, dist.log_prob(action), value
+        # One array, so one device->host copy per step (each copy costs tens of
+        # microseconds); int32 actions are exact in float32.
+        packed = jnp.concatenate(
+            [action.reshape(num_envs, action_dim).astype(jnp.float32),
+             dist.log_prob(action)[:, None], value[:, None]],
+            axis=1,
+        )
+        return key, packed
 
     @jax.jit
     def value_of(params, obs):
@@ -431,9 +442,10 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             episode_length=np.empty((num_steps, num_envs), np.int32),
         )
         for t in range(num_steps):
-            key, action, logp, value = act(params, obs, key)
-            # One device->host copy per step: the envs need the actions now.
-            action, logp, value = jax.device_get((action, logp, value))
+            key, packed = act(params, obs, key)
+            packed = np.asarray(packed)  # waits for the policy: the envs need the actions now
+            action = packed[:, :action_dim].reshape(num_envs, *action_shape).astype(action_dtype)
+            logp, value = packed[:, action_dim], packed[:, action_dim + 1]
             env_action = np.clip(action, low, high) if continuous else action
             step = envs.step(env_action)
             if len(step) != 5:
