@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs import BatchedEnv, EnvCarry, make_rollout
+from ppo_async.host_envs import GYMNAX, split_env_id
 from ppo_async.learner import Batch, LearnerState, init_learner_state, make_update_fn
 from ppo_async.networks import init_params, make_network
 
@@ -50,7 +51,13 @@ class SyncTwin(NamedTuple):
 
 def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
     """``init(key)`` and ``step(carry)``: one rollout and one update per step."""
-    env = BatchedEnv(config.env_id, config.num_envs)
+    backend, env_name = split_env_id(config.env_id)
+    if backend != GYMNAX:
+        raise ConfigError(
+            f"env_id={config.env_id!r}: the synchronous twin jits its envs and runs "
+            "gymnax envs only"
+        )
+    env = BatchedEnv(env_name, config.num_envs)
     network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
     rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
     update = make_update_fn(config, network)

@@ -50,3 +50,14 @@ def test_recent_return_mean_walks_back_over_whole_updates():
     assert recent_return_mean(metrics, min_episodes=100) == 480 / 6
     empty = {"episode_return_sum": np.zeros(2), "episodes": np.zeros(2, int)}
     assert np.isnan(recent_return_mean(empty))
+
+
+def test_the_twin_takes_prefixed_gymnax_ids_and_refuses_host_envs():
+    import pytest
+
+    from ppo_async import ConfigError
+    from ppo_async.sync import make_sync_twin
+
+    make_sync_twin(dataclasses.replace(TINY, env_id="gymnax:CartPole-v1"))
+    with pytest.raises(ConfigError, match="gymnax envs only"):
+        make_sync_twin(dataclasses.replace(TINY, env_id="gymnasium:CartPole-v1"))
