@@ -232,6 +232,13 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         cfg.total_env_steps >= batch_size, "total_env_steps", cfg.total_env_steps,
         f"must be at least one batch (num_actors * envs_per_actor * num_steps = {batch_size})",
     )
+    if cfg.anneal_lr:
+        schedule_steps = (cfg.total_env_steps // batch_size) * cfg.num_epochs * cfg.num_minibatches
+        _require(
+            schedule_steps < 2**31, "total_env_steps", cfg.total_env_steps,
+            f"with anneal_lr the learning-rate schedule counts {schedule_steps} optimizer "
+            "steps, past the int32 step counter; lower it or set anneal_lr=False",
+        )
     for name in ("learner_device", "actor_device"):
         value = getattr(cfg, name)
         if value is None and name == "learner_device":
