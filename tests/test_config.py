@@ -226,3 +226,9 @@ def test_resolve_device_unknown_platform():
 def test_resolve_device_malformed_spec(spec):
     with pytest.raises(ConfigError, match="device"):
         resolve_device(spec)
+
+
+def test_an_annealed_schedule_past_the_int32_counter_is_refused():
+    with pytest.raises(ConfigError, match="total_env_steps"):
+        AsyncActorLearnerConfig(total_env_steps=10**12)
+    AsyncActorLearnerConfig(total_env_steps=10**12, anneal_lr=False)  # no schedule to overflow
