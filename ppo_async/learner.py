@@ -246,14 +246,21 @@ class LearnerReport:
             self.recent_returns.extend(experience.trajectory.episode_return[finished].tolist())
             self.episodes += int(finished.sum())
         del self.recent_returns[:-RECENT_EPISODES]
-        if self.recent_returns:
-            self.episode_return_mean = float(np.mean(self.recent_returns))
         for lag in lags:
             self.policy_lag_counts[lag] = self.policy_lag_counts.get(lag, 0) + 1
-        chunks = sum(self.policy_lag_counts.values())
-        # Every chunk holds the same number of steps, so this is the per-step mean.
-        self.policy_lag_mean = sum(k * n for k, n in self.policy_lag_counts.items()) / chunks
-        self.policy_lag_max = max(self.policy_lag_counts)
+        self.refresh_summaries()
+
+    def refresh_summaries(self) -> None:
+        """Recompute the means and maxima from ``recent_returns`` and ``policy_lag_counts``."""
+        if self.recent_returns:
+            self.episode_return_mean = float(np.mean(self.recent_returns))
+        if self.policy_lag_counts:
+            chunks = sum(self.policy_lag_counts.values())
+            # Every chunk holds the same number of steps, so this is the per-step mean.
+            self.policy_lag_mean = (
+                sum(k * n for k, n in self.policy_lag_counts.items()) / chunks
+            )
+            self.policy_lag_max = max(self.policy_lag_counts)
 
 
 class LearnerChannels(NamedTuple):

@@ -237,12 +237,7 @@ def load_resume_point(config, program, run_dir: pathlib.Path, template_state) ->
         },
         recent_returns=loaded.state["recent_returns"][: counters["recent_count"]].tolist(),
     )
-    if report.policy_lag_counts:
-        chunks = sum(report.policy_lag_counts.values())
-        report.policy_lag_mean = sum(k * n for k, n in report.policy_lag_counts.items()) / chunks
-        report.policy_lag_max = max(report.policy_lag_counts)
-    if report.recent_returns:
-        report.episode_return_mean = float(np.mean(report.recent_returns))
+    report.refresh_summaries()
     logger.info("resuming from %s (update %d)", loaded.path, report.updates)
     return ResumePoint(loaded.state["learner"], report, loaded.state["actor_carries"])
 
