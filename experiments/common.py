@@ -1,0 +1,194 @@
+"""Helpers shared by the experiment scripts: where results go, how they are written.
+
+Every script writes under ``experiments/out/<name>/`` (gitignored) unless
+``--out`` says otherwise, writes CSV and JSON beside its PNGs, and prints the
+command that reproduces them. Nothing here imports JAX at module level, so a
+``--dry-run`` stays instant.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import pathlib
+import platform
+import shlex
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+EXPERIMENTS_DIR = pathlib.Path(__file__).resolve().parent
+REPO_ROOT = EXPERIMENTS_DIR.parent
+
+
+def out_dir(name: str, override: str | os.PathLike | None = None) -> pathlib.Path:
+    """``experiments/out/<name>/`` (or ``override``), created."""
+    path = pathlib.Path(override) if override is not None else EXPERIMENTS_DIR / "out" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def reproduce_command(script: str, argv: Sequence[str]) -> str:
+    """``python experiments/<script>.py <args>``, shell-quoted, run from the repo root."""
+    return shlex.join(["python", f"experiments/{pathlib.Path(script).stem}.py", *argv])
+
+
+def print_reproduce(script: str, argv: Sequence[str]) -> str:
+    command = reproduce_command(script, argv)
+    print(f"\nreproduce (from the repo root): {command}")
+    return command
+
+
+# jaxlib 0.10.2 on CPU: under ``jax.vmap`` the orthogonal initializer's QR is a
+# batched LAPACK call that splits its batch over XLA's intra-op thread pool and
+# waits for the parts. XLA's concurrency-optimized scheduler may run two such
+# calls at once; on a 2-core machine they then hold both pool threads while
+# waiting for parts that no free thread can run, and the program never finishes
+# (seen with ``jax.jit(jax.vmap(ppo_async.sync.make_train(cfg)))``: a native
+# stack shows both ``tf_XLAEigen`` threads in ``jax::ParallelBatchMap`` under
+# ``lapack_sgeqrf_ffi`` / ``lapack_sorgqr_ffi``). The plain scheduler does not
+# overlap them.
+SERIAL_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def avoid_vmapped_qr_deadlock() -> None:
+    """Add `SERIAL_SCHEDULER_FLAG` to ``XLA_FLAGS``; call before JAX starts its CPU backend.
+
+    Importing ``ppo_async`` starts it, so an entry point calls this before its
+    JAX imports. Too late (JAX already imported), it warns instead.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if SERIAL_SCHEDULER_FLAG in flags.split():
+        return
+    if "jax" in sys.modules:
+        import warnings
+
+        warnings.warn(
+            f"JAX is already imported, so {SERIAL_SCHEDULER_FLAG} may not apply: a "
+            "vmapped synchronous twin can hang on a 2-core CPU (see experiments/common.py)",
+            RuntimeWarning, stacklevel=2,
+        )
+    os.environ["XLA_FLAGS"] = f"{flags} {SERIAL_SCHEDULER_FLAG}".strip()
+
+
+def configure_jax() -> None:
+    """Entry-point JAX settings: a persistent compilation cache.
+
+    Every ``train`` builds its jitted functions afresh, so a sweep would
+    otherwise recompile the same programs for each cell (seconds each on a
+    2-core machine). The cache directory is the test suite's.
+    """
+    import jax
+
+    jax.config.update(
+        "jax_compilation_cache_dir",
+        os.environ.get("PPO_ASYNC_JAX_CACHE",
+                       os.path.join(tempfile.gettempdir(), "ppo_async_jax_cache")),
+    )
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the figures were measured: results from another machine are not comparable."""
+    import jax
+
+    return {
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "jax_backend": jax.default_backend(),
+    }
+
+
+def write_json(path: pathlib.Path, obj: Any) -> pathlib.Path:
+    path.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def read_csv(path: pathlib.Path) -> list[dict[str, str]]:
+    """Rows of a CSV as dicts of strings ([] if the file does not exist)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_csv(path: pathlib.Path, rows: Iterable[Mapping[str, Any]],
+              fieldnames: Sequence[str]) -> pathlib.Path:
+    """Write ``rows`` (a fresh file)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fieldnames))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(dict(row))
+    return path
+
+
+def append_csv_row(path: pathlib.Path, row: Mapping[str, Any], fieldnames: Sequence[str]) -> None:
+    """Append one row (header first if the file is new), flushed at once.
+
+    A sweep appends after every run, so a killed sweep loses at most the run
+    in progress and resumes from the rest.
+    """
+    new = not path.is_file() or path.stat().st_size == 0
+    if not new:
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != list(fieldnames):
+            raise ValueError(
+                f"{path} has columns {header}, this script writes {list(fieldnames)}; "
+                "move the old file aside (or pass another --out)"
+            )
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fieldnames))
+        if new:
+            writer.writeheader()
+        writer.writerow(dict(row))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    """Mean and population std of the finite values (nan, nan if none)."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not finite:
+        return float("nan"), float("nan")
+    mean = sum(finite) / len(finite)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / len(finite))
+
+
+def format_mean_std(mean: float, std: float, digits: int = 1) -> str:
+    if not math.isfinite(mean):
+        return "n/a"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:  # pragma: no cover - depends on the install
+        raise ImportError("the experiments plot with matplotlib: pip install 'ppo-async[plot]'") from error
+    return plt
