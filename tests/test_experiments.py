@@ -1,0 +1,100 @@
+"""Smoke tests of the experiment scripts: they run end to end at a tiny scale and write their files.
+
+The sweep is imported by path and driven through ``main(argv)``. The learning
+results script runs in a subprocess, as a user runs it: it must set an XLA flag
+before JAX starts (see ``experiments/common.py``), which this process, with
+JAX already running, cannot do.
+"""
+
+import csv
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXPERIMENTS = pathlib.Path(__file__).resolve().parent.parent / "experiments"
+REPO_ROOT = EXPERIMENTS.parent
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"experiments_{name}", EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return load_script("sweep_staleness")
+
+
+def read_rows(path: pathlib.Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_sweep_dry_run_lists_the_whole_grid(sweep, tmp_path, capsys):
+    result = sweep.main(["--dry-run", "--out", str(tmp_path)])
+    # num_actors (1, 2, 4, 8) x V-trace (off, on) x lead (1, 2, 4, 8 chunks).
+    assert len(result["cells"]) == 4 * 2 * 4
+    assert len(result["todo"]) == 4 * 2 * 4 * 3  # 3 seeds by default
+    out = capsys.readouterr().out
+    assert out.count("  cell ") == 32
+    assert "reproduce" not in out and not (tmp_path / "results.csv").exists()
+    # Every cell keeps 8 envs in all, so the batch per update is the same.
+    configs = [sweep.make_config(sweep.parse_args([]), cell, 0) for cell in result["cells"]]
+    assert {c.num_envs for c in configs} == {8}
+    assert {c.max_lead_chunks for c in configs} == {1, 2, 4, 8}
+
+
+def test_tiny_sweep_writes_its_csv_and_a_rerun_skips_the_finished_cell(sweep, tmp_path, capsys):
+    argv = ["--num-actors", "2", "--vtrace", "on", "--lead-chunks", "2", "--seeds", "1",
+            "--total-env-steps", "256", "--num-steps", "16", "--out", str(tmp_path)]
+    first = sweep.main(argv)
+    assert len(first["todo"]) == 1
+    rows = read_rows(tmp_path / "results.csv")
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["num_actors"], row["envs_per_actor"], row["use_vtrace"], row["lead_chunks"]) == (
+        "2", "4", "True", "2")
+    assert int(row["env_steps"]) == 256 and int(row["policy_lag_max"]) <= 1
+    assert (tmp_path / "return_vs_lag.png").stat().st_size > 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary["cells"]) == 1
+    out = capsys.readouterr().out
+    assert "python experiments/sweep_staleness.py --num-actors 2" in out
+
+    again = sweep.main(argv)
+    assert again["todo"] == []
+    assert len(read_rows(tmp_path / "results.csv")) == 1
+    dry = sweep.main([*argv, "--dry-run"])
+    assert dry["todo"] == []
+    assert "seeds done 1/1" in capsys.readouterr().out
+
+
+def test_learning_results_on_cartpole_writes_csv_json_and_png(tmp_path):
+    argv = ["--envs", "CartPole-v1", "--seeds", "2", "--budget-scale", "0.002", "--out", str(tmp_path)]
+    run = subprocess.run(
+        [sys.executable, str(EXPERIMENTS / "learning_results.py"), *argv],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = read_rows(tmp_path / "results.csv")
+    assert sorted((r["mode"], r["seed"]) for r in rows) == [
+        ("async", "0"), ("async", "1"), ("sync", "0"), ("sync", "1")]
+    # Equal env steps: two updates of 2 actors x 4 envs x 64 steps each (the floor).
+    assert {int(r["env_steps"]) for r in rows} == {2 * 512}
+    summary = json.loads((tmp_path / "summary.json").read_text())["envs"]["CartPole-v1"]
+    assert set(summary) >= {"config", "async", "sync"}
+    assert summary["async"]["seeds"] == [0, 1]
+    for name in ("curves_CartPole-v1.csv", "curves_CartPole-v1.png", "learning_curves.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    curve_modes = {r["mode"] for r in read_rows(tmp_path / "curves_CartPole-v1.csv")}
+    assert curve_modes == {"async", "sync"}
+    assert "| CartPole-v1 |" in run.stdout
+    assert "python experiments/learning_results.py --envs CartPole-v1" in run.stdout
+    machine = json.loads((tmp_path / "summary.json").read_text())["machine"]
+    assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in machine["xla_flags"]
