@@ -251,3 +251,15 @@ def test_gymnasium_spaces(observation_shape, action_space):
         assert distribution.log_std.shape == (2,)
     for leaf in jax.tree_util.tree_leaves(params):
         assert leaf.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("shape", [(4, 64), (64, 64), (64, 2), (3, 3, 4, 16)])
+def test_orthogonal_init_gives_orthonormal_columns_or_rows(shape):
+    from ppo_async.networks import orthogonal
+
+    scale = 2.0
+    w = np.asarray(orthogonal(scale)(jax.random.key(0), shape)).reshape(-1, shape[-1])
+    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+    np.testing.assert_allclose(gram, scale**2 * np.eye(gram.shape[0]), atol=1e-5)
+    other = np.asarray(orthogonal(scale)(jax.random.key(1), shape))
+    assert not np.allclose(other.reshape(w.shape), w)

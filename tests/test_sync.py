@@ -61,3 +61,25 @@ def test_the_twin_takes_prefixed_gymnax_ids_and_refuses_host_envs():
     make_sync_twin(dataclasses.replace(TINY, env_id="gymnax:CartPole-v1"))
     with pytest.raises(ConfigError, match="gymnax envs only"):
         make_sync_twin(dataclasses.replace(TINY, env_id="gymnasium:CartPole-v1"))
+
+
+def test_vmapped_twin_with_one_update_does_not_hang():
+    # A batched QR in the initializer deadlocked XLA's CPU pool here; the
+    # subprocess turns a hang into a failure instead of a stuck suite.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import jax
+        from ppo_async import AsyncActorLearnerConfig
+        from ppo_async.sync import make_train
+        cfg = AsyncActorLearnerConfig(num_actors=1, envs_per_actor=4, num_steps=8,
+                                      num_epochs=1, num_minibatches=2, total_env_steps=32)
+        result = jax.jit(jax.vmap(make_train(cfg)))(jax.random.split(jax.random.key(0), 4))
+        print(result.metrics["policy_loss"].shape)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "(4, 1)" in done.stdout
