@@ -83,3 +83,22 @@ def test_vmapped_twin_with_one_update_does_not_hang():
                           timeout=240)
     assert done.returncode == 0, done.stderr
     assert "(4, 1)" in done.stdout
+
+
+def test_on_policy_vtrace_updates_equal_gae_updates():
+    # With no lag the V-trace path (re-evaluated values, ratio against the
+    # learner's own policy) must train exactly like GAE with the same lambda.
+    from ppo_async.sync import make_sync_twin
+
+    params = {}
+    for use_vtrace in (False, True):
+        twin = make_sync_twin(dataclasses.replace(TINY, use_vtrace=use_vtrace))
+        carry, step = twin.init(jax.random.key(0)), jax.jit(twin.step)
+        for _ in range(3):
+            carry, _ = step(carry)
+        params[use_vtrace] = jax.device_get(carry.learner.params)
+    chex.assert_trees_all_close(params[True], params[False], atol=1e-5)
+    moved = max(np.abs(a - b).max() for a, b in zip(
+        jax.tree.leaves(params[False]),
+        jax.tree.leaves(jax.device_get(make_sync_twin(TINY).init(jax.random.key(0)).learner.params))))
+    assert moved > 1e-4  # the updates did change the params
