@@ -43,12 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from ppo_async import AsyncActorLearnerConfig, train
-    from ppo_async.actor import Experience, make_actor_program
-    from ppo_async.learner import (
-        init_learner_state,
-        make_update_fn,
-        stack_experiences,
-    )
+    from ppo_async.learner import init_learner_state, make_update_fn
     from ppo_async.policy_io import (
         PolicyBroadcast,
         load_policy_from_broadcast,
@@ -70,16 +65,9 @@ def main(argv: list[str] | None = None) -> dict:
     steady_update_s = window_s / (last - first)
 
     # The pieces alone, on one real batch.
-    program = make_actor_program(config)
+    program, params, host_batch = common.one_real_batch(config)
     cpu = jax.devices("cpu")[0]
-    params = jax.device_put(program.params_template, cpu)
-    carry = program.reset(jax.random.key(0), cpu)
-    experiences = []
-    for actor_id in range(config.num_actors):
-        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
-        experiences.append(Experience(actor_id, 0, *jax.device_get(
-            (trajectory, bootstrap_obs, bootstrap_value))))
-    batch = jax.device_put(stack_experiences(experiences))
+    batch = jax.device_put(host_batch)
     update = make_update_fn(config, program.network)
     state = init_learner_state(config, params, jax.random.key(1))
     jax.block_until_ready(update(state, batch))

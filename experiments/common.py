@@ -192,3 +192,26 @@ def pyplot():
     except ImportError as error:  # pragma: no cover - depends on the install
         raise ImportError("the experiments plot with matplotlib: pip install 'ppo-async[plot]'") from error
     return plt
+
+
+def one_real_batch(config):
+    """``(program, host params, numpy Batch)``: one chunk per actor, collected as a run would.
+
+    The benchmarks time the learner's pieces on this batch, away from the
+    running system.
+    """
+    import jax
+
+    from ppo_async.actor import Experience, make_actor_program
+    from ppo_async.learner import stack_experiences
+
+    program = make_actor_program(config)
+    cpu = jax.devices("cpu")[0]
+    params = jax.device_put(program.params_template, cpu)
+    carry = program.reset(jax.random.key(0), cpu)
+    experiences = []
+    for actor_id in range(config.num_actors):
+        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+        experiences.append(Experience(actor_id, 0, *jax.device_get(
+            (trajectory, bootstrap_obs, bootstrap_value))))
+    return program, params, stack_experiences(experiences)

@@ -38,19 +38,10 @@ def _update_time(config, device, repeats: int) -> float:
     """Median seconds of one jitted learner update on ``device`` (compile excluded)."""
     import jax
 
-    from ppo_async.actor import Experience, make_actor_program
-    from ppo_async.learner import init_learner_state, make_update_fn, stack_experiences
+    from ppo_async.learner import init_learner_state, make_update_fn
 
-    program = make_actor_program(config)
-    cpu = jax.devices("cpu")[0]
-    params = jax.device_put(program.params_template, cpu)
-    carry = program.reset(jax.random.key(0), cpu)
-    experiences = []
-    for actor_id in range(config.num_actors):
-        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
-        experiences.append(Experience(actor_id, 0, *jax.device_get(
-            (trajectory, bootstrap_obs, bootstrap_value))))
-    batch = jax.device_put(stack_experiences(experiences), device)
+    program, params, host_batch = common.one_real_batch(config)
+    batch = jax.device_put(host_batch, device)
     state = jax.device_put(init_learner_state(config, params, jax.random.key(1)), device)
     update = make_update_fn(config, program.network)
     jax.block_until_ready(update(state, batch))

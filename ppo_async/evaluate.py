@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
-import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np

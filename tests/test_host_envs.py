@@ -25,7 +25,6 @@ from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, train
 from ppo_async.actor import make_actor_program
 from ppo_async.envs import UnknownEnvError
 from ppo_async.host_envs import (
-    ENV_BACKENDS,
     HostEnvError,
     HostStep,
     HostVectorEnv,
