@@ -319,7 +319,8 @@ def learner_loop(
     restart it (returning True): it is told how many rows the learner counts as
     produced by that actor (consumed plus buffered), and the newest broadcast.
     ``checkpoint`` is called every ``config.checkpoint_every_updates``
-    updates. ``on_update`` may raise `StopTraining` to end the run there. A resumed run passes the saved ``report`` to continue counting.
+    updates. ``on_update`` may raise `StopTraining` to end the run there. A
+    resumed run passes the saved ``report`` to continue counting.
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` when no experience arrives for
@@ -345,8 +346,9 @@ def learner_loop(
             report.learner_wait_s += time.perf_counter() - wait_start
             if isinstance(item, ActorFailure):
                 # Chunks the actor sent before failing were queued before this
-                # message, so they are in the buffer and are kept.
-                buffered = len(buffer.columns[item.actor_id])
+                # message, so they are in the buffer and are kept. (The
+                # evaluator thread reports under a negative id and owns no column.)
+                buffered = len(buffer.columns[item.actor_id]) if item.actor_id >= 0 else 0
                 produced = (report.updates + buffered) * config.num_steps
                 if on_actor_failure is None or not on_actor_failure(
                     item, produced, latest_broadcast
