@@ -443,8 +443,10 @@ def _args(bad):
 
 
 def test_good_shapes_pass():
-    gae(*_args({}), lambda_=0.9)
-    vtrace(*_args({}), np.zeros((T_, B_), np.float32))
+    advantages, targets = gae(*_args({}), lambda_=0.9)
+    out = vtrace(*_args({}), np.zeros((T_, B_), np.float32))
+    for array in (advantages, targets, *out):
+        assert array.shape == (T_, B_)
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])

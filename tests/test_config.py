@@ -162,7 +162,8 @@ def test_messages_say_the_fix():
     ],
 )
 def test_edge_configs_are_accepted(overrides):
-    AsyncActorLearnerConfig(**overrides)
+    config = AsyncActorLearnerConfig(**overrides)
+    assert all(getattr(config, name) == value for name, value in overrides.items())
 
 
 def test_config_error_is_value_error():
