@@ -8,8 +8,10 @@ functions afresh, and recompiling each costs seconds on a 2-core machine.
 
 import os
 import tempfile
+import threading
 
 import jax
+import pytest
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update(
@@ -17,3 +19,15 @@ jax.config.update(
     os.environ.get("PPO_ASYNC_JAX_CACHE", os.path.join(tempfile.gettempdir(), "ppo_async_jax_cache")),
 )
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def run_threads_alive() -> list[str]:
+    """Threads the runtime started (actors, evaluator) that are still alive."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("ppo-")]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_leaks():
+    """Every test leaves no actor or evaluator thread running."""
+    yield
+    assert run_threads_alive() == []

@@ -38,16 +38,6 @@ from ppo_async.networks import init_params
 GAMMA = 0.99
 
 
-def actor_threads_alive():
-    return [t for t in threading.enumerate() if t.name.startswith("ppo-actor")]
-
-
-@pytest.fixture(autouse=True)
-def no_thread_leaks():
-    yield
-    assert actor_threads_alive() == []
-
-
 # --------------------------------------------------------------------------
 # A scripted custom env: env e's episodes last LENGTHS[e] steps and end as
 # ENDINGS[e]; the reward of the k-th step (k = 1, 2, ...) is 10 * e + k; the

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import flax.serialization
@@ -23,12 +22,6 @@ LOCK_STEP = AsyncActorLearnerConfig(
     total_env_steps=2 * 2 * 8 * 10, max_lead_steps=8, checkpoint_every_updates=3,
     keep_checkpoints=2, seed=4,
 )
-
-
-@pytest.fixture(autouse=True)
-def no_thread_leaks():
-    yield
-    assert [t for t in threading.enumerate() if t.name.startswith("ppo-")] == []
 
 
 def _interrupt_at(update):

@@ -39,16 +39,6 @@ TINY = AsyncActorLearnerConfig(
 )
 
 
-def actor_threads_alive():
-    return [t for t in threading.enumerate() if t.name.startswith("ppo-")]
-
-
-@pytest.fixture(autouse=True)
-def no_thread_leaks():
-    yield
-    assert actor_threads_alive() == []
-
-
 # --- weights as bytes -------------------------------------------------------------
 
 def _cartpole_params(seed):
