@@ -28,7 +28,7 @@ replaces only those rows, so the full table can be built up one env at a time.
 The script sets an XLA flag before JAX starts: without it the vmapped twin can
 hang on a 2-core CPU (see ``avoid_vmapped_qr_deadlock`` in ``common.py``).
 
-    python experiments/learning_results.py                       # everything: 3 seeds, ~1.5 h on 2 cores, most of it MinAtar
+    python experiments/learning_results.py                       # everything: 3 seeds, ~45 min on 2 cores, most of it MinAtar
     python experiments/learning_results.py --envs CartPole-v1 --seeds 2
     python experiments/learning_results.py --envs CartPole-v1 --budget-scale 0.01   # smoke run
 """
@@ -81,7 +81,7 @@ from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
 # sync twin, one seed, reached -171 at 200k steps with these). MinAtar's conv
 # torso is expensive on CPU: a short budget, far from the 10M steps of
 # published curves (the sync twin, one seed, reached 6.6 at 200k steps, at
-# about 0.6 s per 1k steps on 2 cores: 1M steps is ~10 min per seed).
+# about 0.6 s per 1k steps on 2 cores: 500k steps is ~5 min per seed and mode).
 ENV_CONFIGS: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(total_env_steps=500_000),
     "Acrobot-v1": dict(total_env_steps=500_000),
@@ -91,7 +91,7 @@ ENV_CONFIGS: dict[str, dict[str, Any]] = {
         ent_coef=0.0,
     ),
     "Breakout-MinAtar": dict(
-        total_env_steps=1_000_000, envs_per_actor=8, num_steps=128,
+        total_env_steps=500_000, envs_per_actor=8, num_steps=128,
         num_minibatches=8,
     ),
 }
