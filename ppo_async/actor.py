@@ -24,7 +24,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs import BatchedEnv, EnvCarry, Trajectory, make_rollout
-from ppo_async.networks import ActorCritic, init_params, make_network
+from ppo_async.networks import ActorCritic, make_network, params_template
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
 # How often a waiting actor looks at the stop signal.
@@ -131,6 +131,9 @@ class ActorProgram(NamedTuple):
     # rollout(params, carry) -> (carry, trajectory [T, E, ...], bootstrap_obs [E, ...],
     #                            bootstrap_value [E]); arrays may live on the device
     rollout: Callable[[Any, Carry], tuple[Carry, Trajectory, Any, Any]]
+    # (trajectory, bootstrap_obs, bootstrap_value) of one chunk as jax.ShapeDtypeStructs,
+    # where the rollout can be traced (gymnax); None where it steps host envs
+    chunk_spec: Any = None
 
 
 def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
@@ -148,9 +151,7 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
         return make_host_actor_program(config)
     env = BatchedEnv(env_name, config.envs_per_actor)
     network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
-    template = jax.device_get(
-        init_params(network, jax.random.key(0), env.observation_shape)
-    )
+    template = params_template(network, env.observation_shape)
     scan_rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
 
     def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
@@ -160,7 +161,12 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
         carry, trajectory, bootstrap_value = scan_rollout(params, carry)
         return carry, trajectory, carry.obs, bootstrap_value
 
-    return ActorProgram(env.observation_shape, network, template, reset, rollout)
+    # Traced, not run: the shapes and dtypes the learner's batches will have.
+    carry_spec = jax.eval_shape(env.reset, jax.random.key(0))
+    _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
+    return ActorProgram(
+        env.observation_shape, network, template, reset, rollout, tuple(chunk_spec)
+    )
 
 
 def _drain(broadcast_queue: queue.Queue) -> tuple[PolicyBroadcast | None, int]:

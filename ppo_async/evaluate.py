@@ -25,7 +25,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, resolve_device
 from ppo_async.envs import BatchedEnv
-from ppo_async.networks import init_params, make_network
+from ppo_async.networks import make_network, params_template
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds
@@ -108,9 +108,7 @@ class Evaluator:
             self.env.observation_shape, self.env.action_space, config.hidden_sizes
         )
         # Host params with the network's structure, for decoding bytes.
-        self.params_template = jax.device_get(
-            init_params(self.network, jax.random.key(0), self.env.observation_shape)
-        )
+        self.params_template = params_template(self.network, self.env.observation_shape)
         share = np.full(self.num_envs, num_episodes // self.num_envs, np.int32)
         share[: num_episodes % self.num_envs] += 1
         self.episodes_per_env = share  # [B] episodes each env contributes

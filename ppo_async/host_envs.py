@@ -57,7 +57,7 @@ import numpy as np
 from ppo_async.actor import ActorProgram
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs import Trajectory, UnknownEnvError
-from ppo_async.networks import init_params, make_network
+from ppo_async.networks import make_network, params_template
 
 GYMNAX, GYMNASIUM, ENVPOOL, HOST = "gymnax", "gymnasium", "envpool", "host"
 ENV_BACKENDS = (GYMNAX, GYMNASIUM, ENVPOOL, HOST)  # env id prefixes, in the order docs list them
@@ -383,7 +383,7 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     if hasattr(probe, "close"):
         probe.close()
     network = make_network(observation_shape, action_space, config.hidden_sizes)
-    template = jax.device_get(init_params(network, jax.random.key(0), observation_shape))
+    template = params_template(network, observation_shape)
 
     continuous = not hasattr(action_space, "n")
     action_shape = (int(action_space.shape[0]),) if continuous else ()

@@ -28,7 +28,7 @@ from ppo_async.advantages import gae, vtrace
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.losses import ppo_loss
 from ppo_async.networks import ActorCritic
-from ppo_async.policy_io import PolicyBroadcast, serialize_policy
+from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
 
 
 class LearnerTimeoutError(TimeoutError):
@@ -310,6 +310,7 @@ def learner_loop(
     latest_broadcast: PolicyBroadcast | None = None,
     checkpoint: Checkpointer | None = None,
     report: LearnerReport | None = None,
+    warm_up_batch: Batch | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``config.num_updates`` updates are done.
 
@@ -321,6 +322,9 @@ def learner_loop(
     ``checkpoint`` is called every ``config.checkpoint_every_updates``
     updates. ``on_update`` may raise `StopTraining` to end the run there. A
     resumed run passes the saved ``report`` to continue counting.
+    ``warm_up_batch`` (host arrays shaped like a real batch, values unused):
+    compile the update on it before waiting for experience, so that compiling
+    overlaps the actors' first chunk instead of following it.
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` when no experience arrives for
@@ -332,6 +336,9 @@ def learner_loop(
     report = report if report is not None else LearnerReport()
     last_carries: list[Any] = [None] * config.num_actors
     start, start_env_steps = time.perf_counter(), report.env_steps
+    if warm_up_batch is not None:
+        # Run once and thrown away: what is kept is the compiled update.
+        jax.block_until_ready(update(state, place(warm_up_batch, device)))
 
     while report.updates < config.num_updates:
         while not buffer.ready():
@@ -359,7 +366,7 @@ def learner_loop(
 
         experiences = buffer.pop_batch()
         lags = [report.updates - e.policy_version for e in experiences]
-        batch = jax.device_put(stack_experiences(experiences), device)
+        batch = place(stack_experiences(experiences), device)
         new_state, metrics = update(state, batch)
         # Fetching the metrics waits for the update; the broadcast below would wait anyway.
         host_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}

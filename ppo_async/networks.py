@@ -149,3 +149,16 @@ def init_params(network: ActorCritic, key: jax.Array, observation_shape: Sequenc
     dummy = np.zeros((1, *observation_shape), np.float32)
     # One compiled program instead of one dispatch (and compile) per initializer op.
     return jax.jit(network.init)(key, dummy)
+
+
+def params_template(network: ActorCritic, observation_shape: Sequence[int]):
+    """Host zeros with the structure, shapes and dtypes of ``network``'s params.
+
+    What decoding broadcast bytes needs, without running (or compiling) the
+    initializers: ``jax.eval_shape`` only traces them. Compiling ``init`` costs
+    seconds on a 2-core CPU, and a run would otherwise pay it once more for
+    every template it builds.
+    """
+    dummy = jax.ShapeDtypeStruct((1, *observation_shape), jnp.float32)
+    shapes = jax.eval_shape(network.init, jax.random.key(0), dummy)
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)

@@ -28,7 +28,9 @@ from ppo_async.actor import (
     ActorChannels,
     ActorFailure,
     ActorHandle,
+    ActorProgram,
     ActorStart,
+    Experience,
     make_actor_program,
     spawn_actor,
 )
@@ -37,12 +39,14 @@ from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_devic
 from ppo_async.envs import EnvCarry
 from ppo_async.learner import (
     RECENT_EPISODES,
+    Batch,
     LearnerChannels,
     LearnerReport,
     LearnerState,
     broadcast,
     init_learner_state,
     learner_loop,
+    stack_experiences,
 )
 from ppo_async.networks import init_params
 from ppo_async.policy_io import PolicyBroadcast
@@ -249,6 +253,23 @@ def _summary(report: LearnerReport) -> dict[str, Any]:
     return summary
 
 
+def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram) -> Batch | None:
+    """Zeros shaped like one learner batch, for compiling the update early.
+
+    Built from ``program.chunk_spec`` (the traced shapes of one chunk) and
+    stacked as the learner stacks real chunks. None where the program has no
+    spec (host envs, whose rollout steps Python envs): their update compiles
+    when the first batch arrives.
+    """
+    if program.chunk_spec is None:
+        return None
+    trajectory, bootstrap_obs, bootstrap_value = jax.tree.map(
+        lambda s: np.zeros(s.shape, s.dtype), program.chunk_spec
+    )
+    chunk = Experience(0, 0, trajectory, bootstrap_obs, bootstrap_value)
+    return stack_experiences([chunk] * config.num_actors)
+
+
 def train(
     config: AsyncActorLearnerConfig,
     *,
@@ -374,6 +395,7 @@ def train(
             config, program.network, state, learner_channels, learner_device, record,
             on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
             checkpoint=save if config.checkpoint_every_updates else None, report=report,
+            warm_up_batch=_warm_up_batch(config, program),
         )
         if evaluator_thread is not None:
             # Let the evaluations already asked for finish, so the last one is reported.

@@ -20,7 +20,7 @@ import pytest
 from flax.traverse_util import flatten_dict
 
 from ppo_async.distributions import Categorical, DiagGaussian
-from ppo_async.networks import ActorCritic, init_params, make_network
+from ppo_async.networks import ActorCritic, init_params, make_network, params_template
 
 BATCH = 5
 HIDDEN = 64  # make_network's default hidden width
@@ -170,6 +170,19 @@ def test_minatar_accepts_environment_observations():
     assert distribution.logits.shape == (BATCH, env.action_space(env_params).n)
     assert value.shape == (BATCH,)
     chex.assert_tree_all_finite((distribution, value))
+
+
+def test_params_template_has_the_params_structure_without_running_init(built):
+    _, observation_shape, _, network, params = built
+    template = params_template(network, observation_shape)
+    assert jax.tree.structure(template) == jax.tree.structure(params)
+    for leaf, param in zip(jax.tree.leaves(template), jax.tree.leaves(params)):
+        assert isinstance(leaf, np.ndarray)
+        assert leaf.shape == param.shape and leaf.dtype == param.dtype
+        assert not leaf.any()
+    # Bytes of real params decode into it exactly.
+    restored = flax.serialization.from_bytes(template, flax.serialization.to_bytes(params))
+    chex.assert_trees_all_equal(restored, jax.device_get(params))
 
 
 def test_params_round_trip_through_flax_serialization(built):

@@ -32,6 +32,7 @@ from ppo_async import (
 )
 from ppo_async.envs import Trajectory
 from ppo_async.networks import init_params, make_network
+from ppo_async.policy_io import place
 
 TINY = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
@@ -56,6 +57,24 @@ def test_policy_bytes_round_trip_exactly_onto_requested_device():
     chex.assert_trees_all_equal(jax.device_get(loaded), jax.device_get(params))
     for leaf in jax.tree.leaves(loaded):
         assert leaf.devices() == {device}
+
+
+def test_place_copies_a_host_tree_onto_the_device_like_device_put():
+    _, params = _cartpole_params(0)
+    host = jax.device_get(params)
+    host["params"]["flag"] = np.array([True, False])  # not every leaf is float32
+    device = jax.devices("cpu")[0]
+    placed = place(host, device)
+    assert jax.tree.structure(placed) == jax.tree.structure(host)
+    for leaf, expected in zip(jax.tree.leaves(placed), jax.tree.leaves(host)):
+        assert isinstance(leaf, jax.Array) and leaf.committed
+        assert leaf.devices() == {device}
+        assert leaf.dtype == expected.dtype
+        np.testing.assert_array_equal(np.asarray(leaf), expected)
+    # A later change to the host arrays does not reach the placed copy.
+    host["params"]["flag"][0] = False
+    assert bool(placed["params"]["flag"][0])
+    assert not jax.tree.leaves(place(host, None))[0].committed
 
 
 def test_broadcast_of_another_architecture_is_refused():
@@ -150,6 +169,32 @@ def test_two_actors_run_a_few_updates_and_stop_cleanly(tmp_path):
         result.params, (tmp_path / "params.msgpack").read_bytes()
     )
     chex.assert_trees_all_equal(restored, result.params)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_the_update_compiles_once_before_the_first_batch(monkeypatch, env_id):
+    learner_module = importlib.import_module("ppo_async.learner")
+    original = learner_module.make_update_fn
+    updates, calls = [], []
+
+    def make_update_fn(config, network):
+        update = original(config, network)
+        updates.append(update)
+
+        def counted(state, batch):
+            calls.append(jax.tree.map(lambda x: (x.shape, x.dtype), batch))
+            return update(state, batch)
+
+        return counted
+
+    monkeypatch.setattr(learner_module, "make_update_fn", make_update_fn)
+    config = dataclasses.replace(TINY, env_id=env_id)
+    train(config, progress=False)
+    # One warm-up call on zeros, then the real batches, all with the same shapes
+    # and dtypes: the update compiled once, before any experience arrived.
+    assert len(calls) == config.num_updates + 1
+    assert all(c == calls[0] for c in calls)
+    assert updates[0]._cache_size() == 1
 
 
 @pytest.mark.parametrize(
