@@ -9,6 +9,8 @@ At the default config, in this process:
   plus one actor's load (`load_policy_from_broadcast`, timed here on the same
   bytes), as a fraction of one learner update (the jitted update timed alone on
   a real batch); target < 2%.
+- placement: `ppo_async.policy_io.place` (one jitted identity) against plain
+  ``jax.device_put`` for the batch and the params, timed alone.
 
     python experiments/bench_learner.py [--total-env-steps 300000]
 """
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     from ppo_async.policy_io import (
         PolicyBroadcast,
         load_policy_from_broadcast,
+        place,
         serialize_policy,
     )
 
@@ -77,6 +80,17 @@ def main(argv: list[str] | None = None) -> dict:
         lambda: jax.block_until_ready(
             load_policy_from_broadcast(message, program.params_template, cpu)), 200)
     serialize_s = _median_time(lambda: serialize_policy(params), 200)
+    # Placing host pytrees on the device: the jitted identity `place` uses on
+    # the hot paths against plain per-leaf jax.device_put (baseline).
+    host_params = jax.device_get(params)
+    placement = {}
+    for name, tree in (("batch", host_batch), ("params", host_params)):
+        jax.block_until_ready(place(tree, cpu))  # compile outside the timing
+        placement[name] = {
+            "place_s": _median_time(lambda t=tree: jax.block_until_ready(place(t, cpu)), 300),
+            "device_put_s": _median_time(
+                lambda t=tree: jax.block_until_ready(jax.device_put(t, cpu)), 300),
+        }
 
     broadcast_fraction = (broadcast_s + load_s) / update_s
     result = {
@@ -89,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_s": load_s,
         "broadcast_fraction_of_update": broadcast_fraction,
         "payload_bytes": len(message.payload),
+        "placement": placement,
         "env_steps_per_s": report.env_steps_per_s,
         "machine": common.machine_info(),
     }
@@ -98,6 +113,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"serialize alone: {serialize_s * 1e3:.3f} ms")
     print(f"broadcast: serialize+send {broadcast_s * 1e3:.3f} ms + load {load_s * 1e3:.3f} ms "
           f"({len(message.payload)} bytes) = {broadcast_fraction:.1%} of an update (target < 2%)")
+    for name, times in placement.items():
+        print(f"placing the {name} on the device: place {times['place_s'] * 1e3:.3f} ms, "
+              f"jax.device_put {times['device_put_s'] * 1e3:.3f} ms "
+              f"({times['device_put_s'] / times['place_s']:.1f}x)")
     out = common.out_dir("bench_learner", args.out)
     result["command"] = common.print_reproduce(__file__, argv)
     common.write_json(out / "results.json", result)

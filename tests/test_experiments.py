@@ -98,3 +98,19 @@ def test_learning_results_on_cartpole_writes_csv_json_and_png(tmp_path):
     assert "python experiments/learning_results.py --envs CartPole-v1" in run.stdout
     machine = json.loads((tmp_path / "summary.json").read_text())["machine"]
     assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in machine["xla_flags"]
+
+
+def test_bench_learner_measures_every_figure_it_reports(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
+    bench = load_script("bench_learner")
+    result = bench.main(["--total-env-steps", "20480", "--warmup", "5", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["learner_idle_fraction"] == result["learner_idle_fraction"]
+    assert 0.0 <= saved["learner_idle_fraction"] < 1.0
+    for key in ("update_alone_s", "serialize_alone_s", "load_s", "steady_seconds_per_update"):
+        assert saved[key] > 0.0, key
+    assert set(saved["placement"]) == {"batch", "params"}
+    for times in saved["placement"].values():
+        assert times["place_s"] > 0.0 and times["device_put_s"] > 0.0
+    assert saved["payload_bytes"] > 1000
+    assert "target < 2%" in capsys.readouterr().out
