@@ -12,12 +12,13 @@ At the default config, in this process:
 - placement: `ppo_async.policy_io.place` (one jitted identity) against plain
   ``jax.device_put`` for the batch and the params, timed alone.
 
-    python experiments/bench_learner.py [--total-env-steps 300000]
+    python experiments/bench_learner.py [--total-env-steps 300000] [--hidden-sizes 256 256]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--total-env-steps", type=int, default=300_000)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=None,
+                        help="network widths (default: the config's, 64 64)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -54,6 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     config = AsyncActorLearnerConfig(total_env_steps=args.total_env_steps)
+    if args.hidden_sizes:
+        config = dataclasses.replace(config, hidden_sizes=tuple(args.hidden_sizes))
     metrics, stamps = [], []
 
     def record(m):
