@@ -125,9 +125,10 @@ def init_learner_state(
     return LearnerState(params, make_optimizer(config).init(params), key)
 
 
-def make_update_fn(
-    config: AsyncActorLearnerConfig, network: ActorCritic
-) -> Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]:
+UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
+
+
+def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> UpdateFn:
     """A jitted ``update(state, batch) -> (state, metrics)``: one learner update."""
     optimizer = make_optimizer(config)
 
@@ -310,7 +311,7 @@ def learner_loop(
     latest_broadcast: PolicyBroadcast | None = None,
     checkpoint: Checkpointer | None = None,
     report: LearnerReport | None = None,
-    warm_up_batch: Batch | None = None,
+    update: UpdateFn | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``config.num_updates`` updates are done.
 
@@ -322,23 +323,20 @@ def learner_loop(
     ``checkpoint`` is called every ``config.checkpoint_every_updates``
     updates. ``on_update`` may raise `StopTraining` to end the run there. A
     resumed run passes the saved ``report`` to continue counting.
-    ``warm_up_batch`` (host arrays shaped like a real batch, values unused):
-    compile the update on it before waiting for experience, so that compiling
-    overlaps the actors' first chunk instead of following it.
+    ``update`` is the jitted update to use (default: a new
+    ``make_update_fn(config, network)``); `train` passes one it has already
+    compiled.
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` when no experience arrives for
     ``learner_timeout_s``, and `NonFiniteError` when an update produces NaN or
     inf (before the bad params are broadcast or checkpointed).
     """
-    update = make_update_fn(config, network)
+    update = update if update is not None else make_update_fn(config, network)
     buffer = RolloutBuffer(config.num_actors)
     report = report if report is not None else LearnerReport()
     last_carries: list[Any] = [None] * config.num_actors
     start, start_env_steps = time.perf_counter(), report.env_steps
-    if warm_up_batch is not None:
-        # Run once and thrown away: what is kept is the compiled update.
-        jax.block_until_ready(update(state, place(warm_up_batch, device)))
 
     while report.updates < config.num_updates:
         while not buffer.ready():

@@ -8,6 +8,7 @@ set and every actor thread is joined before `train` returns or raises.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -46,16 +47,18 @@ from ppo_async.learner import (
     broadcast,
     init_learner_state,
     learner_loop,
+    make_update_fn,
     stack_experiences,
 )
 from ppo_async.networks import init_params
-from ppo_async.policy_io import PolicyBroadcast
+from ppo_async.policy_io import PolicyBroadcast, place
 
 logger = logging.getLogger(__name__)
 
 # Actors notice the stop signal within one chunk; a chunk is milliseconds, but
 # the first one also compiles the rollout.
 _JOIN_TIMEOUT_S = 60.0
+_WARM_UP_TIMEOUT_S = 600.0  # compiling the update takes seconds; this means it is stuck
 # How long a finished run waits for its outstanding evaluations.
 _EVAL_DRAIN_TIMEOUT_S = 300.0
 
@@ -270,6 +273,44 @@ def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram) -> Ba
     return stack_experiences([chunk] * config.num_actors)
 
 
+class _UpdateWarmUp:
+    """Compiles the learner's update in a background thread ("ppo-warm-up").
+
+    The update runs once on a zero state and a zero batch of the real shapes,
+    on the learner's device, and the result is dropped: what is kept is the
+    compiled program in ``update``'s cache. It starts before the initializers
+    compile and runs on while the actors compile their first chunk, so the
+    three compiles share the cores instead of queueing. `result` re-raises
+    whatever the thread raised; `join` bounds the wait.
+    """
+
+    def __init__(self, config, program: ActorProgram, update, device: jax.Device):
+        self._done: concurrent.futures.Future = concurrent.futures.Future()
+        batch = _warm_up_batch(config, program)
+        self._thread = None
+        if batch is None:
+            self._done.set_result(None)
+            return
+
+        def run() -> None:
+            try:
+                state = init_learner_state(config, program.params_template, jax.random.key(0))
+                jax.block_until_ready(update(place(state, device), place(batch, device)))
+                self._done.set_result(None)
+            except BaseException as error:  # re-raised on the caller's thread by result()
+                self._done.set_exception(error)
+
+        self._thread = threading.Thread(target=run, name="ppo-warm-up", daemon=True)
+        self._thread.start()
+
+    def result(self, timeout_s: float) -> None:
+        self._done.result(timeout=timeout_s)
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
 def train(
     config: AsyncActorLearnerConfig,
     *,
@@ -317,33 +358,39 @@ def train(
         )
 
     program = make_actor_program(config)
-    params_key, learner_key = jax.random.split(jax.random.key(config.seed))
-    params = init_params(program.network, params_key, program.observation_shape)
-    state = init_learner_state(config, params, learner_key)
-    report, actor_carries = None, ()
-    if resume_from is not None:
-        state, report, actor_carries = load_resume_point(config, program, resume_from, state)
-    state = jax.device_put(state, learner_device)
-    start_updates = report.updates if report is not None else 0
+    update = make_update_fn(config, program.network)
+    warm_up = _UpdateWarmUp(config, program, update, learner_device)
+    try:  # until the try/finally below, which joins it on every path
+        params_key, learner_key = jax.random.split(jax.random.key(config.seed))
+        params = init_params(program.network, params_key, program.observation_shape)
+        state = init_learner_state(config, params, learner_key)
+        report, actor_carries = None, ()
+        if resume_from is not None:
+            state, report, actor_carries = load_resume_point(config, program, resume_from, state)
+        state = jax.device_put(state, learner_device)
+        start_updates = report.updates if report is not None else 0
 
-    experience_queue: queue.Queue = queue.Queue()
-    broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
-    stop = threading.Event()
-    evaluating = config.eval_every_updates > 0
-    learner_channels = LearnerChannels(
-        experience_queue, broadcast_queues,
-        queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
-    )
-    first_broadcast = broadcast(learner_channels, state.params, start_updates)
-
-    def save(state: LearnerState, report: LearnerReport, carries: list) -> None:
-        tree, counters = _checkpoint_contents(state, report, carries)
-        save_checkpoint(
-            run_dir / CHECKPOINT_SUBDIR, step=report.updates, state=tree, counters=counters,
-            config_dict=config.to_dict(), keep=config.keep_checkpoints,
+        experience_queue: queue.Queue = queue.Queue()
+        broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
+        stop = threading.Event()
+        evaluating = config.eval_every_updates > 0
+        learner_channels = LearnerChannels(
+            experience_queue, broadcast_queues,
+            queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
         )
+        first_broadcast = broadcast(learner_channels, state.params, start_updates)
 
-    run_log = _RunLog(config, run_dir, progress, append=resume_from is not None)
+        def save(state: LearnerState, report: LearnerReport, carries: list) -> None:
+            tree, counters = _checkpoint_contents(state, report, carries)
+            save_checkpoint(
+                run_dir / CHECKPOINT_SUBDIR, step=report.updates, state=tree, counters=counters,
+                config_dict=config.to_dict(), keep=config.keep_checkpoints,
+            )
+
+        run_log = _RunLog(config, run_dir, progress, append=resume_from is not None)
+    except BaseException:
+        warm_up.join(_WARM_UP_TIMEOUT_S)
+        raise
 
     def record(metrics: dict[str, float]) -> None:
         run_log(metrics)
@@ -391,11 +438,12 @@ def train(
             handles.append(spawn_actor(
                 actor_id, config, program, channels_of(actor_id), actor_device, None, start
             ))
+        warm_up.result(_WARM_UP_TIMEOUT_S)
         state, report = learner_loop(
             config, program.network, state, learner_channels, learner_device, record,
             on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
             checkpoint=save if config.checkpoint_every_updates else None, report=report,
-            warm_up_batch=_warm_up_batch(config, program),
+            update=update,
         )
         if evaluator_thread is not None:
             # Let the evaluations already asked for finish, so the last one is reported.
@@ -403,6 +451,7 @@ def train(
             evaluator_thread.join(_EVAL_DRAIN_TIMEOUT_S)
     finally:
         stop.set()
+        warm_up.join(_WARM_UP_TIMEOUT_S)
         alive = _join_actors(handles, _JOIN_TIMEOUT_S)
         if evaluator_thread is not None:
             evaluator_thread.join(_JOIN_TIMEOUT_S)

@@ -362,7 +362,6 @@ DEVICE_SCRIPT = textwrap.dedent(
     jax.config.update("jax_compilation_cache_dir", os.environ["PPO_ASYNC_JAX_CACHE"])
 
     import ppo_async.actor as actor_module
-    import ppo_async.learner as learner_module
     from ppo_async import AsyncActorLearnerConfig, train
 
     train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
@@ -377,7 +376,7 @@ DEVICE_SCRIPT = textwrap.dedent(
             else:
                 devices.add(type(leaf).__name__)
 
-    original_make_update_fn = learner_module.make_update_fn
+    original_make_update_fn = train_module.make_update_fn
 
     def make_update_fn(config, network):
         update = original_make_update_fn(config, network)
@@ -390,7 +389,7 @@ DEVICE_SCRIPT = textwrap.dedent(
 
         return recorded
 
-    learner_module.make_update_fn = make_update_fn
+    train_module.make_update_fn = make_update_fn
 
     original_load = actor_module.load_policy_from_broadcast
 

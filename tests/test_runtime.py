@@ -173,8 +173,8 @@ def test_two_actors_run_a_few_updates_and_stop_cleanly(tmp_path):
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_the_update_compiles_once_before_the_first_batch(monkeypatch, env_id):
-    learner_module = importlib.import_module("ppo_async.learner")
-    original = learner_module.make_update_fn
+    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
+    original = train_module.make_update_fn
     updates, calls = [], []
 
     def make_update_fn(config, network):
@@ -187,11 +187,12 @@ def test_the_update_compiles_once_before_the_first_batch(monkeypatch, env_id):
 
         return counted
 
-    monkeypatch.setattr(learner_module, "make_update_fn", make_update_fn)
+    monkeypatch.setattr(train_module, "make_update_fn", make_update_fn)
     config = dataclasses.replace(TINY, env_id=env_id)
     train(config, progress=False)
-    # One warm-up call on zeros, then the real batches, all with the same shapes
-    # and dtypes: the update compiled once, before any experience arrived.
+    # One warm-up call on zeros (in its own thread, while the initializers and the
+    # actors' rollout compile), then the real batches, all with the same shapes
+    # and dtypes: the update compiled once.
     assert len(calls) == config.num_updates + 1
     assert all(c == calls[0] for c in calls)
     assert updates[0]._cache_size() == 1
