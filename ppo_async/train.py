@@ -44,6 +44,7 @@ from ppo_async.learner import (
     LearnerChannels,
     LearnerReport,
     LearnerState,
+    UpdateFn,
     broadcast,
     init_learner_state,
     learner_loop,
@@ -279,12 +280,15 @@ class _UpdateWarmUp:
     The update runs once on a zero state and a zero batch of the real shapes,
     on the learner's device, and the result is dropped: what is kept is the
     compiled program in ``update``'s cache. It starts before the initializers
-    compile and runs on while the actors compile their first chunk, so the
-    three compiles share the cores instead of queueing. `result` re-raises
+    compile and may run on while the actors compile their first chunk; the
+    learner waits for it only before its first update. `result` re-raises
     whatever the thread raised; `join` bounds the wait.
     """
 
-    def __init__(self, config, program: ActorProgram, update, device: jax.Device):
+    def __init__(
+        self, config: AsyncActorLearnerConfig, program: ActorProgram, update: UpdateFn,
+        device: jax.Device,
+    ):
         self._done: concurrent.futures.Future = concurrent.futures.Future()
         batch = _warm_up_batch(config, program)
         self._thread = None
