@@ -9,6 +9,7 @@ JAX already running, cannot do.
 import csv
 import importlib.util
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -114,3 +115,19 @@ def test_bench_learner_measures_every_figure_it_reports(tmp_path, monkeypatch, c
         assert times["place_s"] > 0.0 and times["device_put_s"] > 0.0
     assert saved["payload_bytes"] > 1000
     assert "target < 2%" in capsys.readouterr().out
+
+
+def test_vtrace_lag_diagnostic_runs_every_variant(tmp_path):
+    diagnostic = load_script("vtrace_lag_diagnostic")
+    result = diagnostic.main(["--seeds", "1", "--total-env-steps", "2048", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [row["variant"] for row in saved["rows"]] == list(diagnostic.VARIANTS)
+    for row in result["rows"]:
+        lead = diagnostic.VARIANTS[row["variant"]]["max_lead_steps"] // diagnostic.NUM_STEPS
+        assert 0.0 <= row["policy_lag_mean"] <= lead - 1
+        vtrace = diagnostic.VARIANTS[row["variant"]]["use_vtrace"]
+        # Only V-trace runs report clipped rhos; NaN marks the others.
+        if vtrace:
+            assert row["clipped_rho_mean"] > 0.0
+        else:
+            assert math.isnan(row["clipped_rho_mean"])
