@@ -90,15 +90,12 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio": in_system / raw,
         "actor_pause_fraction": paused,
         "learner_env_steps_per_s": report.env_steps_per_s,
-        "machine": common.machine_info(),
     }
     print(f"raw jitted rollout ({config.num_actors} threads): {raw:,.0f} env steps/s")
     print(f"actors inside train(), per second of active time: {in_system:,.0f} env steps/s")
     print(f"ratio: {result['ratio']:.2f} (target >= 0.9); actors paused by the valve "
           f"{paused:.0%} of the run; learner consumed {report.env_steps_per_s:,.0f} env steps/s")
-    out = common.out_dir("bench_collection", args.out)
-    result["command"] = common.print_reproduce(__file__, argv)
-    common.write_json(out / "results.json", result)
+    common.save_result("bench_collection", args.out, __file__, argv, result)
     return result
 
 

@@ -110,7 +110,6 @@ def main(argv: list[str] | None = None) -> dict:
         "payload_bytes": len(message.payload),
         "placement": placement,
         "env_steps_per_s": report.env_steps_per_s,
-        "machine": common.machine_info(),
     }
     print(f"learner idle (waiting for experience) in the steady state: {idle:.1%} (target < 10%)")
     print(f"one update alone: {update_s * 1e3:.2f} ms; in the running system one update "
@@ -122,9 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"placing the {name} on the device: place {times['place_s'] * 1e3:.3f} ms, "
               f"jax.device_put {times['device_put_s'] * 1e3:.3f} ms "
               f"({times['device_put_s'] / times['place_s']:.1f}x)")
-    out = common.out_dir("bench_learner", args.out)
-    result["command"] = common.print_reproduce(__file__, argv)
-    common.write_json(out / "results.json", result)
+    common.save_result("bench_learner", args.out, __file__, argv, result)
     return result
 
 

@@ -44,11 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{wall:.1f} s (compile included), final return {final:.1f}", flush=True)
     median = statistics.median(r["wall_s"] for r in rows)
     print(f"median {median:.1f} s for {config.num_updates * config.batch_size} env steps")
-    out = common.out_dir("bench_sync_twin", args.out)
-    command = common.print_reproduce(__file__, argv)
-    summary = {"rows": rows, "median_wall_s": median, "command": command,
-               "machine": common.machine_info()}
-    common.write_json(out / "results.json", summary)
+    summary = {"rows": rows, "median_wall_s": median}
+    common.save_result("bench_sync_twin", args.out, __file__, argv, summary)
     return summary
 
 

@@ -137,11 +137,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {mode:9s} {figures['median_time_s']:6.1f} s  "
               f"({figures['solved']}/{figures['runs']} solved){ratio}")
 
-    out = common.out_dir("bench_time_to_solve", args.out)
-    command = common.print_reproduce(__file__, argv)
-    result = {"rows": rows, "summary": summary, "target": args.target, "command": command,
-              "machine": common.machine_info()}
-    common.write_json(out / "results.json", result)
+    result = {"rows": rows, "summary": summary, "target": args.target}
+    common.save_result("bench_time_to_solve", args.out, __file__, argv, result)
     return result
 
 

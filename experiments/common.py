@@ -105,6 +105,17 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def save_result(
+    name: str, out_override: str | os.PathLike | None, script: str, argv: Sequence[str],
+    result: dict[str, Any], filename: str = "results.json",
+) -> pathlib.Path:
+    """Stamp ``result`` with the machine and the command that reproduces it (printed), and
+    write it as JSON to ``out_dir(name, out_override) / filename``; returns the path."""
+    result["machine"] = machine_info()
+    result["command"] = print_reproduce(script, argv)
+    return write_json(out_dir(name, out_override) / filename, result)
+
+
 def write_json(path: pathlib.Path, obj: Any) -> pathlib.Path:
     path.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
     return path

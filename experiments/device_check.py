@@ -100,11 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         "update_gpu_s": gpu_s, "gpu_over_cpu": gpu_s / cpu_s, "updates": report.updates,
         "updates_per_s": updates_per_s, "env_steps_per_s": report.env_steps_per_s,
         "learner_idle_fraction": report.learner_wait_s / report.wall_time_s,
-        "machine": common.machine_info(),
     }
-    out = common.out_dir("device_check", args.out)
-    summary["command"] = common.print_reproduce(__file__, argv)
-    common.write_json(out / "summary.json", summary)
+    common.save_result("device_check", args.out, __file__, argv, summary, "summary.json")
     return 0
 
 

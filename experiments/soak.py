@@ -153,13 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         "threads_after_warmup": warm[0]["threads"] if warm else None,
         "threads_max": max((s["threads"] for s in samples), default=None),
         "queue_depth_max": max_queue, "queue_bound": queue_bound,
-        "passed": not problems, "problems": problems, "machine": common.machine_info(),
+        "passed": not problems, "problems": problems,
     }
     out = common.out_dir("soak", args.out)
     common.write_csv(out / "samples.csv", samples, list(samples[0]) if samples else ["t_s"])
     _plot(samples, args.warmup_s, queue_bound, out / "soak.png")
-    summary["command"] = common.print_reproduce(__file__, argv)
-    common.write_json(out / "summary.json", summary)
+    common.save_result("soak", args.out, __file__, argv, summary, "summary.json")
     print(f"\n{report.updates} updates, {report.env_steps} env steps, "
           f"{injector.injected} failures injected, {report.actor_restarts} restarts; "
           f"RSS {summary['rss_mib_after_warmup']} -> max {summary['rss_mib_max']} MiB; "

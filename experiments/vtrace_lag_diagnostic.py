@@ -27,7 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import configure_jax, machine_info, out_dir, print_reproduce, write_json  # noqa: E402
+from common import configure_jax, save_result  # noqa: E402
 
 NUM_STEPS = 64
 VARIANTS = {
@@ -81,11 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
                   f"approx_kl {row['approx_kl_mean']:.4f}, "
                   f"clip fraction {row['clip_fraction_mean']:.3f}", flush=True)
 
-    out = out_dir("vtrace_lag_diagnostic", args.out)
-    command = print_reproduce(__file__, argv)
-    result = {"rows": rows, "config": base.to_dict(), "command": command,
-              "machine": machine_info()}
-    write_json(out / "results.json", result)
+    result = {"rows": rows, "config": base.to_dict()}
+    save_result("vtrace_lag_diagnostic", args.out, __file__, argv, result)
     return result
 
 
