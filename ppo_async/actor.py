@@ -134,6 +134,8 @@ class ActorProgram(NamedTuple):
     # (trajectory, bootstrap_obs, bootstrap_value) of one chunk as jax.ShapeDtypeStructs,
     # where the rollout can be traced (gymnax); None where it steps host envs
     chunk_spec: Any = None
+    # close(carry): release what a carry holds (host simulators); None: nothing to release
+    close: Callable[[Carry], None] | None = None
 
 
 def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
@@ -204,11 +206,25 @@ def actor_thread(
     whatever the env, rollout or loading raises; `spawn_actor` reports it.
     """
     stats = stats if stats is not None else ActorStats(actor_id)
-    throttle = ActorThrottle.from_config(config)
     key = jax.random.fold_in(jax.random.key(config.seed), actor_id)
     if start.restart:
         key = jax.random.fold_in(key, start.restart)
     carry = program.reset(key, device) if start.carry is None else start.carry
+    try:
+        _collect(actor_id, config, program, channels, device, stats, start, carry)
+    finally:
+        # Host envs hold simulators (processes, files, windows): released on every
+        # way out, a restart included. The carry object owns them whatever it became.
+        if program.close is not None:
+            program.close(carry)
+    return stats
+
+
+def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
+             channels: ActorChannels, device: jax.Device, stats: ActorStats,
+             start: ActorStart, carry: Carry) -> None:
+    """The actor loop of `actor_thread`, until the stop signal."""
+    throttle = ActorThrottle.from_config(config)
     params, learner_updates, policy_version = None, 0, -1
     produced = start.produced_steps
 
@@ -234,7 +250,7 @@ def actor_thread(
             learner_updates, policy_version = newest.learner_updates, newest.version
             continue  # look again: more may have arrived, and the valve may now open
 
-        start = time.perf_counter()
+        chunk_start = time.perf_counter()
         carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
         # device_get blocks until the rollout is done and copies to numpy, so the
         # learner never touches an actor-device buffer.
@@ -250,12 +266,11 @@ def actor_thread(
         stats.env_steps += trajectory.reward.size
         stats.episodes += int(np.count_nonzero(trajectory.episode_length))
         stats.rollouts_sent += 1
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - chunk_start
         if stats.first_chunk_s == 0.0:
             stats.first_chunk_s = elapsed
         else:
             stats.active_s += elapsed
-    return stats
 
 
 @dataclasses.dataclass

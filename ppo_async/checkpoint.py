@@ -34,7 +34,7 @@ import pathlib
 import re
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import flax.serialization
@@ -55,8 +55,9 @@ _TEMP_SUFFIX = ".tmp"
 #   hidden_sizes -- the param (and Adam moment) shapes;
 #   anneal_lr    -- the optax state's structure (a schedule adds a counter).
 # Everything else (total_env_steps, learning_rate, timeouts, topology...) may
-# change: the params and optimizer state still fit. Note that with anneal_lr a
-# new total_env_steps re-stretches the schedule from the restored count.
+# change: the params and optimizer state still fit. (With anneal_lr, a new
+# total_env_steps continues the schedule from the rate reached: see
+# ppo_async.resume.)
 RESUME_LOCKED_FIELDS: tuple[str, ...] = ("env_id", "hidden_sizes", "anneal_lr")
 
 
@@ -290,25 +291,53 @@ def _decode(content: bytes) -> tuple[int, dict[str, int], dict[str, Any], Any]:
     try:
         body = flax.serialization.msgpack_restore(payload)
         config = json.loads(body["config_json"])
-        return int(body["step"]), dict(body["counters"]), config, body["state"]
+        step, counters, state = body["step"], body["counters"], body["state"]
     except Exception as error:
         raise ValueError(
             f"payload does not decode ({type(error).__name__}: {error})"
         ) from error
+    # A file can pass its checksum and still hold nonsense (written by other
+    # code, or by a bug): every value is checked before anything trusts it.
+    if not _is_count(step):
+        raise ValueError(f"step {step!r} is not an integer >= 0")
+    if not isinstance(counters, dict) or not all(
+        isinstance(name, str) and _is_count(value) for name, value in counters.items()
+    ):
+        raise ValueError(f"counters {counters!r} are not integers >= 0 by name")
+    if not isinstance(config, dict):
+        raise ValueError("the saved config is not a JSON object")
+    return int(step), {name: int(value) for name, value in counters.items()}, config, state
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+
+
+# template_state, or a function of the saved config dict that builds it (for a
+# state whose shapes depend on the saved run's config, e.g. its topology).
+Template = Any
+# validate(loaded) raises ValueError for a checkpoint whose values make no sense.
+Validator = Callable[[LoadedCheckpoint], None]
 
 
 def read_checkpoint(
     path: str | os.PathLike,
-    template_state: Any,
+    template_state: Template,
     *,
     config_dict: Mapping[str, Any] | None = None,
     locked_fields: Sequence[str] = RESUME_LOCKED_FIELDS,
+    validate: Validator | None = None,
 ) -> LoadedCheckpoint:
     """One checkpoint file, restored into ``template_state``'s structure.
 
-    Raises `CheckpointError` if the file is unreadable, damaged, or its state
-    does not fit the template; `ConfigError` (before touching the state) if
-    ``config_dict`` is given and changes a locked field of the saved config.
+    ``template_state`` may be a callable: it is called with the saved config
+    dict and returns the template. ``validate``, if given, checks the loaded
+    checkpoint's values; a ValueError from it counts as damage.
+
+    Raises `CheckpointError` if the file is unreadable, damaged, its state
+    does not fit the template, or ``validate`` rejects it; `ConfigError`
+    (before touching the state) if ``config_dict`` is given and changes a
+    locked field of the saved config.
     """
     path = pathlib.Path(path)
     try:
@@ -322,18 +351,23 @@ def read_checkpoint(
     if config_dict is not None:
         check_resume_compatible(saved_config, config_dict, locked_fields=locked_fields)
     try:
-        state = _restore_state(template_state, state_dict)
-    except ValueError as error:
+        template = template_state(saved_config) if callable(template_state) else template_state
+        state = _restore_state(template, state_dict)
+        loaded = LoadedCheckpoint(state, step, counters, saved_config, path)
+        if validate is not None:
+            validate(loaded)
+    except (ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"checkpoint {path}: {error}") from error
-    return LoadedCheckpoint(state, step, counters, saved_config, path)
+    return loaded
 
 
 def load_latest_checkpoint(
     directory: str | os.PathLike,
-    template_state: Any,
+    template_state: Template,
     *,
     config_dict: Mapping[str, Any] | None = None,
     locked_fields: Sequence[str] = RESUME_LOCKED_FIELDS,
+    validate: Validator | None = None,
 ) -> LoadedCheckpoint | None:
     """The newest usable checkpoint in ``directory``, or None if there is none at all.
 
@@ -350,6 +384,8 @@ def load_latest_checkpoint(
         first, and an incompatible one raises `ConfigError` at once (an older
         checkpoint of the same run would not fit either).
       locked_fields: passed to `check_resume_compatible`.
+      validate: passed to `read_checkpoint`; a checkpoint it rejects is
+        skipped like a damaged file.
 
     Raises:
       CheckpointError: checkpoint files exist but none is usable (the message
@@ -361,7 +397,8 @@ def load_latest_checkpoint(
     for path in reversed(paths):
         try:
             return read_checkpoint(
-                path, template_state, config_dict=config_dict, locked_fields=locked_fields
+                path, template_state, config_dict=config_dict, locked_fields=locked_fields,
+                validate=validate,
             )
         except CheckpointError as error:
             failures.append(str(error))

@@ -49,7 +49,9 @@ class AsyncActorLearnerConfig:
     max_lead_steps: int | None = None
     """Staleness valve: steps per env an actor may run ahead of what the learner consumed from it. None: two chunks (2 * num_steps * broadcast_every)."""
     learner_timeout_s: float = 60.0
-    """The run fails if the learner waits this long for any experience."""
+    """The run fails, naming the actor, if an actor the learner waits on sends nothing for this long."""
+    shutdown_timeout_s: float = 30.0
+    """How long the end of a run waits for each thread (actors, evaluator, compile) to stop before reporting it as stuck."""
 
     # --- V-trace ---
     use_vtrace: bool = False
@@ -91,7 +93,9 @@ class AsyncActorLearnerConfig:
     max_actor_restarts: int = 0
     """Restarts allowed per actor after it raises (0: an actor's exception ends the run)."""
     checkpoint_every_updates: int = 0
-    """Write a checkpoint to the run directory every this many updates (0: never)."""
+    """Also write a checkpoint every this many updates (0: by wall time only). Checkpoints need a run directory."""
+    checkpoint_every_s: float = 300.0
+    """Write a checkpoint when this many seconds have passed since the last one (0: by update count only). Runs with a run directory also save at the end and on Ctrl-C."""
     keep_checkpoints: int = 3
     """Newest checkpoints kept on disk."""
     eval_every_updates: int = 0
@@ -196,8 +200,11 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         _require(_is_int(cfg.max_lead_steps) and cfg.max_lead_steps >= 1,
                  "max_lead_steps", cfg.max_lead_steps,
                  "must be an integer >= 1, or None for two chunks")
-    _require(_is_number(cfg.learner_timeout_s) and cfg.learner_timeout_s > 0,
-             "learner_timeout_s", cfg.learner_timeout_s, "must be a number > 0")
+    for name in ("learner_timeout_s", "shutdown_timeout_s"):
+        value = getattr(cfg, name)
+        _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
+    _require(_is_number(cfg.checkpoint_every_s) and cfg.checkpoint_every_s >= 0,
+             "checkpoint_every_s", cfg.checkpoint_every_s, "must be a number >= 0 (0: off)")
     for name in ("use_vtrace", "anneal_lr"):
         _require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name),
                  "must be True or False")

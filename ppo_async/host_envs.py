@@ -380,8 +380,7 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     probe = make_host_env(env_id, num_envs)
     observation_shape = tuple(int(d) for d in probe.observation_shape)
     action_space = probe.action_space
-    if hasattr(probe, "close"):
-        probe.close()
+    _close_envs(probe)
     network = make_network(observation_shape, action_space, config.hidden_sizes)
     template = params_template(network, observation_shape)
 
@@ -418,7 +417,11 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
         env_key, action_key = jax.random.split(key)
         seed = int(jax.random.randint(env_key, (), 0, np.iinfo(np.int32).max))
         envs = make_host_env(env_id, num_envs)
-        obs = _batch(env_id, "reset obs", envs.reset(seed), obs_batch_shape, np.float32)
+        try:
+            obs = _batch(env_id, "reset obs", envs.reset(seed), obs_batch_shape, np.float32)
+        except BaseException:
+            _close_envs(envs)
+            raise
         return HostCarry(
             envs=envs,
             obs=obs,
@@ -485,4 +488,14 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
         carry = HostCarry(envs, obs, episode_return, episode_length, key)
         return carry, trajectory, obs, bootstrap_value
 
-    return ActorProgram(observation_shape, network, template, reset, rollout)
+    def close(carry: HostCarry) -> None:
+        _close_envs(carry.envs)
+
+    return ActorProgram(observation_shape, network, template, reset, rollout, close=close)
+
+
+def _close_envs(envs: Any) -> None:
+    """Close a host env batch if it can be closed (the contract does not require ``close``)."""
+    close = getattr(envs, "close", None)
+    if callable(close):
+        close()

@@ -32,7 +32,15 @@ from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
 
 
 class LearnerTimeoutError(TimeoutError):
-    """The learner waited ``learner_timeout_s`` without receiving experience."""
+    """Actors the learner waits on sent nothing for ``learner_timeout_s``.
+
+    ``actor_ids`` names them: the actors whose buffer column is empty and
+    whose last chunk is older than the timeout, whatever the others sent.
+    """
+
+    def __init__(self, message: str, actor_ids: Sequence[int] = ()):
+        super().__init__(message)
+        self.actor_ids = tuple(actor_ids)
 
 
 class StopTraining(Exception):
@@ -105,12 +113,66 @@ class LearnerState(NamedTuple):
     key: jax.Array  # PRNG key for minibatch shuffling
 
 
-def make_optimizer(config: AsyncActorLearnerConfig) -> optax.GradientTransformation:
-    steps_per_update = config.num_epochs * config.num_minibatches
+class LearningRateSchedule(NamedTuple):
+    """One linear piece of the annealed learning rate, in optimizer steps.
+
+    The rate is ``begin_value`` up to ``begin_step`` and falls linearly to 0
+    at ``end_step``. A fresh run's piece is ``(0, learning_rate,
+    num_updates * num_epochs * num_minibatches)``; a run resumed with another
+    budget continues from the rate it had reached (`continue_schedule`), so
+    the rate never jumps.
+    """
+
+    begin_step: int
+    begin_value: float
+    end_step: int
+
+    def __call__(self, step: Any) -> Any:
+        return _linear(self)(step)
+
+
+def _linear(schedule: LearningRateSchedule) -> optax.Schedule:
+    if schedule.begin_step == 0:
+        return optax.linear_schedule(schedule.begin_value, 0.0, schedule.end_step)
+    return optax.linear_schedule(
+        schedule.begin_value, 0.0, schedule.end_step - schedule.begin_step,
+        transition_begin=schedule.begin_step,
+    )
+
+
+def optimizer_steps_per_update(config: AsyncActorLearnerConfig) -> int:
+    return config.num_epochs * config.num_minibatches
+
+
+def default_schedule(config: AsyncActorLearnerConfig) -> LearningRateSchedule:
+    """The schedule of a fresh run: ``learning_rate`` to 0 over the whole budget."""
+    return LearningRateSchedule(
+        0, float(config.learning_rate), config.num_updates * optimizer_steps_per_update(config)
+    )
+
+
+def continue_schedule(
+    schedule: LearningRateSchedule, optimizer_steps: int, end_step: int
+) -> LearningRateSchedule:
+    """The schedule of a run resumed after ``optimizer_steps`` that now ends at ``end_step``.
+
+    An unchanged end keeps the piece as it was (so a resumed run computes
+    exactly the rates an uninterrupted one would); a new end starts a new
+    piece at the rate reached, ``schedule(optimizer_steps)``, falling to 0 at
+    ``end_step``.
+    """
+    if end_step == schedule.end_step:
+        return schedule
+    reached = float(schedule(optimizer_steps))
+    return LearningRateSchedule(optimizer_steps, reached, end_step)
+
+
+def make_optimizer(
+    config: AsyncActorLearnerConfig, schedule: LearningRateSchedule | None = None
+) -> optax.GradientTransformation:
+    """Adam after global-norm clipping; with ``anneal_lr``, ``schedule`` (default: a fresh run's)."""
     if config.anneal_lr:
-        learning_rate = optax.linear_schedule(
-            config.learning_rate, 0.0, config.num_updates * steps_per_update
-        )
+        learning_rate = _linear(schedule if schedule is not None else default_schedule(config))
     else:
         learning_rate = config.learning_rate
     return optax.chain(
@@ -128,9 +190,16 @@ def init_learner_state(
 UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
 
 
-def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> UpdateFn:
-    """A jitted ``update(state, batch) -> (state, metrics)``: one learner update."""
-    optimizer = make_optimizer(config)
+def make_update_fn(
+    config: AsyncActorLearnerConfig, network: ActorCritic,
+    schedule: LearningRateSchedule | None = None,
+) -> UpdateFn:
+    """A jitted ``update(state, batch) -> (state, metrics)``: one learner update.
+
+    ``schedule``: the learning-rate schedule with ``anneal_lr`` (default: a
+    fresh run's, `default_schedule`).
+    """
+    optimizer = make_optimizer(config, schedule)
 
     def evaluate(params, obs, action):
         dist, value = network.apply(params, obs)
@@ -222,8 +291,8 @@ class LearnerReport:
 
     updates: int = 0  # learner updates done
     env_steps: int = 0  # env steps consumed by the learner
-    wall_time_s: float = 0.0  # from the learner's start to its last update (this process)
-    env_steps_per_s: float = 0.0  # env steps consumed per second of wall_time_s
+    wall_time_s: float = 0.0  # from the learner's start to its last update (this segment)
+    env_steps_per_s: float = 0.0  # segment_env_steps per second of wall_time_s
     policy_lag_mean: float = 0.0  # learner updates, averaged over every consumed step
     policy_lag_max: int = 0
     policy_lag_counts: dict[int, int] = dataclasses.field(default_factory=dict)  # lag -> chunks
@@ -234,6 +303,10 @@ class LearnerReport:
     actor_stats: list[ActorStats] = dataclasses.field(default_factory=list)
     actor_restarts: int = 0  # actors replaced by the supervisor after they raised
     eval_returns: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (version, mean)
+    eval_requests_skipped: int = 0  # evaluations replaced by a newer one before they started
+    # This segment (a resumed run continues the counters above; these say what it added):
+    start_update: int = 0  # updates already done when this segment started
+    segment_env_steps: int = 0  # env steps consumed in this segment (env_steps_per_s divides these)
 
     def record_update(
         self, config: AsyncActorLearnerConfig, experiences: Sequence[Experience],
@@ -294,10 +367,34 @@ def _check_finite(metrics: dict[str, float], update: int) -> None:
             raise NonFiniteError(f"update {update}: metric {name} is {value}")
 
 
-# checkpoint(state, report, actor_carries): called every checkpoint_every_updates
-# with a state that passed the NaN check and the carries of each actor's last
-# consumed chunk (where each actor resumes from).
-Checkpointer = Callable[[LearnerState, "LearnerReport", list[Any]], None]
+# after_update(state, report, actor_carries): called after every update with a
+# state that passed the NaN check and the carries of each actor's last consumed
+# chunk (where each actor resumes from): what a checkpoint saves.
+AfterUpdate = Callable[[LearnerState, "LearnerReport", list[Any]], None]
+
+
+def _request_evaluation(channels: LearnerChannels, message: PolicyBroadcast) -> bool:
+    """Queue ``message`` for the evaluator, replacing a request it has not started.
+
+    The evaluator may be slower than the learner; only the newest policy is
+    worth evaluating, so at most one request waits. True if one was replaced.
+    """
+    try:
+        channels.evaluator_queue.get_nowait()
+        replaced = True
+    except queue.Empty:
+        replaced = False
+    channels.evaluator_queue.put(message)
+    return replaced
+
+
+def _stuck_actors(buffer: RolloutBuffer, last_chunk_at: list[float], timeout_s: float,
+                  now: float) -> list[int]:
+    """Actors the learner waits on (empty column) that sent nothing for ``timeout_s``."""
+    return [
+        actor_id for actor_id, column in enumerate(buffer.columns)
+        if not column and now - last_chunk_at[actor_id] >= timeout_s
+    ]
 
 
 def learner_loop(
@@ -309,7 +406,7 @@ def learner_loop(
     on_update: Callable[[dict[str, float]], None] | None = None,
     on_actor_failure: ActorFailureHandler | None = None,
     latest_broadcast: PolicyBroadcast | None = None,
-    checkpoint: Checkpointer | None = None,
+    after_update: AfterUpdate | None = None,
     report: LearnerReport | None = None,
     update: UpdateFn | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
@@ -320,35 +417,51 @@ def learner_loop(
     metrics dict (host floats). When an actor fails, ``on_actor_failure`` may
     restart it (returning True): it is told how many rows the learner counts as
     produced by that actor (consumed plus buffered), and the newest broadcast.
-    ``checkpoint`` is called every ``config.checkpoint_every_updates``
-    updates. ``on_update`` may raise `StopTraining` to end the run there. A
-    resumed run passes the saved ``report`` to continue counting.
-    ``update`` is the jitted update to use (default: a new
-    ``make_update_fn(config, network)``); `train` passes one it has already
-    compiled.
+    ``after_update`` is called after every update with the good state (see
+    `AfterUpdate`; `train` checkpoints from it). ``on_update`` may raise
+    `StopTraining` to end the run there. A resumed run passes the saved
+    ``report`` to continue counting. ``update`` is the jitted update to use
+    (default: a new ``make_update_fn(config, network)``); `train` passes one
+    it has already compiled.
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
-    restarted, `LearnerTimeoutError` when no experience arrives for
-    ``learner_timeout_s``, and `NonFiniteError` when an update produces NaN or
-    inf (before the bad params are broadcast or checkpointed).
+    restarted, `LearnerTimeoutError` naming the actors the learner waits on
+    that sent nothing for ``learner_timeout_s`` (however busy the others
+    are), and `NonFiniteError` when an update produces NaN or inf (before the
+    bad params are broadcast or checkpointed).
     """
     update = update if update is not None else make_update_fn(config, network)
     buffer = RolloutBuffer(config.num_actors)
     report = report if report is not None else LearnerReport()
-    last_carries: list[Any] = [None] * config.num_actors
     start, start_env_steps = time.perf_counter(), report.env_steps
+    report.start_update = report.updates
+    # When each actor last delivered a chunk (or started): the hang detector.
+    last_chunk_at = [time.monotonic()] * config.num_actors
+    timeout_s = config.learner_timeout_s
 
     while report.updates < config.num_updates:
         while not buffer.ready():
+            now = time.monotonic()
+            stuck = _stuck_actors(buffer, last_chunk_at, timeout_s, now)
+            if stuck:
+                names = ", ".join(f"actor {i}" for i in stuck)
+                others = [i for i in range(config.num_actors) if i not in stuck]
+                raise LearnerTimeoutError(
+                    f"{names} sent no experience for learner_timeout_s={timeout_s} s while "
+                    f"the learner waited for it at update {report.updates + 1}"
+                    + (f" (actors {others} kept sending)" if others else "")
+                    + "; its env or rollout is stuck or far slower than the timeout allows",
+                    stuck,
+                )
+            waited_on = [last_chunk_at[i] for i, column in enumerate(buffer.columns) if not column]
+            wait_s = max(0.0, min(waited_on) + timeout_s - now)
             wait_start = time.perf_counter()
             try:
-                item = channels.experience_queue.get(timeout=config.learner_timeout_s)
+                item = channels.experience_queue.get(timeout=max(wait_s, 1e-3))
             except queue.Empty:
-                raise LearnerTimeoutError(
-                    f"no experience for learner_timeout_s={config.learner_timeout_s} s "
-                    f"after {report.updates} updates (are the actors stuck?)"
-                ) from None
-            report.learner_wait_s += time.perf_counter() - wait_start
+                continue  # the check above names the actor
+            finally:
+                report.learner_wait_s += time.perf_counter() - wait_start
             if isinstance(item, ActorFailure):
                 # Chunks the actor sent before failing were queued before this
                 # message, so they are in the buffer and are kept. (The
@@ -359,7 +472,10 @@ def learner_loop(
                     item, produced, latest_broadcast
                 ):
                     raise ActorError(item.actor_id, item.formatted_traceback) from item.error
+                if item.actor_id >= 0:
+                    last_chunk_at[item.actor_id] = time.monotonic()  # a fresh actor
                 continue
+            last_chunk_at[item.actor_id] = time.monotonic()
             buffer.add(item)
 
         experiences = buffer.pop_batch()
@@ -372,8 +488,8 @@ def learner_loop(
         state = new_state
         report.record_update(config, experiences, lags)
         report.wall_time_s = time.perf_counter() - start
-        report.env_steps_per_s = (report.env_steps - start_env_steps) / report.wall_time_s
-        last_carries = [e.env_carry for e in experiences]
+        report.segment_env_steps = report.env_steps - start_env_steps
+        report.env_steps_per_s = report.segment_env_steps / report.wall_time_s
 
         broadcast_s = 0.0
         if report.updates % config.broadcast_every == 0 and report.updates < config.num_updates:
@@ -389,7 +505,7 @@ def learner_loop(
                 eval_message = PolicyBroadcast(
                     report.updates, report.updates, serialize_policy(state.params)
                 )
-            channels.evaluator_queue.put(eval_message)
+            report.eval_requests_skipped += _request_evaluation(channels, eval_message)
         eval_metrics = {}
         while channels.eval_results is not None and not channels.eval_results.empty():
             version, result = channels.eval_results.get_nowait()
@@ -397,11 +513,8 @@ def learner_loop(
             eval_metrics = {"eval_return_mean": result.mean_return,
                             "eval_return_std": result.std_return,
                             "eval_policy_version": version}
-        if checkpoint is not None and config.checkpoint_every_updates and (
-            report.updates % config.checkpoint_every_updates == 0
-            or report.updates == config.num_updates
-        ):
-            checkpoint(state, report, last_carries)
+        if after_update is not None:
+            after_update(state, report, [e.env_carry for e in experiences])
 
         if on_update is not None:
             host_metrics.update(

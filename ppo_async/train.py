@@ -2,18 +2,22 @@
 
 The learner runs in the calling thread (so Ctrl-C reaches it directly); the
 actors run in daemon threads. Whatever ends the run -- its last update, an
-actor's exception, a starved learner, KeyboardInterrupt -- the stop signal is
-set and every actor thread is joined before `train` returns or raises.
+actor's exception, a stuck actor, KeyboardInterrupt -- the stop signal is set,
+every thread is joined within ``config.shutdown_timeout_s``, and, with a run
+directory, the newest good state is checkpointed before `train` returns or
+raises. A finished run writes its final params and summary before it reports
+any thread that would not stop. A thread stuck inside an env cannot be killed:
+it is named in the error (with where it is stuck) and left behind as a daemon.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import pathlib
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -27,6 +31,7 @@ import numpy as np
 from ppo_async.actor import (
     EVALUATOR_ID,
     ActorChannels,
+    ActorError,
     ActorFailure,
     ActorHandle,
     ActorProgram,
@@ -35,17 +40,18 @@ from ppo_async.actor import (
     make_actor_program,
     spawn_actor,
 )
-from ppo_async.checkpoint import load_latest_checkpoint, save_checkpoint
+from ppo_async.checkpoint import save_checkpoint
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_device
-from ppo_async.envs import EnvCarry
 from ppo_async.learner import (
-    RECENT_EPISODES,
     Batch,
     LearnerChannels,
     LearnerReport,
     LearnerState,
+    LearnerTimeoutError,
+    LearningRateSchedule,
     UpdateFn,
     broadcast,
+    default_schedule,
     init_learner_state,
     learner_loop,
     make_update_fn,
@@ -53,15 +59,55 @@ from ppo_async.learner import (
 )
 from ppo_async.networks import init_params
 from ppo_async.policy_io import PolicyBroadcast, place
+from ppo_async.resume import CheckpointPolicy, ResumePoint, checkpoint_contents, load_resume_point
+from ppo_async.run_dir import (
+    PARAMS_FILE,
+    SUMMARY_FILE,
+    checkpoint_dir,
+    prepare_fresh,
+    record_segment,
+    write_atomically,
+    write_json,
+)
+from ppo_async.run_log import RunLog
 
 logger = logging.getLogger(__name__)
 
-# Actors notice the stop signal within one chunk; a chunk is milliseconds, but
-# the first one also compiles the rollout.
-_JOIN_TIMEOUT_S = 60.0
 _WARM_UP_TIMEOUT_S = 600.0  # compiling the update takes seconds; this means it is stuck
-# How long a finished run waits for its outstanding evaluations.
-_EVAL_DRAIN_TIMEOUT_S = 300.0
+
+
+class TrainResult(NamedTuple):
+    params: Any  # host (numpy) flax params pytree of the final policy
+    report: LearnerReport
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a KeyboardInterrupt from ``on_update``) stopped the run.
+
+    ``updates`` is the last update completed; with a run directory its state
+    was checkpointed (``checkpoint``), and the run resumes with
+    ``train(config, resume_from=run_dir)`` or ``ppo-async train --resume RUN_DIR``.
+    """
+
+    def __init__(self, updates: int, run_dir: pathlib.Path | None,
+                 checkpoint: pathlib.Path | None):
+        message = f"stopped at update {updates}"
+        if checkpoint is not None:
+            message += f"; resume with: ppo-async train --resume {run_dir}"
+        super().__init__(message)
+        self.updates, self.run_dir, self.checkpoint = updates, run_dir, checkpoint
+
+
+class ShutdownTimeoutError(RuntimeError):
+    """Threads that did not stop within ``shutdown_timeout_s`` after a run that finished.
+
+    The run's params and summary were written first; ``result`` holds its
+    `TrainResult`. ``threads`` names the threads still running.
+    """
+
+    def __init__(self, message: str, threads: list[str], result: TrainResult | None):
+        super().__init__(message)
+        self.threads, self.result = threads, result
 
 
 def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
@@ -98,163 +144,6 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
     thread = threading.Thread(target=run, name="ppo-evaluator", daemon=True)
     thread.start()
     return thread
-
-
-class TrainResult(NamedTuple):
-    params: Any  # host (numpy) flax params pytree of the final policy
-    report: LearnerReport
-
-
-def _join_actors(handles: list[ActorHandle], timeout_s: float) -> list[int]:
-    """Join every actor within ``timeout_s`` overall; the ids still alive."""
-    deadline = time.monotonic() + timeout_s
-    for handle in handles:
-        handle.join(max(0.0, deadline - time.monotonic()))
-    return [h.actor_id for h in handles if h.thread.is_alive()]
-
-
-class _RunLog:
-    """The per-update record of a run: metrics.jsonl, TensorBoard events, a progress bar.
-
-    With a run directory, each update's metrics dict becomes one line of
-    ``metrics.jsonl`` and, when tensorboardX is importable (``pip install
-    'ppo-async[tb]'``; the ``dev`` extra has it), one TensorBoard event holding
-    the same scalars under the same names, at step ``env_steps``, in an
-    ``events.out.tfevents.*`` file beside it: ``tensorboard --logdir runs/``
-    shows every run. Without tensorboardX only the JSON is written. A fresh run
-    deletes the event files a previous run left in its directory (as it
-    overwrites metrics.jsonl); a resumed run appends a new event file.
-    """
-
-    def __init__(self, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
-                 progress: bool, append: bool = False):
-        self.file = None
-        self.events = None  # tensorboardX FileWriter
-        self.summary = None  # tensorboardX's Summary proto class
-        if run_dir is not None:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-            self.file = open(run_dir / "metrics.jsonl", "a" if append else "w", buffering=1)
-            self._open_events(run_dir, append)
-        self.bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=config.num_updates, unit="upd", desc=config.env_id)
-
-    def _open_events(self, run_dir: pathlib.Path, append: bool) -> None:
-        """Open a tensorboardX ``FileWriter`` on ``run_dir``, if tensorboardX is importable."""
-        try:
-            from tensorboardX import FileWriter
-            from tensorboardX.proto.summary_pb2 import Summary
-        except ImportError:
-            return
-        earlier = list(run_dir.glob("events.out.tfevents.*"))
-        if not append:
-            for stale in earlier:
-                stale.unlink()
-        # The file is named after the second it was opened and opened with "wb";
-        # a resume within the same second would truncate the previous file.
-        suffix = f".{len(earlier)}" if append else ""
-        # One Summary proto per update through the FileWriter costs ~0.4 ms in
-        # the learner thread; SummaryWriter.add_scalar per metric costs ~10x that.
-        # The writer's own thread does the disk writes, flushed every few seconds
-        # so a live TensorBoard keeps up.
-        self.events = FileWriter(str(run_dir), flush_secs=5, filename_suffix=suffix)
-        self.summary = Summary
-
-    def __call__(self, metrics: dict[str, float]) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(metrics) + "\n")
-        if self.events is not None:
-            values = [self.summary.Value(tag=name, simple_value=float(value))
-                      for name, value in metrics.items()]
-            self.events.add_summary(self.summary(value=values), int(metrics["env_steps"]))
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(
-                sps=f"{metrics['env_steps_per_s']:.0f}",
-                ret=f"{metrics['episode_return']:.1f}",
-                lag=f"{metrics['policy_lag_max']:.0f}",
-                refresh=False,
-            )
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        if self.events is not None:
-            self.events.close()
-        if self.bar is not None:
-            self.bar.close()
-
-
-CHECKPOINT_SUBDIR = "checkpoints"
-
-
-class ResumePoint(NamedTuple):
-    state: LearnerState  # host arrays
-    report: LearnerReport
-    actor_carries: tuple  # one env carry per actor, or () for host envs
-
-
-def _checkpoint_contents(state: LearnerState, report: LearnerReport, carries) -> tuple:
-    """(state pytree, integer counters) of one checkpoint."""
-    recent = np.full(RECENT_EPISODES, np.nan, np.float32)
-    recent[: len(report.recent_returns)] = report.recent_returns
-    resumable = all(isinstance(carry, EnvCarry) for carry in carries)
-    tree = {
-        "learner": state,
-        # Host-env carries hold live simulator objects; those actors restart their envs.
-        "actor_carries": tuple(carries) if resumable else (),
-        "recent_returns": recent,
-    }
-    counters = {
-        "updates": report.updates,
-        "env_steps": report.env_steps,
-        "episodes": report.episodes,
-        "recent_count": len(report.recent_returns),
-        **{f"lag_{lag}": count for lag, count in report.policy_lag_counts.items()},
-    }
-    return tree, counters
-
-
-def load_resume_point(config, program, run_dir: pathlib.Path, template_state) -> ResumePoint:
-    """The newest valid checkpoint of ``run_dir`` (damaged newer ones are skipped with a warning)."""
-    cpu = jax.devices("cpu")[0]
-    carries_template = ()
-    if isinstance(program.reset(jax.random.key(0), cpu), EnvCarry):
-        carries_template = tuple(
-            program.reset(jax.random.key(i), cpu) for i in range(config.num_actors)
-        )
-    template = {
-        "learner": template_state,
-        "actor_carries": carries_template,
-        "recent_returns": np.zeros(RECENT_EPISODES, np.float32),
-    }
-    loaded = load_latest_checkpoint(
-        run_dir / CHECKPOINT_SUBDIR, template, config_dict=config.to_dict()
-    )
-    if loaded is None:
-        raise ConfigError(f"resume_from={str(run_dir)!r}: no checkpoint in {run_dir / CHECKPOINT_SUBDIR}")
-    counters = loaded.counters
-    report = LearnerReport(
-        updates=counters["updates"], env_steps=counters["env_steps"],
-        episodes=counters["episodes"],
-        policy_lag_counts={
-            int(name[4:]): count for name, count in counters.items() if name.startswith("lag_")
-        },
-        recent_returns=loaded.state["recent_returns"][: counters["recent_count"]].tolist(),
-    )
-    report.refresh_summaries()
-    logger.info("resuming from %s (update %d)", loaded.path, report.updates)
-    return ResumePoint(loaded.state["learner"], report, loaded.state["actor_carries"])
-
-
-def _summary(report: LearnerReport) -> dict[str, Any]:
-    """The report as JSON (actor stats as dicts)."""
-    summary = dataclasses.asdict(report)
-    summary["policy_lag_counts"] = {str(k): v for k, v in report.policy_lag_counts.items()}
-    return summary
 
 
 def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram) -> Batch | None:
@@ -310,9 +199,112 @@ class _UpdateWarmUp:
     def result(self, timeout_s: float) -> None:
         self._done.result(timeout=timeout_s)
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
     def join(self, timeout_s: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+
+def _summary(report: LearnerReport) -> dict[str, Any]:
+    """The report as JSON (actor stats as dicts)."""
+    summary = dataclasses.asdict(report)
+    summary["policy_lag_counts"] = {str(k): v for k, v in report.policy_lag_counts.items()}
+    return summary
+
+
+def _where(thread: threading.Thread) -> str:
+    """The innermost frames a live thread is executing, to say where it is stuck."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "not started"
+    frames = traceback.extract_stack(frame)[-3:]
+    return " <- ".join(
+        f"{pathlib.Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames)
+    )
+
+
+def _stop_threads(threads: list[threading.Thread], timeout_s: float,
+                  known_stuck: set[str]) -> list[str]:
+    """Join ``threads`` within ``timeout_s`` overall; each one still alive, with where it is.
+
+    Threads in ``known_stuck`` (actors the learner already found hung) are not
+    waited for: nothing will end them.
+    """
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        if thread.name not in known_stuck:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [f"{t.name} (at {_where(t)})" for t in threads if t.is_alive()]
+
+
+def _late_failures(experience_queue: queue.Queue) -> list[ActorFailure]:
+    """Failures that threads reported after the learner stopped reading."""
+    failures = []
+    while True:
+        try:
+            item = experience_queue.get_nowait()
+        except queue.Empty:
+            return failures
+        if isinstance(item, ActorFailure):
+            failures.append(item)
+
+
+class _Checkpoints:
+    """The run's checkpoints: when (`CheckpointPolicy`), what (`checkpoint_contents`),
+    and the newest good state, which every way out of the run saves."""
+
+    def __init__(self, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
+                 schedule: LearningRateSchedule):
+        self.config, self.schedule = config, schedule
+        self.directory = checkpoint_dir(run_dir) if run_dir is not None else None
+        self.policy = CheckpointPolicy(config.checkpoint_every_updates, config.checkpoint_every_s)
+        self.latest: tuple[int, Any, dict[str, int]] | None = None  # (update, tree, counters)
+        self.last_path: pathlib.Path | None = None
+
+    def after_update(self, state: LearnerState, report: LearnerReport, carries: list) -> None:
+        """Called by the learner after each good update: remember it; save it when due."""
+        if self.directory is None:
+            return
+        self.latest = (report.updates, *checkpoint_contents(state, report, carries, self.schedule))
+        if self.policy.due(report.updates):
+            self.save_latest()
+
+    def save_latest(self) -> pathlib.Path | None:
+        """Write the newest good state unless it is already on disk; the newest checkpoint's path."""
+        if self.latest is not None and self.latest[0] != self.policy.last_saved_update:
+            updates, tree, counters = self.latest
+            self.last_path = save_checkpoint(
+                self.directory, step=updates, state=tree, counters=counters,
+                config_dict=self.config.to_dict(), keep=self.config.keep_checkpoints,
+            )
+            self.policy.saved(updates)
+        return self.last_path
+
+
+def _run_directories(
+    config: AsyncActorLearnerConfig, run_dir: str | pathlib.Path | None,
+    resume_from: str | pathlib.Path | None,
+) -> tuple[pathlib.Path | None, pathlib.Path | None]:
+    """(run_dir, resume_from) checked: a fresh run gets an empty directory."""
+    if resume_from is not None:
+        resume_from = pathlib.Path(resume_from)
+        if not resume_from.is_dir():
+            raise ConfigError(f"resume_from={str(resume_from)!r}: no such run directory")
+        run_dir = pathlib.Path(run_dir) if run_dir is not None else resume_from
+        if run_dir.resolve() != resume_from.resolve():
+            prepare_fresh(run_dir)  # the continuation goes to a new directory
+    elif run_dir is not None:
+        run_dir = pathlib.Path(run_dir)
+        prepare_fresh(run_dir)
+    if config.checkpoint_every_updates and run_dir is None:
+        raise ConfigError(
+            f"checkpoint_every_updates={config.checkpoint_every_updates}: checkpoints "
+            "need a run directory; pass run_dir (or set it to 0)"
+        )
+    return run_dir, resume_from
 
 
 def train(
@@ -327,81 +319,80 @@ def train(
 
     Args:
       config: the run's configuration (validated on construction).
-      run_dir: if given, write ``config.json``, ``metrics.jsonl`` (one JSON
-        object per update), checkpoints (``checkpoints/``, every
-        ``config.checkpoint_every_updates``) and the final ``params.msgpack``
-        (flax bytes) there.
+      run_dir: if given (it must be empty or new), write ``config.json``,
+        ``segments.json`` (provenance), ``metrics.jsonl`` (one JSON object
+        per update), checkpoints (``checkpoints/``: every
+        ``checkpoint_every_s`` seconds or ``checkpoint_every_updates``
+        updates, at the end, and when the run stops early) and the final
+        ``params.msgpack`` and ``summary.json`` there.
       resume_from: a run directory to continue from its newest valid
-        checkpoint (params, optimizer state, keys, counters, and each actor's
-        env state); also the default ``run_dir``. The config may change
-        anything but the env and the network.
+        checkpoint (params, optimizer state, keys, counters, learning-rate
+        schedule, and each actor's env state); also the default ``run_dir``.
+        The config may change anything but the env and the network.
       progress: show a progress bar with env steps/s, return and lag.
       on_update: also called with each update's metrics dict; it may raise
         `StopTraining` to end the run early (train then returns normally).
 
     Raises:
-      ConfigError: a device the config names does not exist, checkpoints
-        without a run directory, nothing to resume, or a resume that changes
-        the env or network.
-      ActorError: an actor raised (chained to its exception).
-      LearnerTimeoutError: no experience for ``config.learner_timeout_s``.
-      NonFiniteError: an update produced NaN or inf (the last checkpoint stays).
+      ConfigError: a device the config names does not exist, a non-empty
+        ``run_dir`` for a fresh run, checkpoints without a run directory,
+        nothing to resume, a resume that changes the env or network or whose
+        budget is already spent.
+      ActorError: an actor or the evaluator raised (chained to its exception).
+      LearnerTimeoutError: an actor the learner waits on sent nothing for
+        ``config.learner_timeout_s`` (its id is in ``actor_ids``).
+      NonFiniteError: an update produced NaN or inf (the last good state is
+        checkpointed).
+      TrainingInterrupted: Ctrl-C; a `KeyboardInterrupt` that says the update
+        reached and how to resume.
+      ShutdownTimeoutError: the run finished, but a thread did not stop within
+        ``config.shutdown_timeout_s`` (the params and summary were written).
     """
     learner_device = resolve_device(config.learner_device)
     actor_device = resolve_device(config.actor_device)
-    if resume_from is not None:
-        resume_from = pathlib.Path(resume_from)
-        if not resume_from.is_dir():
-            raise ConfigError(f"resume_from={str(resume_from)!r}: no such run directory")
-        run_dir = run_dir if run_dir is not None else resume_from
-    run_dir = pathlib.Path(run_dir) if run_dir is not None else None
-    if config.checkpoint_every_updates and run_dir is None:
-        raise ConfigError(
-            f"checkpoint_every_updates={config.checkpoint_every_updates}: checkpoints "
-            "need a run directory; pass run_dir (or set it to 0)"
-        )
+    run_dir, resume_from = _run_directories(config, run_dir, resume_from)
 
     program = make_actor_program(config)
-    update = make_update_fn(config, program.network)
+    resume: ResumePoint | None = None
+    if resume_from is not None:
+        resume = load_resume_point(config, program, checkpoint_dir(resume_from))
+    schedule = resume.schedule if resume is not None else default_schedule(config)
+    update = make_update_fn(config, program.network, schedule)
     warm_up = _UpdateWarmUp(config, program, update, learner_device)
-    try:  # until the try/finally below, which joins it on every path
-        params_key, learner_key = jax.random.split(jax.random.key(config.seed))
-        params = init_params(program.network, params_key, program.observation_shape)
-        state = init_learner_state(config, params, learner_key)
-        report, actor_carries = None, ()
-        if resume_from is not None:
-            state, report, actor_carries = load_resume_point(config, program, resume_from, state)
+    try:  # until the shutdown below, which joins it on every path
+        if resume is None:
+            params_key, learner_key = jax.random.split(jax.random.key(config.seed))
+            params = init_params(program.network, params_key, program.observation_shape)
+            state, report = init_learner_state(config, params, learner_key), LearnerReport()
+            carries = (None,) * config.num_actors
+        else:
+            state, report, carries = resume.state, resume.report, resume.actor_carries
         state = jax.device_put(state, learner_device)
-        start_updates = report.updates if report is not None else 0
-
-        experience_queue: queue.Queue = queue.Queue()
-        broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
-        stop = threading.Event()
-        evaluating = config.eval_every_updates > 0
-        learner_channels = LearnerChannels(
-            experience_queue, broadcast_queues,
-            queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
-        )
-        first_broadcast = broadcast(learner_channels, state.params, start_updates)
-
-        def save(state: LearnerState, report: LearnerReport, carries: list) -> None:
-            tree, counters = _checkpoint_contents(state, report, carries)
-            save_checkpoint(
-                run_dir / CHECKPOINT_SUBDIR, step=report.updates, state=tree, counters=counters,
-                config_dict=config.to_dict(), keep=config.keep_checkpoints,
-            )
-
-        run_log = _RunLog(config, run_dir, progress, append=resume_from is not None)
+        if run_dir is not None:
+            record_segment(run_dir, config, start_update=report.updates,
+                           start_env_steps=report.env_steps,
+                           resumed_from=str(resume.path) if resume is not None else None)
+        run_log = RunLog(config, run_dir, progress, start_update=report.updates)
     except BaseException:
-        warm_up.join(_WARM_UP_TIMEOUT_S)
+        warm_up.join(config.shutdown_timeout_s)
         raise
+
+    start_updates = report.updates
+    experience_queue: queue.Queue = queue.Queue()
+    broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
+    stop = threading.Event()
+    evaluating = config.eval_every_updates > 0
+    channels = LearnerChannels(
+        experience_queue, broadcast_queues,
+        queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
+    )
+    checkpoints = _Checkpoints(config, run_dir, schedule)
+    handles: list[ActorHandle] = []
 
     def record(metrics: dict[str, float]) -> None:
         run_log(metrics)
         if on_update is not None:
             on_update(metrics)
-
-    handles: list[ActorHandle] = []
 
     def channels_of(actor_id: int) -> ActorChannels:
         return ActorChannels(experience_queue, broadcast_queues[actor_id], stop)
@@ -418,7 +409,7 @@ def train(
             "actor %d failed; restarting it (restart %d of %d):\n%s", failure.actor_id,
             old.stats.restarts + 1, config.max_actor_restarts, failure.formatted_traceback,
         )
-        old.join(_JOIN_TIMEOUT_S)  # it ended right after sending its failure
+        old.join(config.shutdown_timeout_s)  # it ended right after sending its failure
         old.stats.restarts += 1
         # The dead actor may have drained every broadcast; give its successor the newest.
         broadcast_queues[failure.actor_id].put(latest)
@@ -430,52 +421,69 @@ def train(
         return True
 
     evaluator_thread = None
+    error: BaseException | None = None
     try:
+        first_broadcast = broadcast(channels, state.params, start_updates)
         if evaluating:
-            evaluator_thread = _spawn_evaluator(config, learner_channels, stop)
-        for actor_id in range(config.num_actors):
+            evaluator_thread = _spawn_evaluator(config, channels, stop)
+        for actor_id, carry in enumerate(carries):
             start = ActorStart(
                 produced_steps=start_updates * config.num_steps,
-                carry=jax.device_put(actor_carries[actor_id], actor_device)
-                if actor_carries else None,
+                carry=jax.device_put(carry, actor_device) if carry is not None else None,
             )
             handles.append(spawn_actor(
                 actor_id, config, program, channels_of(actor_id), actor_device, None, start
             ))
         warm_up.result(_WARM_UP_TIMEOUT_S)
         state, report = learner_loop(
-            config, program.network, state, learner_channels, learner_device, record,
+            config, program.network, state, channels, learner_device, record,
             on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
-            checkpoint=save if config.checkpoint_every_updates else None, report=report,
-            update=update,
+            after_update=checkpoints.after_update, report=report, update=update,
         )
         if evaluator_thread is not None:
-            # Let the evaluations already asked for finish, so the last one is reported.
-            learner_channels.evaluator_queue.put(None)
-            evaluator_thread.join(_EVAL_DRAIN_TIMEOUT_S)
-    finally:
-        stop.set()
-        warm_up.join(_WARM_UP_TIMEOUT_S)
-        alive = _join_actors(handles, _JOIN_TIMEOUT_S)
-        if evaluator_thread is not None:
-            evaluator_thread.join(_JOIN_TIMEOUT_S)
-            if evaluator_thread.is_alive():
-                alive.append(EVALUATOR_ID)
-        run_log.close()
-        if alive:
-            # Only reached if an actor is stuck inside a single rollout; the
-            # threads are daemons, so the process can still exit.
-            logger.error("actor threads %s did not stop within %.0f s", alive, _JOIN_TIMEOUT_S)
-    if alive:
-        raise RuntimeError(f"actor threads {alive} did not stop within {_JOIN_TIMEOUT_S} s")
+            # Let the evaluation asked for last finish, so that it is reported.
+            channels.evaluator_queue.put(None)
+            evaluator_thread.join(config.shutdown_timeout_s)
+    except BaseException as caught:  # noqa: BLE001 - re-raised below, after the shutdown
+        error = caught
+
+    # Shutdown, on every path: stop and join the threads, then keep the newest good state.
+    stop.set()
+    hung = {f"ppo-actor-{i}" for i in getattr(error, "actor_ids", ())}
+    threads = [t for t in (warm_up.thread, evaluator_thread, *(h.thread for h in handles)) if t]
+    stragglers = _stop_threads(threads, config.shutdown_timeout_s, hung)
+    run_log.close()
+    late = _late_failures(experience_queue)
+    saved = checkpoints.save_latest() if run_dir is not None else None
+
+    if error is not None:
+        if stragglers:
+            error.add_note(f"threads still running (they cannot be killed): {'; '.join(stragglers)}")
+        for failure in late:
+            error.add_note(f"also failed while stopping:\n{failure.formatted_traceback}")
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, TrainingInterrupted):
+            raise TrainingInterrupted(checkpoints.latest[0] if checkpoints.latest else start_updates,
+                                      run_dir, saved) from error
+        raise error
 
     report.actor_stats = [handle.stats for handle in handles]
     report.actor_restarts = sum(stats.restarts for stats in report.actor_stats)
-    while evaluating and not learner_channels.eval_results.empty():
-        version, result = learner_channels.eval_results.get_nowait()
+    while evaluating and not channels.eval_results.empty():
+        version, result = channels.eval_results.get_nowait()
         report.eval_returns.append((version, result.mean_return))
-    params = jax.device_get(state.params)
+    result = TrainResult(jax.device_get(state.params), report)
     if run_dir is not None:
-        (run_dir / "params.msgpack").write_bytes(flax.serialization.to_bytes(params))
-        (run_dir / "summary.json").write_text(json.dumps(_summary(report), indent=2))
-    return TrainResult(params, report)
+        write_atomically(run_dir / PARAMS_FILE, flax.serialization.to_bytes(result.params))
+        write_json(run_dir / SUMMARY_FILE, _summary(report))
+    if late:
+        raise ActorError(late[0].actor_id, late[0].formatted_traceback + (
+            "\n(it failed while the finished run was stopping; the final params and "
+            "summary were written)")) from late[0].error
+    if stragglers:
+        raise ShutdownTimeoutError(
+            f"the run finished, but threads did not stop within shutdown_timeout_s="
+            f"{config.shutdown_timeout_s} s: {'; '.join(stragglers)}. The final params and "
+            "summary were written; the threads are daemons and end with the process.",
+            stragglers, result,
+        )
+    return result

@@ -38,16 +38,16 @@ def test_lock_step_resume_is_byte_identical_to_an_uninterrupted_run(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(LOCK_STEP, run_dir=run_dir, progress=False, on_update=_interrupt_at(7))
     steps = [int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints")]
-    assert steps == [3, 6]  # keep_checkpoints=2
+    assert steps == [6, 7]  # every 3 updates, and where it stopped; keep_checkpoints=2
     resumed = train(LOCK_STEP, resume_from=run_dir, progress=False)
 
     assert resumed.report.updates == whole.report.updates == 10
     assert resumed.report.env_steps == whole.report.env_steps
     assert flax.serialization.to_bytes(resumed.params) == flax.serialization.to_bytes(whole.params)
     assert resumed.report.episode_return_mean == whole.report.episode_return_mean
-    # Metrics of the resumed run are appended: updates 1..7, then 7..10 again.
+    # The resumed run's metrics follow the first segment's, each update once.
     updates = [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
-    assert updates == [1, 2, 3, 4, 5, 6, 7, 7, 8, 9, 10]
+    assert updates == list(range(1, 11))
 
 
 _KILLED_RUN = textwrap.dedent("""
@@ -133,8 +133,12 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     with pytest.warns(CheckpointWarning, match=newest.name):
         resumed = train(LOCK_STEP, resume_from=tmp_path, progress=False)
     assert resumed.report.updates == 10
+    segments = json.loads((tmp_path / "segments.json").read_text())
+    assert segments[1]["start_update"] == 6  # the previous checkpoint
+    assert segments[1]["resumed_from_checkpoint"].endswith("ckpt_000000006.msgpack")
+    # Lines 7.. of the first segment were cut before the resumed run wrote its own.
     updates = [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").open()]
-    assert updates[7] == 4  # continued after update 3, the previous checkpoint
+    assert updates == list(range(1, 11))
 
 
 def test_bad_resumes_are_config_errors(tmp_path):

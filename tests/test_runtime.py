@@ -177,8 +177,8 @@ def test_the_update_compiles_once_before_the_first_batch(monkeypatch, env_id):
     original = train_module.make_update_fn
     updates, calls = [], []
 
-    def make_update_fn(config, network):
-        update = original(config, network)
+    def make_update_fn(config, network, *schedule):
+        update = original(config, network, *schedule)
         updates.append(update)
 
         def counted(state, batch):
@@ -281,6 +281,15 @@ def test_a_starved_learner_times_out(monkeypatch):
     with pytest.raises(LearnerTimeoutError, match="learner_timeout_s=0.5"):
         train(config, progress=False)
     assert time.monotonic() - start < 30
+    _wait_for_run_threads()  # slow, not hung: they end after their sleep
+
+
+def _wait_for_run_threads(timeout_s=30.0):
+    from conftest import run_threads_alive
+
+    deadline = time.monotonic() + timeout_s
+    while run_threads_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_keyboard_interrupt_stops_cleanly():
@@ -313,7 +322,9 @@ def test_cli_train_writes_a_run_directory(tmp_path, capsys):
     assert run_dir.name.startswith("CartPole-v1-")
     # TensorBoard event files (with tensorboardX installed) are tests/test_tensorboard.py's.
     assert {p.name for p in run_dir.iterdir() if not p.name.startswith("events.out.")} == {
-        "config.json", "metrics.jsonl", "params.msgpack", "summary.json"}
+        "config.json", "segments.json", "metrics.jsonl", "params.msgpack", "summary.json",
+        "checkpoints"}
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["ckpt_000000002.msgpack"]
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
 
     main(["eval", str(run_dir), "--num-episodes", "3"])
@@ -410,8 +421,12 @@ def test_periodic_evaluation_runs_on_its_own_thread_and_reports():
     seen = []
     config = dataclasses.replace(TINY, eval_every_updates=2, eval_episodes=3)
     report = train(config, progress=False, on_update=seen.append).report
-    # Every evaluation asked for (updates 2, 4, 6) is finished before train returns.
-    assert [version for version, _ in report.eval_returns] == [2, 4, 6]
+    # Evaluations were asked for at updates 2, 4 and 6. One that waited while the
+    # evaluator was busy is replaced by the newer one; the last is always finished
+    # before train returns.
+    versions = [version for version, _ in report.eval_returns]
+    assert versions[-1] == 6 and versions == sorted(versions) and set(versions) <= {2, 4, 6}
+    assert len(versions) + report.eval_requests_skipped == 3
     assert all(np.isfinite(mean) and mean > 0 for _, mean in report.eval_returns)
     reported = [m["eval_policy_version"] for m in seen if "eval_return_mean" in m]
     assert reported == sorted(reported) and set(reported) <= {2, 4, 6}

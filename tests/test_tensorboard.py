@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig, train
-from ppo_async.train import _RunLog
+from ppo_async.run_log import RunLog
 
 tensorboardX = pytest.importorskip("tensorboardX")
 from tensorboardX.proto.event_pb2 import Event  # noqa: E402
@@ -70,7 +70,7 @@ def fake_metrics(update: int) -> dict[str, float]:
 
 def test_a_fresh_run_replaces_old_event_files_and_a_resumed_one_adds_a_file(tmp_path):
     def log_updates(updates, append):
-        run_log = _RunLog(TINY, tmp_path, progress=False, append=append)
+        run_log = RunLog(TINY, tmp_path, progress=False, start_update=updates[0] - 1 if append else 0)
         for update in updates:
             run_log(fake_metrics(update))
         run_log.close()
@@ -89,7 +89,7 @@ def test_a_fresh_run_replaces_old_event_files_and_a_resumed_one_adds_a_file(tmp_
 
 def test_without_tensorboardx_only_the_json_is_written(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import raises ImportError
-    run_log = _RunLog(TINY, tmp_path, progress=False)
+    run_log = RunLog(TINY, tmp_path, progress=False)
     run_log(fake_metrics(1))
     run_log.close()
     assert not list(tmp_path.glob("events.out.tfevents.*"))

@@ -1,0 +1,273 @@
+"""Checkpoints of a run: what one holds, when one is written, and resuming from one.
+
+A checkpoint (`ppo_async.checkpoint` writes the file) holds
+
+- the `LearnerState` (params, optimizer state, shuffling key);
+- each actor's env carry after its last consumed chunk (gymnax envs; host
+  envs hold live simulators, and their actors start fresh episodes);
+- the counters of the `LearnerReport` (updates, env steps, episodes, the
+  policy-lag histogram) and its last 100 episode returns;
+- the learning-rate schedule in force (`LearningRateSchedule`), so that a
+  resumed run continues it instead of restarting it;
+- the run's config.
+
+Resuming continues the same run: the newest checkpoint that passes every
+check (`validate_checkpoint`: a damaged or malformed one is skipped with a
+warning, like a truncated file) gives the state and counters; a changed
+``num_actors`` or ``envs_per_actor`` is allowed and starts fresh episodes for
+the actors whose envs no longer fit (with a warning); a longer budget
+extends the annealed learning rate from the rate reached
+(`ppo_async.learner.continue_schedule`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import pathlib
+import time
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ppo_async.actor import ActorProgram, make_actor_program
+from ppo_async.checkpoint import LoadedCheckpoint, load_latest_checkpoint
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.envs import EnvCarry
+from ppo_async.learner import (
+    RECENT_EPISODES,
+    LearnerReport,
+    LearnerState,
+    LearningRateSchedule,
+    continue_schedule,
+    init_learner_state,
+    optimizer_steps_per_update,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class TopologyChangeWarning(UserWarning):
+    """A run resumed with another ``num_actors`` or ``envs_per_actor``: some actors start fresh episodes."""
+
+
+class ResumePoint(NamedTuple):
+    """Where a resumed run continues from."""
+
+    state: LearnerState  # host arrays
+    report: LearnerReport  # the counters so far
+    actor_carries: tuple  # one per actor of the resuming config: its env carry, or None (fresh episodes)
+    schedule: LearningRateSchedule  # the learning-rate schedule the resumed run follows
+    path: pathlib.Path  # the checkpoint file
+
+
+def checkpoint_contents(
+    state: LearnerState, report: LearnerReport, carries: list[Any],
+    schedule: LearningRateSchedule,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """(state pytree, integer counters) of one checkpoint."""
+    recent = np.full(RECENT_EPISODES, np.nan, np.float32)
+    recent[: len(report.recent_returns)] = report.recent_returns
+    resumable = all(isinstance(carry, EnvCarry) for carry in carries)
+    tree = {
+        "learner": state,
+        # Host-env carries hold live simulator objects; those actors restart their envs.
+        "actor_carries": tuple(carries) if resumable else (),
+        "recent_returns": recent,
+        "lr_begin_value": np.float64(schedule.begin_value),
+    }
+    counters = {
+        "updates": report.updates,
+        "env_steps": report.env_steps,
+        "episodes": report.episodes,
+        "recent_count": len(report.recent_returns),
+        "lr_begin_step": schedule.begin_step,
+        "lr_end_step": schedule.end_step,
+        **{f"lag_{lag}": count for lag, count in report.policy_lag_counts.items()},
+    }
+    return tree, counters
+
+
+_REQUIRED_COUNTERS = ("updates", "env_steps", "episodes", "recent_count",
+                      "lr_begin_step", "lr_end_step")
+
+
+def validate_checkpoint(loaded: LoadedCheckpoint) -> None:
+    """Raise ValueError naming the first value of ``loaded`` that cannot be right."""
+    counters = loaded.counters
+    for name in _REQUIRED_COUNTERS:
+        if name not in counters:
+            raise ValueError(f"counter {name!r} is missing")
+    for name in counters:
+        if name not in _REQUIRED_COUNTERS and not (
+            name.startswith("lag_") and name[4:].isdigit()
+        ):
+            raise ValueError(f"unknown counter {name!r}")
+    if counters["updates"] != loaded.step:
+        raise ValueError(f"counter updates={counters['updates']} but the file is of step {loaded.step}")
+    if counters["recent_count"] > RECENT_EPISODES or counters["recent_count"] > counters["episodes"]:
+        raise ValueError(
+            f"recent_count={counters['recent_count']} exceeds {RECENT_EPISODES} or the "
+            f"episodes counted ({counters['episodes']})"
+        )
+    if counters["env_steps"] < counters["updates"]:
+        raise ValueError(
+            f"env_steps={counters['env_steps']} is below updates={counters['updates']}"
+        )
+    chunks = sum(count for name, count in counters.items() if name.startswith("lag_"))
+    if counters["updates"] > 0 and chunks < counters["updates"]:
+        raise ValueError(f"the lag histogram counts {chunks} chunks for {counters['updates']} updates")
+    if not counters["lr_begin_step"] <= counters["lr_end_step"]:
+        raise ValueError(
+            f"learning-rate schedule begins at step {counters['lr_begin_step']}, after its end "
+            f"{counters['lr_end_step']}"
+        )
+    begin_value = float(np.asarray(loaded.state["lr_begin_value"]))
+    if not (math.isfinite(begin_value) and begin_value >= 0):
+        raise ValueError(f"learning rate {begin_value} is not a finite number >= 0")
+    recent = np.asarray(loaded.state["recent_returns"])[: counters["recent_count"]]
+    if not np.all(np.isfinite(recent)):
+        raise ValueError("a recent episode return is not finite")
+    for leaf in jax.tree.leaves(loaded.state["learner"].params):
+        if not np.all(np.isfinite(leaf)):
+            raise ValueError("the params contain NaN or inf")
+
+
+def _carries_template(config: AsyncActorLearnerConfig, program: ActorProgram,
+                      saved: dict[str, Any]) -> tuple:
+    """Env carries shaped as the saved run's actors had them (``()`` for host envs)."""
+    cpu = jax.devices("cpu")[0]
+    if not isinstance(program.reset(jax.random.key(0), cpu), EnvCarry):
+        return ()
+    num_actors, envs_per_actor = saved.get("num_actors"), saved.get("envs_per_actor")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+               for n in (num_actors, envs_per_actor)):
+        raise ValueError(
+            f"saved config has num_actors={num_actors!r}, envs_per_actor={envs_per_actor!r}"
+        )
+    if envs_per_actor != config.envs_per_actor:
+        # A carry template of the saved width: only its shapes matter.
+        saved_config = dataclasses.replace(
+            config, num_actors=num_actors, envs_per_actor=envs_per_actor, num_minibatches=1,
+            total_env_steps=max(config.total_env_steps,
+                                num_actors * envs_per_actor * config.num_steps),
+        )
+        program = make_actor_program(saved_config)
+    return tuple(program.reset(jax.random.key(i), cpu) for i in range(num_actors))
+
+
+def load_resume_point(
+    config: AsyncActorLearnerConfig, program: ActorProgram, checkpoints: pathlib.Path,
+) -> ResumePoint:
+    """The newest valid checkpoint in ``checkpoints``, fitted to ``config``.
+
+    Raises `ConfigError` when there is none, when ``config`` changes a locked
+    field (`ppo_async.checkpoint.RESUME_LOCKED_FIELDS`), or when its budget
+    is already spent; `ppo_async.checkpoint.CheckpointError` when every file
+    is damaged.
+    """
+    params_template = program.params_template
+
+    def template(saved: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "learner": init_learner_state(config, params_template, jax.random.key(0)),
+            "actor_carries": _carries_template(config, program, saved),
+            "recent_returns": np.zeros(RECENT_EPISODES, np.float32),
+            "lr_begin_value": np.float64(0.0),
+        }
+
+    loaded = load_latest_checkpoint(
+        checkpoints, template, config_dict=config.to_dict(), validate=validate_checkpoint
+    )
+    if loaded is None:
+        raise ConfigError(f"resume_from={str(checkpoints.parent)!r}: no checkpoint in {checkpoints}")
+    counters = loaded.counters
+    report = LearnerReport(
+        updates=counters["updates"], env_steps=counters["env_steps"],
+        episodes=counters["episodes"],
+        policy_lag_counts={
+            int(name[4:]): count for name, count in counters.items() if name.startswith("lag_")
+        },
+        recent_returns=loaded.state["recent_returns"][: counters["recent_count"]].tolist(),
+    )
+    report.refresh_summaries()
+    if config.num_updates <= report.updates:
+        raise ConfigError(
+            f"total_env_steps={config.total_env_steps}: the checkpoint {loaded.path.name} is "
+            f"at update {report.updates} ({report.env_steps} env steps), and this config "
+            f"ends at update {config.num_updates}. Pass a larger total_env_steps "
+            "(--total-env-steps) to extend the run."
+        )
+
+    saved_schedule = LearningRateSchedule(
+        counters["lr_begin_step"], float(loaded.state["lr_begin_value"]), counters["lr_end_step"]
+    )
+    optimizer_steps = _optimizer_steps(loaded.state["learner"].opt_state)
+    remaining = config.num_updates - report.updates
+    schedule = continue_schedule(
+        saved_schedule, optimizer_steps,
+        optimizer_steps + remaining * optimizer_steps_per_update(config),
+    )
+    if schedule != saved_schedule and config.anneal_lr:
+        logger.info(
+            "the budget changed: the learning rate continues from %.3g at optimizer step %d "
+            "to 0 at step %d", schedule.begin_value, schedule.begin_step, schedule.end_step,
+        )
+    carries = _fit_carries(config, loaded.config, tuple(loaded.state["actor_carries"]))
+    logger.info("resuming from %s (update %d)", loaded.path, report.updates)
+    return ResumePoint(loaded.state["learner"], report, carries, schedule, loaded.path)
+
+
+def _optimizer_steps(opt_state: Any) -> int:
+    """The optimizer steps taken so far (the schedule's step counter)."""
+    import optax
+
+    counts = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+    if not counts:
+        raise ValueError("the optimizer state has no step counter")
+    return int(np.asarray(counts[-1][1]))
+
+
+def _fit_carries(config: AsyncActorLearnerConfig, saved: dict[str, Any], carries: tuple) -> tuple:
+    """One carry (or None: fresh episodes) per actor of ``config``."""
+    fitted = [None] * config.num_actors
+    if carries and saved.get("envs_per_actor") == config.envs_per_actor:
+        for actor_id in range(min(len(carries), config.num_actors)):
+            fitted[actor_id] = carries[actor_id]
+    saved_topology = (saved.get("num_actors"), saved.get("envs_per_actor"))
+    if saved_topology != (config.num_actors, config.envs_per_actor):
+        fresh = [i for i, carry in enumerate(fitted) if carry is None]
+        message = (
+            f"resuming with num_actors={config.num_actors}, envs_per_actor="
+            f"{config.envs_per_actor} (the checkpoint has {saved_topology[0]} x "
+            f"{saved_topology[1]}): actors {fresh} start fresh episodes; the params, "
+            "optimizer state and counters carry over"
+        )
+        logger.warning(message)
+        warnings.warn(message, TopologyChangeWarning, stacklevel=3)
+    return tuple(fitted)
+
+
+class CheckpointPolicy:
+    """When to write a checkpoint: every ``every_updates`` updates, or once
+    ``every_s`` seconds have passed since the last one, whichever comes first
+    (0 turns either off)."""
+
+    def __init__(self, every_updates: int, every_s: float):
+        self.every_updates = every_updates
+        self.every_s = every_s
+        self.last_saved_at = time.monotonic()
+        self.last_saved_update: int | None = None
+
+    def due(self, updates: int) -> bool:
+        if self.every_updates and updates % self.every_updates == 0:
+            return True
+        return bool(self.every_s) and time.monotonic() - self.last_saved_at >= self.every_s
+
+    def saved(self, updates: int) -> None:
+        self.last_saved_at = time.monotonic()
+        self.last_saved_update = updates
+
