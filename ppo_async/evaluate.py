@@ -249,5 +249,88 @@ def evaluate(
 
     The compiled loop is cached per (env, network, num_episodes, greedy), so
     repeated calls do not recompile. See `Evaluator` for which episodes count.
+    Host envs (``gymnasium:``, ``envpool:``, ``host:``) run the same episodes
+    in a Python loop over the env (`evaluate_host_env`).
     """
+    from ppo_async.host_envs import GYMNAX, split_env_id
+
+    if split_env_id(config.env_id)[0] != GYMNAX:
+        return evaluate_host_env(config, params, num_episodes, seed, greedy)
     return _cached_evaluator(config, num_episodes, greedy)(params, seed)
+
+
+# An env that never ends an episode would loop forever; no task here comes near.
+MAX_HOST_EVAL_STEPS = 1_000_000
+
+
+def evaluate_host_env(
+    config: AsyncActorLearnerConfig,
+    params: Any,
+    num_episodes: int = 10,
+    seed: int = 0,
+    greedy: bool = True,
+) -> EvalResult:
+    """`evaluate` for host envs: the batch of envs is stepped in Python.
+
+    The same episodes count as in `Evaluator` (a fixed share per env). The
+    envs are seeded with ``seed`` and closed afterwards.
+    """
+    from ppo_async.host_envs import _batch, _close_envs, make_host_env
+
+    if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
+        raise ValueError(f"num_episodes={num_episodes!r}: must be an integer >= 1")
+    num_envs = min(num_episodes, MAX_EVAL_ENVS)
+    envs = make_host_env(config.env_id, num_envs)
+    try:
+        observation_shape = tuple(int(d) for d in envs.observation_shape)
+        network = make_network(observation_shape, envs.action_space, config.hidden_sizes)
+        template = params_template(network, observation_shape)
+        device = resolve_device(config.actor_device)
+        if isinstance(params, (bytes, bytearray)):
+            params = load_policy_from_broadcast(PolicyBroadcast(-1, -1, bytes(params)), template)
+        params = jax.device_put(params, device)
+        continuous = not hasattr(envs.action_space, "n")
+        low = np.asarray(getattr(envs.action_space, "low", -np.inf), np.float32)
+        high = np.asarray(getattr(envs.action_space, "high", np.inf), np.float32)
+
+        @jax.jit
+        def act(params, obs, key):
+            key, action_key = jax.random.split(key)
+            dist, _ = network.apply(params, obs)
+            return key, dist.mode() if greedy else dist.sample(action_key)
+
+        share = np.full(num_envs, num_episodes // num_envs, np.int32)
+        share[: num_episodes % num_envs] += 1
+        first_slot = np.cumsum(share) - share
+        returns = np.zeros(num_episodes, np.float32)
+        lengths = np.zeros(num_episodes, np.int32)
+        done_count = np.zeros(num_envs, np.int32)
+        episode_return = np.zeros(num_envs, np.float32)
+        episode_length = np.zeros(num_envs, np.int32)
+        key = jax.random.key(seed)
+        obs = _batch(config.env_id, "reset obs", envs.reset(seed),
+                     (num_envs, *observation_shape), np.float32)
+        for _ in range(MAX_HOST_EVAL_STEPS):
+            if np.all(done_count >= share):
+                break
+            key, action = act(params, obs, key)
+            action = np.asarray(action)
+            step = envs.step(np.clip(action, low, high) if continuous else action)
+            obs = _batch(config.env_id, "obs", step[0], (num_envs, *observation_shape), np.float32)
+            episode_return += np.asarray(step[1], np.float32)
+            episode_length += 1
+            done = np.asarray(step[2], bool) | np.asarray(step[3], bool)
+            for env in np.flatnonzero(done & (done_count < share)):
+                returns[first_slot[env] + done_count[env]] = episode_return[env]
+                lengths[first_slot[env] + done_count[env]] = episode_length[env]
+                done_count[env] += 1
+            episode_return[done] = 0.0
+            episode_length[done] = 0
+        else:
+            raise RuntimeError(
+                f"evaluation stopped after {MAX_HOST_EVAL_STEPS} steps with "
+                f"{int(done_count.sum())} of {num_episodes} episodes done"
+            )
+    finally:
+        _close_envs(envs)
+    return EvalResult(returns, lengths, float(np.mean(returns)), float(np.std(returns)))

@@ -201,6 +201,14 @@ def make_update_fn(
     """
     optimizer = make_optimizer(config, schedule)
 
+    def learning_rate_at(opt_state) -> jax.Array:
+        """The rate of the update's first optimizer step (what the curves show)."""
+        if not config.anneal_lr:
+            return jnp.float32(config.learning_rate)
+        steps = optax.tree_utils.tree_get_all_with_path(opt_state, "count")[-1][1]
+        rate = _linear(schedule if schedule is not None else default_schedule(config))
+        return jnp.asarray(rate(steps), jnp.float32)
+
     def evaluate(params, obs, action):
         dist, value = network.apply(params, obs)
         return dist.log_prob(action), value, dist.entropy()
@@ -274,6 +282,7 @@ def make_update_fn(
         metrics.update(extra)
         metrics["advantage_mean"] = jnp.mean(advantages)
         metrics["value_target_mean"] = jnp.mean(targets)
+        metrics["learning_rate"] = learning_rate_at(state.opt_state)
         metrics["params_finite"] = jnp.all(
             jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(params)])
         ).astype(jnp.float32)
@@ -409,8 +418,9 @@ def learner_loop(
     after_update: AfterUpdate | None = None,
     report: LearnerReport | None = None,
     update: UpdateFn | None = None,
+    end_update: int | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
-    """Consume experience until ``config.num_updates`` updates are done.
+    """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
     ``state`` must already be on ``device`` and its params already broadcast
     as ``latest_broadcast``. ``on_update`` receives each update's flat
@@ -438,8 +448,9 @@ def learner_loop(
     # When each actor last delivered a chunk (or started): the hang detector.
     last_chunk_at = [time.monotonic()] * config.num_actors
     timeout_s = config.learner_timeout_s
+    end_update = config.num_updates if end_update is None else end_update
 
-    while report.updates < config.num_updates:
+    while report.updates < end_update:
         while not buffer.ready():
             now = time.monotonic()
             stuck = _stuck_actors(buffer, last_chunk_at, timeout_s, now)
@@ -492,7 +503,7 @@ def learner_loop(
         report.env_steps_per_s = report.segment_env_steps / report.wall_time_s
 
         broadcast_s = 0.0
-        if report.updates % config.broadcast_every == 0 and report.updates < config.num_updates:
+        if report.updates % config.broadcast_every == 0 and report.updates < end_update:
             broadcast_start = time.perf_counter()
             latest_broadcast = broadcast(channels, state.params, report.updates)
             broadcast_s = time.perf_counter() - broadcast_start

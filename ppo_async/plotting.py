@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import pathlib
+
+from ppo_async.run_dir import write_atomically
 
 
 def read_metrics(run_dir: str | pathlib.Path) -> list[dict[str, float]]:
-    """The per-update metrics of a run (``metrics.jsonl``), in order."""
+    """The per-update metrics of a run (``metrics.jsonl``), in order; ``null`` becomes NaN.
+
+    Raises FileNotFoundError if there is no ``metrics.jsonl`` or it holds no
+    update yet.
+    """
     path = pathlib.Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics; is {run_dir} a run directory?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash
+        records.append({k: math.nan if v is None else v for k, v in record.items()})
+    if not records:
+        raise FileNotFoundError(f"{path}: no update recorded yet; plot again once the run has made one")
+    return records
 
 
 def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> pathlib.Path:
@@ -59,6 +76,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
     hist.set_title("policy lag of consumed experience")
     fig.tight_layout()
     out = pathlib.Path(out) if out is not None else run_dir / "curves.png"
-    fig.savefig(out, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
-    return out
+    return write_atomically(out, image.getvalue())

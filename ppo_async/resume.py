@@ -61,6 +61,7 @@ class ResumePoint(NamedTuple):
     report: LearnerReport  # the counters so far
     actor_carries: tuple  # one per actor of the resuming config: its env carry, or None (fresh episodes)
     schedule: LearningRateSchedule  # the learning-rate schedule the resumed run follows
+    end_update: int  # the update the resumed run ends at
     path: pathlib.Path  # the checkpoint file
 
 
@@ -159,15 +160,13 @@ def _carries_template(config: AsyncActorLearnerConfig, program: ActorProgram,
     return tuple(program.reset(jax.random.key(i), cpu) for i in range(num_actors))
 
 
-def load_resume_point(
+def load_newest_checkpoint(
     config: AsyncActorLearnerConfig, program: ActorProgram, checkpoints: pathlib.Path,
-) -> ResumePoint:
-    """The newest valid checkpoint in ``checkpoints``, fitted to ``config``.
+) -> LoadedCheckpoint:
+    """The newest checkpoint in ``checkpoints`` that decodes, fits and passes `validate_checkpoint`.
 
-    Raises `ConfigError` when there is none, when ``config`` changes a locked
-    field (`ppo_async.checkpoint.RESUME_LOCKED_FIELDS`), or when its budget
-    is already spent; `ppo_async.checkpoint.CheckpointError` when every file
-    is damaged.
+    Raises `ConfigError` when there is none or ``config`` changes a locked
+    field; `ppo_async.checkpoint.CheckpointError` when every file is damaged.
     """
     params_template = program.params_template
 
@@ -183,7 +182,24 @@ def load_resume_point(
         checkpoints, template, config_dict=config.to_dict(), validate=validate_checkpoint
     )
     if loaded is None:
-        raise ConfigError(f"resume_from={str(checkpoints.parent)!r}: no checkpoint in {checkpoints}")
+        raise ConfigError(
+            f"run directory {checkpoints.parent}: no checkpoint in {checkpoints}, so "
+            "there is nothing to resume_from or evaluate"
+        )
+    return loaded
+
+
+def load_resume_point(
+    config: AsyncActorLearnerConfig, program: ActorProgram, checkpoints: pathlib.Path,
+) -> ResumePoint:
+    """The newest valid checkpoint in ``checkpoints``, fitted to ``config``.
+
+    Raises `ConfigError` when there is none, when ``config`` changes a locked
+    field (`ppo_async.checkpoint.RESUME_LOCKED_FIELDS`), or when its budget
+    is already spent; `ppo_async.checkpoint.CheckpointError` when every file
+    is damaged.
+    """
+    loaded = load_newest_checkpoint(config, program, checkpoints)
     counters = loaded.counters
     report = LearnerReport(
         updates=counters["updates"], env_steps=counters["env_steps"],
@@ -194,11 +210,13 @@ def load_resume_point(
         recent_returns=loaded.state["recent_returns"][: counters["recent_count"]].tolist(),
     )
     report.refresh_summaries()
-    if config.num_updates <= report.updates:
+    # The budget counts env steps; the batch may have changed size since.
+    remaining = max(0, config.total_env_steps - report.env_steps) // config.batch_size
+    if remaining == 0:
         raise ConfigError(
             f"total_env_steps={config.total_env_steps}: the checkpoint {loaded.path.name} is "
-            f"at update {report.updates} ({report.env_steps} env steps), and this config "
-            f"ends at update {config.num_updates}. Pass a larger total_env_steps "
+            f"at update {report.updates} ({report.env_steps} env steps), which leaves no "
+            f"whole batch of {config.batch_size}. Pass a larger total_env_steps "
             "(--total-env-steps) to extend the run."
         )
 
@@ -206,7 +224,6 @@ def load_resume_point(
         counters["lr_begin_step"], float(loaded.state["lr_begin_value"]), counters["lr_end_step"]
     )
     optimizer_steps = _optimizer_steps(loaded.state["learner"].opt_state)
-    remaining = config.num_updates - report.updates
     schedule = continue_schedule(
         saved_schedule, optimizer_steps,
         optimizer_steps + remaining * optimizer_steps_per_update(config),
@@ -218,7 +235,8 @@ def load_resume_point(
         )
     carries = _fit_carries(config, loaded.config, tuple(loaded.state["actor_carries"]))
     logger.info("resuming from %s (update %d)", loaded.path, report.updates)
-    return ResumePoint(loaded.state["learner"], report, carries, schedule, loaded.path)
+    return ResumePoint(loaded.state["learner"], report, carries, schedule,
+                       report.updates + remaining, loaded.path)
 
 
 def _optimizer_steps(opt_state: Any) -> int:

@@ -28,7 +28,7 @@ class RunLog:
     """
 
     def __init__(self, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
-                 progress: bool, start_update: int = 0):
+                 progress: bool, start_update: int = 0, end_update: int | None = None):
         self.metrics = None
         self.events = None  # tensorboardX FileWriter
         self.summary = None  # tensorboardX's Summary proto class
@@ -40,7 +40,8 @@ class RunLog:
         if progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=config.num_updates, initial=start_update, unit="upd",
+            total = config.num_updates if end_update is None else end_update
+            self.bar = tqdm(total=total, initial=start_update, unit="upd",
                             desc=config.env_id)
 
     def _open_events(self, run_dir: pathlib.Path, append: bool) -> None:

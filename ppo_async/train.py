@@ -367,12 +367,14 @@ def train(
             carries = (None,) * config.num_actors
         else:
             state, report, carries = resume.state, resume.report, resume.actor_carries
+        end_update = resume.end_update if resume is not None else config.num_updates
         state = jax.device_put(state, learner_device)
         if run_dir is not None:
             record_segment(run_dir, config, start_update=report.updates,
                            start_env_steps=report.env_steps,
                            resumed_from=str(resume.path) if resume is not None else None)
-        run_log = RunLog(config, run_dir, progress, start_update=report.updates)
+        run_log = RunLog(config, run_dir, progress, start_update=report.updates,
+                         end_update=end_update)
     except BaseException:
         warm_up.join(config.shutdown_timeout_s)
         raise
@@ -439,6 +441,7 @@ def train(
             config, program.network, state, channels, learner_device, record,
             on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
             after_update=checkpoints.after_update, report=report, update=update,
+            end_update=end_update,
         )
         if evaluator_thread is not None:
             # Let the evaluation asked for last finish, so that it is reported.

@@ -16,7 +16,10 @@ pytestmark = pytest.mark.slow
 def test_default_config_solves_cartpole():
     config = AsyncActorLearnerConfig()
     report = train(config, progress=False).report
-    assert report.env_steps <= 500_000
+    assert report.updates == config.num_updates
+    # The actors produced at least what the learner consumed (what is left over
+    # was still in flight when the run ended).
+    assert sum(stats.env_steps for stats in report.actor_stats) >= report.env_steps
     assert report.episode_return_mean >= 475.0, report
     assert report.policy_lag_max <= config.max_lead_chunks - 1
 
@@ -27,7 +30,7 @@ def test_vtrace_with_four_actors_and_a_long_lead_learns_cartpole():
         max_lead_steps=4 * 64,
     )
     report = train(config, progress=False).report
-    assert report.env_steps <= 500_000
+    assert report.updates == config.num_updates
     # The valve allows up to 3 updates of lag; the run must actually use it.
     assert report.policy_lag_max == 3
     # Learns, far above a random policy (about 22), but "solved" (>= 475) is not

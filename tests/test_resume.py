@@ -85,6 +85,9 @@ def test_a_killed_run_resumes_losing_at_most_one_checkpoint_interval(tmp_path):
     resumed = train(config, resume_from=run_dir, progress=False)
     assert resumed.report.updates == newest + 3
     assert resumed.report.env_steps == (newest + 3) * config.batch_size
+    # The killed run's lines past its checkpoint were cut: each update once, in order.
+    updates = [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
+    assert updates == list(range(1, newest + 4))
 
 
 def test_nan_stops_the_run_and_the_last_checkpoint_stays_loadable(tmp_path, monkeypatch):

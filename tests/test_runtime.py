@@ -310,6 +310,53 @@ def test_vtrace_update_runs_and_reports_clipped_rho():
     assert all(0 < rho <= 0.9 + 1e-6 for rho in rhos)
 
 
+def test_the_learners_vtrace_uses_target_minus_behaviour_log_probs():
+    """With nonzero log-rhos of both signs, the update's V-trace equals the numpy
+    reference fed log pi(a|x) - log mu(a|x) from the network itself: flipping
+    the sign, or swapping the two log-probs, changes every checked figure."""
+    from reference import vtrace_reference
+
+    from ppo_async.learner import Batch, init_learner_state, make_update_fn
+
+    config = dataclasses.replace(TINY, use_vtrace=True, vtrace_rho_bar=1.0, vtrace_c_bar=1.0,
+                                 vtrace_lambda=0.9)
+    network = make_network((4,), type("Discrete", (), {"n": 2})(), config.hidden_sizes)
+    params = init_params(network, jax.random.key(3), (4,))
+    rng = np.random.default_rng(0)
+    T, B = config.num_steps, config.num_envs
+    obs = rng.normal(size=(T, B, 4)).astype(np.float32)
+    action = rng.integers(0, 2, size=(T, B)).astype(np.int32)
+    dist, values = network.apply(params, obs)
+    target_logp = np.asarray(dist.log_prob(action), np.float64)
+    # Behaviour log-probs off by +-0.5: some rhos above 1 (clipped), some below.
+    behaviour_logp = (target_logp + rng.choice([-0.5, 0.5], size=(T, B))).astype(np.float32)
+    done = rng.random((T, B)) < 0.1
+    batch = Batch(
+        obs=obs, action=action, reward=rng.normal(size=(T, B)).astype(np.float32), done=done,
+        behaviour_logp=behaviour_logp, behaviour_value=np.zeros((T, B), np.float32),
+        bootstrap_obs=rng.normal(size=(B, 4)).astype(np.float32),
+        bootstrap_value=np.zeros(B, np.float32),
+    )
+    state = init_learner_state(config, params, jax.random.key(0))
+    _, metrics = make_update_fn(config, network)(state, jax.tree.map(np.asarray, batch))
+
+    _, bootstrap_value = network.apply(params, batch.bootstrap_obs)
+    log_rhos = target_logp - np.asarray(behaviour_logp, np.float64)
+    targets, pg_advantages, clipped = vtrace_reference(
+        batch.reward, np.asarray(values), config.gamma * (1.0 - done), np.asarray(bootstrap_value),
+        log_rhos, lambda_=0.9, rho_bar=1.0, c_bar=1.0,
+    )
+    assert 0.2 < float(np.mean(log_rhos > 0)) < 0.8
+    np.testing.assert_allclose(metrics["vtrace_clipped_rho_mean"], clipped.mean(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["advantage_mean"], pg_advantages.mean(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(metrics["value_target_mean"], targets.mean(), rtol=1e-4, atol=1e-5)
+    flipped = vtrace_reference(
+        batch.reward, np.asarray(values), config.gamma * (1.0 - done), np.asarray(bootstrap_value),
+        -log_rhos, lambda_=0.9, rho_bar=1.0, c_bar=1.0,
+    )
+    assert abs(flipped[2].mean() - clipped.mean()) > 0.05  # the check above can tell
+
+
 def test_cli_train_writes_a_run_directory(tmp_path, capsys):
     from ppo_async.cli import main
 

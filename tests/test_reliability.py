@@ -1,0 +1,474 @@
+"""Runs that survive: checkpoints by default, resume that continues the same run,
+faults named within the timeout, safe run directories, one-line CLI errors.
+
+Each test backs one promise of the README's Reliability section.
+"""
+
+import dataclasses
+import importlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import flax.serialization
+import jax
+import numpy as np
+import pytest
+
+from ppo_async import (
+    ActorError,
+    AsyncActorLearnerConfig,
+    ConfigError,
+    LearnerTimeoutError,
+    train,
+)
+from ppo_async.checkpoint import CheckpointWarning, encode_checkpoint, list_checkpoints
+from ppo_async.host_envs import HostStep, register_host_env
+from ppo_async.learner import LearningRateSchedule, continue_schedule, default_schedule
+from ppo_async.resume import TopologyChangeWarning
+from ppo_async.run_dir import unique_run_dir, write_atomically
+from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted
+
+TINY = AsyncActorLearnerConfig(
+    num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+    total_env_steps=2 * 2 * 8 * 6, learner_timeout_s=30.0, shutdown_timeout_s=10.0, seed=0,
+)
+CLI_TINY = ["--num-actors", "2", "--envs-per-actor", "2", "--num-steps", "8",
+            "--num-epochs", "1", "--num-minibatches", "2", "--no-progress"]
+
+
+def _updates(run_dir):
+    return [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
+
+
+def _interrupt_at(update):
+    def on_update(metrics):
+        if metrics["update"] == update:
+            raise KeyboardInterrupt
+    return on_update
+
+
+def _wait_for_run_threads(timeout_s=30.0):
+    from conftest import run_threads_alive
+
+    deadline = time.monotonic() + timeout_s
+    while run_threads_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _patch_rollout(monkeypatch, wrap):
+    train_module = importlib.import_module("ppo_async.train")
+    original_make = train_module.make_actor_program
+
+    def make(config):
+        program = original_make(config)
+        return program._replace(rollout=wrap(program.rollout))
+
+    monkeypatch.setattr(train_module, "make_actor_program", make)
+
+
+# --- checkpoints by default, and resume that continues the same run ---------------
+
+
+def test_a_default_cli_run_can_be_resumed_and_evaluated(tmp_path, capsys):
+    from ppo_async.cli import main
+
+    # No checkpoint flag: the run checkpoints at its end by default.
+    main(["train", *CLI_TINY, "--total-env-steps", "96", "--run-root", str(tmp_path)])
+    (run_dir,) = tmp_path.iterdir()
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["ckpt_000000003.msgpack"]
+    # --resume=DIR (with "=") continues this run with its own config.json as defaults.
+    main(["train", f"--resume={run_dir}", "--total-env-steps", "160"])
+    assert _updates(run_dir) == [1, 2, 3, 4, 5]
+    segments = json.loads((run_dir / "segments.json").read_text())
+    assert [s["start_update"] for s in segments] == [0, 3]
+    assert [s["config"]["total_env_steps"] for s in segments] == [96, 160]
+    assert segments[1]["config"]["envs_per_actor"] == 2  # from config.json, not the default 4
+    assert "(64 in this segment, from update 3)" in capsys.readouterr().out
+    main(["eval", str(run_dir), "--num-episodes", "2"])
+    assert "CartPole-v1: return" in capsys.readouterr().out
+
+
+def test_resume_flag_without_a_directory_is_one_line(capsys):
+    from ppo_async.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--total-env-steps", "64", "--resume"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--resume needs a run directory" in err
+
+
+def test_resume_with_another_topology_starts_fresh_episodes_with_a_warning(tmp_path):
+    with pytest.raises(TrainingInterrupted):
+        train(TINY, run_dir=tmp_path, progress=False, on_update=_interrupt_at(3))
+    # The budget counts env steps: 3 updates of 32, then 3 of 48.
+    wider = dataclasses.replace(TINY, num_actors=3, envs_per_actor=2, num_minibatches=3,
+                                total_env_steps=3 * 32 + 3 * 48)
+    with pytest.warns(TopologyChangeWarning, match=r"actors \[2\] start fresh episodes"):
+        report = train(wider, resume_from=tmp_path, progress=False).report
+    assert report.updates == 6 and report.env_steps == 240 and len(report.actor_stats) == 3
+    narrower = dataclasses.replace(TINY, num_actors=1, envs_per_actor=4,
+                                   total_env_steps=240 + 2 * 32)
+    with pytest.warns(TopologyChangeWarning, match=r"actors \[0\] start fresh episodes"):
+        report = train(narrower, resume_from=tmp_path, progress=False).report
+    assert report.updates == 8 and report.env_steps == 304
+
+
+def test_an_extended_budget_continues_the_learning_rate_without_a_jump(tmp_path):
+    seen = []
+    config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10)
+    with pytest.raises(TrainingInterrupted):
+        train(config, run_dir=tmp_path, progress=False,
+              on_update=lambda m: (seen.append(m), _interrupt_at(6)(m)))
+    longer = dataclasses.replace(config, total_env_steps=config.batch_size * 20)
+    train(longer, resume_from=tmp_path, progress=False, on_update=seen.append)
+    rates = [m["learning_rate"] for m in seen]
+    steps_per_update = config.num_epochs * config.num_minibatches
+    first_step = config.learning_rate / (10 * steps_per_update)
+    assert rates[0] == pytest.approx(config.learning_rate)
+    # Every update lowers the rate by at most one first-segment update's worth: no jump.
+    drops = np.diff(rates)
+    assert np.all(drops < 0) and np.all(-drops <= steps_per_update * first_step * 1.0001)
+    # The second segment starts at the rate reached (optimizer step 12 of 20:
+    # 0.4 of the initial rate) and falls to 0 at its new end.
+    assert rates[6] == pytest.approx(0.4 * config.learning_rate, rel=1e-5)
+    assert rates[-1] == pytest.approx(rates[6] / 14, rel=1e-4)
+
+
+def test_continue_schedule_keeps_an_unchanged_end_and_rebases_a_new_one():
+    schedule = default_schedule(dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10))
+    assert schedule == LearningRateSchedule(0, TINY.learning_rate, 20)
+    assert continue_schedule(schedule, 8, 20) is schedule
+    extended = continue_schedule(schedule, 8, 40)
+    assert extended == LearningRateSchedule(8, pytest.approx(float(schedule(8))), 40)
+    for step in (8, 9, 20, 39, 40):
+        expected = float(schedule(8)) * (40 - step) / 32
+        assert float(extended(step)) == pytest.approx(expected, rel=1e-5, abs=1e-9)
+
+
+def test_progress_and_throughput_count_from_the_resume_point(tmp_path):
+    with pytest.raises(TrainingInterrupted):
+        train(TINY, run_dir=tmp_path, progress=False, on_update=_interrupt_at(4))
+    report = train(TINY, resume_from=tmp_path, progress=False).report
+    assert report.start_update == 4 and report.updates == 6
+    assert report.segment_env_steps == 2 * TINY.batch_size
+    assert report.env_steps_per_s == pytest.approx(report.segment_env_steps / report.wall_time_s)
+
+
+def test_a_checkpoint_with_a_malformed_counter_falls_back_like_a_damaged_file(tmp_path):
+    with pytest.raises(TrainingInterrupted):
+        train(dataclasses.replace(TINY, checkpoint_every_updates=2), run_dir=tmp_path,
+              progress=False, on_update=_interrupt_at(4))
+    newest = list_checkpoints(tmp_path / "checkpoints")[-1]
+    content = flax.serialization.msgpack_restore(newest.read_bytes())
+    payload = flax.serialization.msgpack_restore(content["payload"])
+    # Sound bytes, checksum and all, but nonsense inside: more recent returns than episodes.
+    payload["counters"]["recent_count"] = 10_000
+    state = flax.serialization.from_state_dict(payload["state"], payload["state"])
+    newest.write_bytes(encode_checkpoint(
+        step=payload["step"], state=state, counters=payload["counters"],
+        config_dict=json.loads(payload["config_json"]),
+    ))
+    with pytest.warns(CheckpointWarning, match="recent_count"):
+        resumed = train(TINY, resume_from=tmp_path, progress=False)
+    assert resumed.report.start_update == 2 and resumed.report.updates == 6
+
+
+def test_resuming_a_finished_run_without_a_larger_budget_is_a_config_error(tmp_path):
+    train(TINY, run_dir=tmp_path, progress=False)
+    with pytest.raises(ConfigError, match="total_env_steps.*larger"):
+        train(TINY, resume_from=tmp_path, progress=False)
+
+
+# --- faults named within the timeout ------------------------------------------------
+
+
+def test_a_hung_actor_is_named_within_the_timeout_whatever_the_lead(monkeypatch):
+    release = threading.Event()
+
+    def wrap(rollout):
+        def maybe_hang(params, carry):
+            if threading.current_thread().name == "ppo-actor-1":
+                release.wait(120)  # an env that never returns (until the test ends)
+            return rollout(params, carry)
+        return maybe_hang
+
+    _patch_rollout(monkeypatch, wrap)
+    # A long lead: actor 0 keeps sending, so a learner that times out on "any
+    # experience" would never notice.
+    config = dataclasses.replace(TINY, learner_timeout_s=3.0, max_lead_steps=50 * 8,
+                                 total_env_steps=TINY.batch_size * 100)
+    start = time.monotonic()
+    try:
+        with pytest.raises(LearnerTimeoutError, match="actor 1 sent no experience") as info:
+            train(config, progress=False)
+        elapsed = time.monotonic() - start
+    finally:
+        release.set()
+        _wait_for_run_threads()
+    assert info.value.actor_ids == (1,)
+    assert elapsed < config.learner_timeout_s + 8  # compile, then the timeout; no long join
+    assert any("ppo-actor-1" in note and "maybe_hang" in note for note in info.value.__notes__)
+
+
+def _block_final_evaluation(monkeypatch, final_version, action):
+    from ppo_async.evaluate import Evaluator
+
+    original = Evaluator.evaluate_broadcast
+
+    def evaluate_broadcast(self, broadcast, seed=0):
+        if broadcast.version == final_version:
+            action()
+        return original(self, broadcast, seed)
+
+    monkeypatch.setattr(Evaluator, "evaluate_broadcast", evaluate_broadcast)
+
+
+def test_a_finished_run_writes_its_results_before_reporting_a_thread_that_would_not_stop(
+    tmp_path, monkeypatch
+):
+    release = threading.Event()
+    _block_final_evaluation(monkeypatch, 6, lambda: release.wait(120))
+    config = dataclasses.replace(TINY, eval_every_updates=3, shutdown_timeout_s=1.0)
+    try:
+        with pytest.raises(ShutdownTimeoutError, match="ppo-evaluator") as info:
+            train(config, run_dir=tmp_path, progress=False)
+    finally:
+        release.set()
+        _wait_for_run_threads()
+    assert info.value.result.report.updates == 6
+    assert (tmp_path / "params.msgpack").stat().st_size > 0
+    assert json.loads((tmp_path / "summary.json").read_text())["updates"] == 6
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["ckpt_000000006.msgpack"]
+
+
+def test_an_evaluator_failure_while_the_run_stops_is_reported(tmp_path, monkeypatch):
+    def explode():
+        raise RuntimeError("final evaluation exploded")
+
+    _block_final_evaluation(monkeypatch, 6, explode)
+    config = dataclasses.replace(TINY, eval_every_updates=3)
+    with pytest.raises(ActorError, match="evaluator thread failed") as info:
+        train(config, run_dir=tmp_path, progress=False)
+    assert "final evaluation exploded" in str(info.value)
+    assert (tmp_path / "params.msgpack").is_file()  # the finished run's results are kept
+
+
+def test_ctrl_c_during_start_up_does_not_wait_for_the_compile(monkeypatch):
+    train_module = importlib.import_module("ppo_async.train")
+    original_make, original_init = train_module.make_update_fn, train_module.init_params
+
+    def slow_update_fn(*args):
+        update = original_make(*args)
+
+        def slow(state, batch):
+            time.sleep(8)  # a compile that takes long
+            return update(state, batch)
+        return slow
+
+    def interrupted_init(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "make_update_fn", slow_update_fn)
+    monkeypatch.setattr(train_module, "init_params", interrupted_init)
+    config = dataclasses.replace(TINY, shutdown_timeout_s=1.0)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        train(config, progress=False)
+    assert time.monotonic() - start < 6
+    _wait_for_run_threads()
+
+
+def test_host_envs_are_closed_on_every_exit(monkeypatch):
+    made, closed = [], []
+
+    class CountedEnv:
+        observation_shape = (2,)
+        import gymnasium
+        action_space = gymnasium.spaces.Discrete(2)
+
+        def __init__(self, num_envs):
+            self.num_envs = num_envs
+            self.t = np.zeros(num_envs)
+            made.append(self)
+
+        def reset(self, seed):
+            return np.zeros((self.num_envs, 2))
+
+        def step(self, actions):
+            self.t += 1
+            done = self.t >= 5
+            self.t[done] = 0
+            obs = np.stack([self.t, self.t], -1)
+            return HostStep(obs, np.ones(self.num_envs), done, np.zeros(self.num_envs, bool), obs)
+
+        def close(self):
+            closed.append(self)
+
+    register_host_env("counted", CountedEnv)
+    calls = {"n": 0}
+
+    def wrap(rollout):
+        def maybe_fail(params, carry):
+            if threading.current_thread().name == "ppo-actor-0":
+                calls["n"] += 1
+                if calls["n"] == 2:
+                    raise RuntimeError("actor 0 breaks once")
+            return rollout(params, carry)
+        return maybe_fail
+
+    _patch_rollout(monkeypatch, wrap)
+    config = dataclasses.replace(TINY, env_id="host:counted", max_actor_restarts=1)
+    report = train(config, progress=False).report
+    assert report.actor_restarts == 1
+    # One probe, two actors, one restarted actor: every env batch made was closed.
+    assert len(made) == 4 and sorted(map(id, closed)) == sorted(map(id, made))
+
+
+# --- the run directory ---------------------------------------------------------------
+
+
+def test_a_fresh_run_into_a_used_directory_is_a_config_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("someone's")
+    with pytest.raises(ConfigError, match="not empty.*resume"):
+        train(TINY, run_dir=tmp_path, progress=False)
+
+
+def test_nothing_a_run_writes_follows_a_symlink(tmp_path):
+    train(TINY, run_dir=tmp_path / "run", progress=False)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    for name in ("metrics.jsonl", "config.json"):
+        target = tmp_path / "run" / name
+        target.unlink()
+        target.symlink_to(outside)
+        longer = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 8)
+        with pytest.raises(ConfigError, match="symbolic link"):
+            train(longer, resume_from=tmp_path / "run", progress=False)
+        target.unlink()
+        target.write_text("{}" if name == "config.json" else "")
+    link = tmp_path / "run" / "params.msgpack"
+    link.unlink()
+    link.symlink_to(outside)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        write_atomically(link, b"x")
+    assert outside.read_text() == "precious"
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    write_atomically(path, b"old")
+
+    def broken_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomically(path, b"new contents")
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no temp file left
+
+
+def test_run_directories_made_in_the_same_second_are_unique(tmp_path):
+    made = []
+    threads = [threading.Thread(target=lambda: made.append(unique_run_dir(tmp_path, "same")))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(set(made)) == 8 and all(p.is_dir() for p in made)
+
+
+def test_metrics_are_strict_json_and_provenance_is_recorded(tmp_path):
+    train(TINY, run_dir=tmp_path, progress=False)
+
+    def refuse(token):
+        raise AssertionError(f"non-standard JSON token {token}")
+
+    records = [json.loads(line, parse_constant=refuse)
+               for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # CartPole episodes last longer than the first 8-step chunk: no return yet, written as null.
+    assert records[0]["episode_return"] is None
+    json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
+    (segment,) = json.loads((tmp_path / "segments.json").read_text())
+    provenance = segment["provenance"]
+    assert provenance["package_version"] == "0.1.0"
+    assert provenance["git_commit"] and provenance["jax_backend"] == "cpu"
+    assert provenance["jax_devices"] and provenance["command_line"] and provenance["started_at"]
+
+
+# --- one-line CLI errors ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["plot", "{empty}"], "no metrics"),
+    (["eval", "{empty}"], "no config.json"),
+    (["train", "--resume", "{empty}"], "no config.json"),
+])
+def test_cli_errors_are_one_line(tmp_path, capsys, args, expected):
+    from ppo_async.cli import main
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as info:
+        main([a.replace("{empty}", str(tmp_path / "empty")) for a in args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err
+
+
+def test_cli_eval_runs_greedy_episodes_of_a_gymnasium_run(tmp_path, capsys):
+    from ppo_async.cli import main
+
+    main(["train", "--env-id", "gymnasium:CartPole-v1", *CLI_TINY, "--total-env-steps", "64",
+          "--run-root", str(tmp_path)])
+    (run_dir,) = tmp_path.iterdir()
+    main(["eval", str(run_dir), "--num-episodes", "3"])
+    out = capsys.readouterr().out
+    assert "gymnasium:CartPole-v1: return" in out and "over 3 episodes" in out
+
+
+def test_ctrl_c_in_the_cli_prints_the_update_and_the_resume_command(tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ppo_async.cli", "train", *CLI_TINY,
+         "--total-env-steps", str(32 * 100_000), "--run-root", str(tmp_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("*/metrics.jsonl")) or not (
+            next(tmp_path.glob("*/metrics.jsonl")).read_text().count("\n") >= 3
+        ):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130
+    (run_dir,) = tmp_path.iterdir()
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "stopped at update" in lines[0] and f"ppo-async train --resume {run_dir}" in lines[0]
+    reached = int(lines[0].split("stopped at update ")[1].split(";")[0])
+    assert list_checkpoints(run_dir / "checkpoints")[-1].name == f"ckpt_{reached:09d}.msgpack"
+
+
+# --- the lag bound is reached, not only respected ---------------------------------------
+
+
+def test_the_allowed_lead_is_used_and_lag_reaches_its_bound():
+    # A learner slower than the actors: they run ahead as far as the valve allows.
+    config = dataclasses.replace(TINY, max_lead_steps=3 * 8, total_env_steps=TINY.batch_size * 12)
+    report = train(config, progress=False, on_update=lambda m: time.sleep(0.05)).report
+    assert report.policy_lag_max == config.max_lead_chunks - 1 == 2
+    assert report.policy_lag_counts[2] >= 12  # most chunks arrive at the bound
