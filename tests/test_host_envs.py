@@ -378,8 +378,8 @@ DEVICE_SCRIPT = textwrap.dedent(
 
     original_make_update_fn = train_module.make_update_fn
 
-    def make_update_fn(config, network):
-        update = original_make_update_fn(config, network)
+    def make_update_fn(config, network, *schedule):
+        update = original_make_update_fn(config, network, *schedule)
 
         def recorded(state, batch):
             record("learner_batch", batch)
@@ -473,6 +473,6 @@ def test_learner_and_actors_live_on_their_own_devices(tmp_path):
 def test_gymnasium_cartpole_learns_through_train():
     config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1")
     report = train(config, progress=False).report
-    assert report.env_steps <= 500_000
+    assert report.updates == config.num_updates
     assert report.episode_return_mean >= 475.0, report
     assert report.policy_lag_max <= config.max_lead_chunks - 1
