@@ -199,6 +199,24 @@ class _UpdateWarmUp:
     def result(self, timeout_s: float) -> None:
         self._done.result(timeout=timeout_s)
 
+    def before(self, update: UpdateFn) -> UpdateFn:
+        """``update`` that waits for the warm-up before its first call.
+
+        The learner meets this wait only once its first batch is ready, so an
+        actor that fails during start-up is reported without waiting for the
+        compile, and the update is never compiled twice at once.
+        """
+        waited = False
+
+        def first_waits(state: LearnerState, batch: Batch):
+            nonlocal waited
+            if not waited:
+                self.result(_WARM_UP_TIMEOUT_S)
+                waited = True
+            return update(state, batch)
+
+        return first_waits
+
     @property
     def thread(self) -> threading.Thread | None:
         return self._thread
@@ -436,12 +454,11 @@ def train(
             handles.append(spawn_actor(
                 actor_id, config, program, channels_of(actor_id), actor_device, None, start
             ))
-        warm_up.result(_WARM_UP_TIMEOUT_S)
         state, report = learner_loop(
             config, program.network, state, channels, learner_device, record,
             on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
-            after_update=checkpoints.after_update, report=report, update=update,
-            end_update=end_update,
+            after_update=checkpoints.after_update, report=report,
+            update=warm_up.before(update), end_update=end_update,
         )
         if evaluator_thread is not None:
             # Let the evaluation asked for last finish, so that it is reported.

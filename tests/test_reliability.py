@@ -261,22 +261,50 @@ def test_an_evaluator_failure_while_the_run_stops_is_reported(tmp_path, monkeypa
     assert (tmp_path / "params.msgpack").is_file()  # the finished run's results are kept
 
 
-def test_ctrl_c_during_start_up_does_not_wait_for_the_compile(monkeypatch):
+def _slow_compile(monkeypatch):
+    """The update's first call (the warm-up's compile) takes 8 s."""
     train_module = importlib.import_module("ppo_async.train")
-    original_make, original_init = train_module.make_update_fn, train_module.init_params
+    original_make = train_module.make_update_fn
 
     def slow_update_fn(*args):
         update = original_make(*args)
+        calls = {"n": 0}
 
         def slow(state, batch):
-            time.sleep(8)  # a compile that takes long
+            calls["n"] += 1
+            if calls["n"] == 1:
+                time.sleep(8)
             return update(state, batch)
         return slow
+
+    monkeypatch.setattr(train_module, "make_update_fn", slow_update_fn)
+    return train_module
+
+
+def test_an_actor_failing_during_start_up_is_reported_without_waiting_for_the_compile(
+    monkeypatch
+):
+    _slow_compile(monkeypatch)
+
+    def wrap(rollout):
+        def broken(params, carry):
+            raise RuntimeError("env broke at once")
+        return broken
+
+    _patch_rollout(monkeypatch, wrap)
+    start = time.monotonic()
+    with pytest.raises(ActorError, match="env broke at once"):
+        train(dataclasses.replace(TINY, shutdown_timeout_s=1.0), progress=False)
+    assert time.monotonic() - start < 6
+    _wait_for_run_threads()
+
+
+def test_ctrl_c_during_start_up_does_not_wait_for_the_compile(monkeypatch):
+    train_module = _slow_compile(monkeypatch)
 
     def interrupted_init(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_module, "make_update_fn", slow_update_fn)
     monkeypatch.setattr(train_module, "init_params", interrupted_init)
     config = dataclasses.replace(TINY, shutdown_timeout_s=1.0)
     start = time.monotonic()
