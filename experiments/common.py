@@ -96,6 +96,8 @@ def machine_info() -> dict[str, Any]:
     import jax
 
     return {
+        # What else ran: figures taken under load are not comparable with quiet ones.
+        "load_average_1_5_15_min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "platform": platform.platform(),
         "python": sys.version.split()[0],

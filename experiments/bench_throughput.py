@@ -1,0 +1,113 @@
+"""Steady-state throughput: `train()` against the synchronous twin's run phase.
+
+Both train the default config (CartPole-v1, 2 actors x 4 envs x 64 steps, a
+batch of 512, 4 epochs x 4 minibatches), each run in a FRESH process, modes
+alternating seed by seed:
+
+- ``twin``: ``jax.jit(make_train(config))`` is compiled first (timed apart),
+  then run over the whole budget; its env steps/s is the budget over the run
+  alone, compile excluded.
+- ``async``: `ppo_async.train`; its env steps/s is measured from the first
+  update at or past a quarter of the budget to the last update (start-up and
+  the first compiles excluded), from the ``on_update`` timestamps.
+
+Target: async / twin >= 1.0. The machine's load average is printed with the
+figures: run it with nothing else on the machine.
+
+    python experiments/bench_throughput.py [--seeds 0 1 2] [--total-env-steps 500000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import common
+
+
+def _twin(total_env_steps: int, seed: int) -> dict:
+    import jax
+
+    from ppo_async import AsyncActorLearnerConfig
+    from ppo_async.sync import make_train, recent_return_mean
+
+    config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
+    start = time.perf_counter()
+    compiled = jax.jit(make_train(config)).lower(jax.random.key(seed)).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    result = jax.block_until_ready(compiled(jax.random.key(seed)))
+    run_s = time.perf_counter() - start
+    steps = config.num_updates * config.batch_size
+    return {"env_steps_per_s": steps / run_s, "compile_s": compile_s, "run_s": run_s,
+            "final_return": recent_return_mean(jax.device_get(result.metrics))}
+
+
+def _async(total_env_steps: int, seed: int) -> dict:
+    from ppo_async import AsyncActorLearnerConfig, train
+
+    config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
+    marks = []
+    start = time.perf_counter()
+    report = train(config, progress=False,
+                   on_update=lambda m: marks.append((time.perf_counter(), m["env_steps"]))).report
+    wall_s = time.perf_counter() - start
+    quarter = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps / 4)
+    (t0, s0), (t1, s1) = marks[quarter], marks[-1]
+    return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "wall_s": wall_s,
+            "first_update_s": marks[0][0] - start, "final_return": report.episode_return_mean,
+            "learner_wait_s": report.learner_wait_s}
+
+
+def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
+    completed = subprocess.run(
+        [sys.executable, __file__, "--one", mode, "--seeds", str(seed),
+         "--total-env-steps", str(total_env_steps)],
+        capture_output=True, text=True, timeout=1800, env=dict(os.environ),
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"{mode} seed {seed} failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--total-env-steps", type=int, default=500_000)
+    parser.add_argument("--one", choices=["twin", "async"], default=None,
+                        help=argparse.SUPPRESS)  # the child process of one measurement
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+
+    if args.one is not None:
+        run = _twin if args.one == "twin" else _async
+        print(json.dumps(run(args.total_env_steps, args.seeds[0])))
+        return {}
+
+    rows = []
+    for seed in args.seeds:
+        for mode in ("twin", "async"):
+            row = {"mode": mode, "seed": seed,
+                   **_one_in_a_fresh_process(mode, seed, args.total_env_steps)}
+            rows.append(row)
+            print(f"{mode:5s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s "
+                  f"(final return {row['final_return']:.1f}, load {os.getloadavg()[0]:.1f})",
+                  flush=True)
+    medians = {mode: statistics.median(r["env_steps_per_s"] for r in rows if r["mode"] == mode)
+               for mode in ("twin", "async")}
+    ratio = medians["async"] / medians["twin"]
+    print(f"\nmedian steady-state env steps/s: async {medians['async']:.0f}, twin run phase "
+          f"{medians['twin']:.0f}: async / twin = {ratio:.2f} (target >= 1.0)")
+    summary = {"rows": rows, "median_env_steps_per_s": medians, "ratio_async_to_twin": ratio}
+    common.save_result("bench_throughput", args.out, __file__, argv, summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
