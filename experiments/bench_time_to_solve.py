@@ -1,6 +1,7 @@
 """Wall time, compile included, for CartPole-v1 to reach a mean return of 475.
 
-Three ways to train the same config, each seed in turn, all in this process:
+Three ways to train the same config, each seed in turn, each run in a FRESH
+process (so every run pays its imports and compiles, as a user's would):
 
 - ``async``: `ppo_async.train` with the defaults (actors one chunk ahead);
 - ``lockstep``: `train` with ``max_lead_steps = num_steps`` (lag 0, no overlap);
@@ -22,7 +23,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -93,6 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sync-block", type=int, default=25,
                         help="updates per jitted call of the twin between checks")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--one", choices=["async", "lockstep", "sync"], default=None,
+                        help=argparse.SUPPRESS)  # the child process of one run
     args = parser.parse_args(argv)
 
     from ppo_async import AsyncActorLearnerConfig
@@ -103,15 +109,26 @@ def main(argv: list[str] | None = None) -> dict:
         "lockstep": dataclasses.replace(base, max_lead_steps=base.num_steps),
         "sync": base,
     }
+    if args.one is not None:
+        config = dataclasses.replace(configs[args.one], seed=args.seeds[0])
+        if args.one == "sync":
+            result = _time_sync(config, args.target, args.sync_block)
+        else:
+            result = _time_async(config, args.target)
+        print(json.dumps(result))
+        return result
+
     rows = []
     for seed in args.seeds:
         for mode in args.modes:
-            config = dataclasses.replace(configs[mode], seed=seed)
-            if mode == "sync":
-                result = _time_sync(config, args.target, args.sync_block)
-            else:
-                result = _time_async(config, args.target)
-            row = {"mode": mode, "seed": seed, **result}
+            child = [sys.executable, __file__, "--one", mode, "--seeds", str(seed),
+                     "--target", str(args.target), "--total-env-steps", str(args.total_env_steps),
+                     "--sync-block", str(args.sync_block)]
+            completed = subprocess.run(child, capture_output=True, text=True, timeout=1800)
+            if completed.returncode != 0:
+                raise RuntimeError(f"{mode} seed {seed} failed:\n{completed.stderr[-3000:]}")
+            result = json.loads(completed.stdout.strip().splitlines()[-1])
+            row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0], **result}
             rows.append(row)
             print(f"{mode:9s} seed {seed}: {'solved' if row['solved'] else 'NOT solved'} "
                   f"in {row['time_s']:.1f} s at {row['env_steps']} env steps "
