@@ -32,7 +32,6 @@ import json
 import os
 import pathlib
 import re
-import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -42,12 +41,11 @@ import jax
 import numpy as np
 
 from ppo_async.config import ConfigError
+from ppo_async.run_dir import TEMP_PREFIX, write_atomically
 
 _FORMAT = "ppo_async-checkpoint"
 _FORMAT_VERSION = 1
 _NAME = re.compile(r"ckpt_(\d{9,})\.msgpack")
-_TEMP_PREFIX = ".ckpt_"
-_TEMP_SUFFIX = ".tmp"
 
 # Config fields a resumed run may not change, and why:
 #   env_id       -- observation and action spaces, hence every param shape, and
@@ -152,39 +150,6 @@ def _restore_state(template: Any, saved_state_dict: Any) -> Any:
 # --- writing ------------------------------------------------------------------
 
 
-def _fsync_directory(directory: pathlib.Path) -> None:
-    # Makes the rename itself durable; not every platform can open a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: pathlib.Path, content: bytes) -> None:
-    fd, temp_name = tempfile.mkstemp(
-        dir=path.parent, prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX
-    )
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(content)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        try:
-            os.unlink(temp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(path.parent)
-
-
 def encode_checkpoint(
     *, step: int, state: Any, counters: Mapping[str, int], config_dict: Mapping[str, Any]
 ) -> bytes:
@@ -248,16 +213,13 @@ def save_checkpoint(
         step=step, state=state, counters=counters, config_dict=config_dict
     )
     path = checkpoint_path(directory, step)
-    _write_atomically(path, content)
+    write_atomically(path, content)
 
     existing = list_checkpoints(directory)
     older = [p for p in existing if _step_of(p) < step]
     stale = older[: max(0, len(older) - (keep - 1))]
     stale += [p for p in existing if _step_of(p) > step]
-    stale += [
-        p for p in directory.iterdir()
-        if p.name.startswith(_TEMP_PREFIX) and p.name.endswith(_TEMP_SUFFIX)
-    ]
+    stale += [p for p in directory.iterdir() if p.name.startswith(TEMP_PREFIX)]
     for stale_path in stale:
         try:
             stale_path.unlink()

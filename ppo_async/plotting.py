@@ -7,7 +7,7 @@ import json
 import math
 import pathlib
 
-from ppo_async.run_dir import write_atomically
+from ppo_async.run_dir import metrics_lines, write_atomically
 
 
 def read_metrics(run_dir: str | pathlib.Path) -> list[dict[str, float]]:
@@ -19,13 +19,8 @@ def read_metrics(run_dir: str | pathlib.Path) -> list[dict[str, float]]:
     path = pathlib.Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics; is {run_dir} a run directory?")
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash
-        records.append({k: math.nan if v is None else v for k, v in record.items()})
+    records = [{k: math.nan if v is None else v for k, v in record.items()}
+               for _, record in metrics_lines(path)]
     if not records:
         raise FileNotFoundError(f"{path}: no update recorded yet; plot again once the run has made one")
     return records

@@ -32,7 +32,7 @@ import os
 import pathlib
 import subprocess
 import sys
-import threading
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +45,7 @@ PARAMS_FILE = "params.msgpack"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_SUBDIR = "checkpoints"
 
-_TEMP_PREFIX = ".tmp-"
+TEMP_PREFIX = ".tmp-"  # temporary files of atomic writes; readers ignore them
 
 
 def refuse_link(path: pathlib.Path) -> None:
@@ -66,8 +66,7 @@ def write_atomically(path: str | os.PathLike, content: bytes) -> pathlib.Path:
     """
     path = pathlib.Path(path)
     refuse_link(path)
-    temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{os.getpid()}.{threading.get_ident()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.")
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(content)
@@ -80,7 +79,22 @@ def write_atomically(path: str | os.PathLike, content: bytes) -> pathlib.Path:
         except FileNotFoundError:
             pass
         raise
+    _fsync_directory(path.parent)
     return path
+
+
+def _fsync_directory(directory: pathlib.Path) -> None:
+    # Makes the rename itself durable; not every platform can open a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_json(path: str | os.PathLike, value: Any) -> pathlib.Path:
@@ -263,15 +277,23 @@ def cut_metrics_after(run_dir: pathlib.Path, update: int) -> int:
     refuse_link(path)
     if not path.is_file():
         return 0
-    kept = []
+    kept = [line for line, record in metrics_lines(path)
+            if isinstance(record.get("update"), int) and record["update"] <= update]
+    write_atomically(path, "".join(line + "\n" for line in kept).encode())
+    return len(kept)
+
+
+def metrics_lines(path: pathlib.Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, record)`` of each whole JSON object line of a ``metrics.jsonl``.
+
+    A line cut by a crash (or anything that is not a JSON object) is skipped.
+    """
+    lines = []
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except ValueError:
-            continue  # a line cut by a crash
-        if isinstance(record, dict) and isinstance(record.get("update"), int) and (
-            record["update"] <= update
-        ):
-            kept.append(line)
-    write_atomically(path, "".join(line + "\n" for line in kept).encode())
-    return len(kept)
+            continue
+        if isinstance(record, dict):
+            lines.append((line, record))
+    return lines

@@ -169,7 +169,7 @@ def test_leftover_temp_file_is_ignored_and_cleaned(tmp_path, trained_state, temp
     _save(tmp_path, 1, trained_state)
     # A save that crashed before its rename leaves a half-written temp file.
     content = checkpoint_path(tmp_path, 1).read_bytes()
-    leftover = tmp_path / ".ckpt_crashed.tmp"
+    leftover = tmp_path / ".tmp-ckpt_000000002.msgpack.crashed"
     leftover.write_bytes(content[: len(content) // 2])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
