@@ -53,11 +53,14 @@ _TEMP_SUFFIX = ".tmp"
 #   env_id       -- observation and action spaces, hence every param shape, and
 #                   the task the params were trained on;
 #   hidden_sizes -- the param (and Adam moment) shapes;
+#   network, rnn_hidden_size -- the params (a recurrent cell or none) and the
+#                   hidden state each actor's carry holds;
 #   anneal_lr    -- the optax state's structure (a schedule adds a counter).
 # Everything else (total_env_steps, learning_rate, timeouts, topology...) may
 # change: the params and optimizer state still fit. Note that with anneal_lr a
 # new total_env_steps re-stretches the schedule from the restored count.
-RESUME_LOCKED_FIELDS: tuple[str, ...] = ("env_id", "hidden_sizes", "anneal_lr")
+RESUME_LOCKED_FIELDS: tuple[str, ...] = (
+    "env_id", "hidden_sizes", "anneal_lr", "network", "rnn_hidden_size")
 
 
 class CheckpointError(RuntimeError):

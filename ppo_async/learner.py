@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +28,7 @@ from ppo_async.actor import ActorError, ActorFailure, ActorStats, Experience
 from ppo_async.advantages import gae, vtrace
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.losses import ppo_loss
-from ppo_async.networks import ActorCritic
+from ppo_async.networks import ActorCritic, is_recurrent, reset_hidden, unroll
 from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
 
 
@@ -54,6 +55,9 @@ class Batch(NamedTuple):
     behaviour_value: jax.Array  # [T, B]
     bootstrap_obs: jax.Array  # [B, *obs_shape]
     bootstrap_value: jax.Array  # [B] under the behaviour params
+    # Recurrent policies only (None otherwise):
+    reset: jax.Array | None = None  # [T, B] bool, the state was zeroed before this step
+    initial_hidden: jax.Array | None = None  # [B, state_size] the state row 0 acted with
 
 
 class RolloutBuffer:
@@ -85,6 +89,7 @@ def stack_experiences(experiences: Sequence[Experience]) -> Batch:
         return np.concatenate(arrays, axis=axis)
 
     trajectories = [e.trajectory for e in experiences]
+    recurrent = trajectories[0].hidden is not None
     return Batch(
         obs=cat([t.obs for t in trajectories], 1),
         action=cat([t.action for t in trajectories], 1),
@@ -94,6 +99,10 @@ def stack_experiences(experiences: Sequence[Experience]) -> Batch:
         behaviour_value=cat([t.behaviour_value for t in trajectories], 1),
         bootstrap_obs=cat([e.bootstrap_obs for e in experiences], 0),
         bootstrap_value=cat([e.bootstrap_value for e in experiences], 0),
+        # Only the state at the chunk's start crosses to the learner: it
+        # re-unrolls the rest under its own params.
+        reset=cat([t.reset for t in trajectories], 1) if recurrent else None,
+        initial_hidden=cat([t.hidden[0] for t in trajectories], 0) if recurrent else None,
     )
 
 
@@ -129,8 +138,15 @@ UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Arr
 
 
 def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> UpdateFn:
-    """A jitted ``update(state, batch) -> (state, metrics)``: one learner update."""
+    """A jitted ``update(state, batch) -> (state, metrics)``: one learner update.
+
+    A recurrent ``network`` re-unrolls every env's sequence from the state its
+    chunk started with (``batch.initial_hidden``), zeroing it where
+    ``batch.reset``, for the V-trace targets and inside every minibatch; the
+    minibatches are whole env sequences (see `recurrent_sequences`).
+    """
     optimizer = make_optimizer(config)
+    recurrent = is_recurrent(network)
 
     def evaluate(params, obs, action):
         dist, value = network.apply(params, obs)
@@ -147,8 +163,13 @@ def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> Upd
         # Decoupled PPO with V-trace: the learner's current policy is both the
         # V-trace target and the proximal policy of the clipped ratio, so the
         # surrogate stays centred at ratio 1 however stale the behaviour was.
-        target_logp, values, _ = evaluate(params, batch.obs, batch.action)
-        _, bootstrap_value = network.apply(params, batch.bootstrap_obs)
+        if recurrent:
+            target_logp, values, bootstrap_value = reevaluate_recurrent(
+                network, params, batch
+            )
+        else:
+            target_logp, values, _ = evaluate(params, batch.obs, batch.action)
+            _, bootstrap_value = network.apply(params, batch.bootstrap_obs)
         out = vtrace(
             batch.reward, values, discounts, bootstrap_value,
             target_logp - batch.behaviour_logp,
@@ -166,9 +187,24 @@ def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> Upd
             clip_eps=config.clip_eps, vf_coef=config.vf_coef, ent_coef=config.ent_coef,
         )
 
+    def recurrent_minibatch_loss(params, minibatch):
+        (initial_hidden, obs, action, reset, old_logp, advantages, old_values,
+         targets) = minibatch
+        unrolled = unroll(network, params, initial_hidden, obs, reset)
+        flat = [x.reshape(-1) for x in (
+            unrolled.distribution.log_prob(action), old_logp, advantages,
+            unrolled.value, old_values, targets, unrolled.distribution.entropy(),
+        )]
+        return ppo_loss(
+            *flat, clip_eps=config.clip_eps, vf_coef=config.vf_coef,
+            ent_coef=config.ent_coef,
+        )
+
+    loss_fn = recurrent_minibatch_loss if recurrent else minibatch_loss
+
     def sgd_step(carry, minibatch):
         params, opt_state = carry
-        (_, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, minibatch
         )
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -181,12 +217,19 @@ def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> Upd
         advantages, targets, old_logp, old_values, extra = advantages_and_targets(
             state.params, batch
         )
-        flat = jax.tree.map(
-            lambda x: x.reshape(config.batch_size, *x.shape[2:]),
-            (batch.obs, batch.action, old_logp, advantages, old_values, targets),
-        )
+        if recurrent:
+            flat = (batch.initial_hidden, batch.obs, batch.action, batch.reset,
+                    old_logp, advantages, old_values, targets)
+        else:
+            flat = jax.tree.map(
+                lambda x: x.reshape(config.batch_size, *x.shape[2:]),
+                (batch.obs, batch.action, old_logp, advantages, old_values, targets),
+            )
 
         def epoch(carry, key):
+            if recurrent:
+                minibatches = recurrent_sequences(key, flat, config.num_minibatches)
+                return jax.lax.scan(sgd_step, carry, minibatches)
             permutation = jax.random.permutation(key, config.batch_size)
             minibatches = jax.tree.map(
                 lambda x: x[permutation].reshape(
@@ -211,6 +254,46 @@ def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> Upd
         return LearnerState(params, opt_state, key), metrics
 
     return update
+
+
+def reevaluate_recurrent(
+    network: ActorCritic, params: Any, batch: Batch
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(logp [T, B], value [T, B], bootstrap_value [B])`` of ``batch`` under ``params``.
+
+    Re-unrolls each env's sequence from ``batch.initial_hidden`` with the
+    resets the actor made, then values the bootstrap observation with the
+    state the next chunk will start from (zeroed where the last step ended
+    an episode, as the actor's next chunk will).
+    """
+    unrolled = unroll(network, params, batch.initial_hidden, batch.obs, batch.reset)
+    hidden = reset_hidden(unrolled.final_hidden, batch.done[-1])
+    _, _, bootstrap_value = network.apply(params, hidden, batch.bootstrap_obs)
+    return unrolled.distribution.log_prob(batch.action), unrolled.value, bootstrap_value
+
+
+def recurrent_sequences(key: jax.Array, sequences: tuple, num_minibatches: int) -> tuple:
+    """``sequences`` split into ``num_minibatches`` shuffled groups of whole envs.
+
+    ``sequences[0]`` is the ``[B, S]`` initial state, the rest are time-major
+    ``[T, B, ...]``. Returns the same tuple with a leading minibatch axis:
+    ``[M, B // M, S]`` and ``[M, T, B // M, ...]``. Never split along time: a
+    minibatch re-unrolls each of its sequences from the state it started with.
+    """
+    initial_hidden, *time_major = sequences
+    num_envs = initial_hidden.shape[0]
+    chex.assert_equal_shape_prefix(time_major, 2)
+    chex.assert_equal(time_major[0].shape[1], num_envs)
+    permutation = jax.random.permutation(key, num_envs)
+    size = num_envs // num_minibatches
+    hidden = initial_hidden[permutation].reshape(num_minibatches, size, -1)
+    split = [
+        jnp.moveaxis(
+            x[:, permutation].reshape(x.shape[0], num_minibatches, size, *x.shape[2:]), 1, 0
+        )
+        for x in time_major
+    ]
+    return (hidden, *split)
 
 
 RECENT_EPISODES = 100  # episode_return_mean averages this many latest episodes
