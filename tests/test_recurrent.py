@@ -336,6 +336,34 @@ def test_lock_step_recurrent_async_reproduces_the_twin_byte_for_byte():
     assert first.report.episodes > 0
 
 
+def test_the_recurrent_update_compiles_once_before_the_first_batch(monkeypatch):
+    """The warm-up batch (from the traced chunk) has the real batches' reset
+    flags and initial states, so the update does not compile again."""
+    import importlib
+
+    train_module = importlib.import_module("ppo_async.train")
+    original = train_module.make_update_fn
+    updates, calls = [], []
+
+    def make_update_fn(config, network):
+        update = original(config, network)
+        updates.append(update)
+
+        def counted(state, batch):
+            calls.append(jax.tree.map(lambda x: (x.shape, x.dtype), batch))
+            return update(state, batch)
+
+        return counted
+
+    monkeypatch.setattr(train_module, "make_update_fn", make_update_fn)
+    config = dataclasses.replace(LOCK_STEP, total_env_steps=4 * 8 * 3, use_vtrace=True)
+    train(config, progress=False)
+    assert len(calls) == config.num_updates + 1
+    assert all(c == calls[0] for c in calls)
+    assert calls[0].initial_hidden is not None and calls[0].reset is not None
+    assert updates[0]._cache_size() == 1
+
+
 def test_the_twin_vmaps_over_seeds():
     # The GRU here, the LSTM in the lock-step test above: each compile costs seconds.
     config = dataclasses.replace(LOCK_STEP, network="gru", total_env_steps=4 * 8 * 3)
