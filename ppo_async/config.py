@@ -268,11 +268,6 @@ def _validate_network(cfg: AsyncActorLearnerConfig) -> None:
              cfg.rnn_hidden_size, "must be an integer >= 1")
     if cfg.network not in RECURRENT_NETWORKS:
         return
-    from ppo_async.host_envs import GYMNAX, split_env_id
-
-    _require(split_env_id(cfg.env_id)[0] == GYMNAX, "network", cfg.network,
-             "recurrent networks run with gymnax envs only (the host-env rollout "
-             "carries no hidden state); use network='mlp' or a gymnax env_id")
     num_envs = cfg.num_actors * cfg.envs_per_actor
     # The learner re-unrolls whole sequences, so minibatches split the envs,
     # never the time axis.

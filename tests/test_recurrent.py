@@ -259,6 +259,38 @@ def test_at_lag_zero_the_learners_reunroll_equals_the_actors_behaviour(env_id, c
     assert ended_inside > 0, "no episode ended inside a chunk"
 
 
+def test_a_host_env_actor_resets_and_reunrolls_like_the_jitted_one():
+    """The host-env rollout (a Python loop over gymnasium envs) keeps the same
+    promises: zero state exactly at episode starts, and a learner re-unroll
+    that reproduces its behaviour log-probs and values."""
+    config = dataclasses.replace(
+        LOCK_STEP, env_id="gymnasium:CartPole-v1", num_steps=16, max_lead_steps=16,
+        total_env_steps=4 * 16 * 2,
+    )
+    program = make_actor_program(config)
+    params = init_params(program.network, jax.random.key(3), program.observation_shape)
+    carry = program.reset(jax.random.key(4), jax.devices("cpu")[0])
+    chunks = []
+    for _ in range(4):
+        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+        chunks.append(Experience(0, 0, *jax.device_get(
+            (trajectory, bootstrap_obs, bootstrap_value))))
+    starts = _episode_starts([e.trajectory.done for e in chunks])
+    assert any(start[1:].any() for start in starts)
+    for experience, start in zip(chunks, starts):
+        trajectory = experience.trajectory
+        np.testing.assert_array_equal(np.all(trajectory.hidden == 0.0, axis=-1), start)
+        np.testing.assert_array_equal(trajectory.reset, start)
+        batch = stack_experiences([experience])
+        logp, value, bootstrap = reevaluate_recurrent(program.network, params, batch)
+        np.testing.assert_allclose(logp, batch.behaviour_logp, atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(value, batch.behaviour_value, atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(bootstrap, batch.bootstrap_value, atol=2e-5, rtol=1e-5)
+    carry.envs.close()
+    report = train(config, progress=False).report
+    assert report.updates == 2 and np.isfinite(report.episode_return_mean)
+
+
 def test_recurrent_minibatches_are_whole_env_sequences():
     steps, envs, size = 5, 6, 3
     hidden = np.arange(envs * size, dtype=np.float32).reshape(envs, size)
@@ -308,7 +340,6 @@ def test_the_first_minibatch_step_at_lag_zero_has_ratio_one():
     # 2 actors x 3 envs = 6 sequences do not split into 4 minibatches.
     (dict(network="lstm", num_actors=2, envs_per_actor=3, num_steps=8, num_minibatches=4),
      "num_minibatches"),
-    (dict(network="lstm", env_id="gymnasium:CartPole-v1"), "network"),
 ])
 def test_bad_recurrent_configs_are_refused_naming_the_field(changes, field):
     with pytest.raises(ConfigError, match=field):
