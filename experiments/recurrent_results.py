@@ -31,6 +31,7 @@ machine, command), and prints markdown tables for the README.
     python experiments/recurrent_results.py                       # 3 seeds, both envs, ~25 min on 2 cores
     python experiments/recurrent_results.py --envs MemoryChain-bsuite --seeds 2
     python experiments/recurrent_results.py --budget-scale 0.01 --seeds 1 --cost-reps 2   # smoke run
+    python experiments/recurrent_results.py --cost-only --cost-reps 50                    # the cost table alone, ~1 min
 """
 
 from __future__ import annotations
@@ -250,6 +251,8 @@ def parse_args(argv):
     parser.add_argument("--budget-scale", type=float, default=1.0)
     parser.add_argument("--cost-reps", type=int, default=20,
                         help="timed calls per cost figure (0: skip the cost measurement)")
+    parser.add_argument("--cost-only", action="store_true",
+                        help="skip the learning runs; write cost.csv and cost.json only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.seeds < 1 or not (args.budget_scale > 0 and math.isfinite(args.budget_scale)):
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds = list(range(args.seeds))
     rows: list[dict[str, Any]] = []
     load_start = os.getloadavg()
-    for env_id in args.envs:
+    for env_id in ([] if args.cost_only else args.envs):
         curves: dict[tuple[str, str], dict[int, list]] = {}
         for network in args.networks:
             config = make_config(env_id, network, 0, args.budget_scale)
@@ -295,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_csv(out / "results.csv", rows, RESULT_FIELDS)
 
     summary = []
-    for env_id in args.envs:
+    for env_id in ([] if args.cost_only else args.envs):
         for network in args.networks:
             entry = dict(env_id=env_id, network=network)
             for mode in MODES:
@@ -318,7 +321,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           e["async"]["policy_lag_max"], f"{e['async']['env_steps_per_s_mean']:,.0f}"]
          for e in summary],
     )
-    print("\n" + learning_table)
+    if summary:
+        print("\n" + learning_table)
 
     cost = []
     if args.cost_reps > 0:
@@ -346,8 +350,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         learning=summary, cost=cost, load_average_start=load_start,
         load_average_end=os.getloadavg(), command_line=reproduce_command(__file__, argv),
     )
-    path = save_result("recurrent_results", args.out, __file__, argv, result)
-    print(f"wrote {path} and results.csv, curves_*.csv/png, cost.csv in {out}")
+    path = save_result("recurrent_results", args.out, __file__, argv, result,
+                       filename="cost.json" if args.cost_only else "results.json")
+    written = "cost.csv" if args.cost_only else "results.csv, curves_*.csv/png, cost.csv"
+    print(f"wrote {path} and {written} in {out}")
     return result
 
 
