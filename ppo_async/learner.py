@@ -5,7 +5,9 @@
 order (so a lock-step run is reproducible), stacks them along the env axis,
 and runs one jitted `make_update_fn` step: advantages (GAE on the behaviour
 values, or V-trace re-evaluated under the current params), then
-``num_epochs x num_minibatches`` PPO steps with optax. Every
+``num_epochs x num_minibatches`` PPO steps with optax. A recurrent network is
+re-unrolled from each chunk's stored initial state (`reevaluate_recurrent`)
+and trained on minibatches of whole env sequences (`recurrent_sequences`). Every
 ``broadcast_every`` updates it sends the params to every actor as bytes.
 """
 
@@ -28,7 +30,13 @@ from ppo_async.actor import ActorError, ActorFailure, ActorStats, Experience
 from ppo_async.advantages import gae, vtrace
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.losses import ppo_loss
-from ppo_async.networks import ActorCritic, is_recurrent, reset_hidden, unroll
+from ppo_async.networks import (
+    ActorCritic,
+    RecurrentActorCritic,
+    is_recurrent,
+    reset_hidden,
+    unroll,
+)
 from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
 
 
@@ -187,13 +195,13 @@ def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> Upd
             clip_eps=config.clip_eps, vf_coef=config.vf_coef, ent_coef=config.ent_coef,
         )
 
-    def recurrent_minibatch_loss(params, minibatch):
-        (initial_hidden, obs, action, reset, old_logp, advantages, old_values,
-         targets) = minibatch
-        unrolled = unroll(network, params, initial_hidden, obs, reset)
+    def recurrent_minibatch_loss(params, minibatch: Sequences):
+        unrolled = unroll(network, params, minibatch.initial_hidden, minibatch.obs,
+                          minibatch.reset)
         flat = [x.reshape(-1) for x in (
-            unrolled.distribution.log_prob(action), old_logp, advantages,
-            unrolled.value, old_values, targets, unrolled.distribution.entropy(),
+            unrolled.distribution.log_prob(minibatch.action), minibatch.old_logp,
+            minibatch.advantages, unrolled.value, minibatch.old_values,
+            minibatch.value_targets, unrolled.distribution.entropy(),
         )]
         return ppo_loss(
             *flat, clip_eps=config.clip_eps, vf_coef=config.vf_coef,
@@ -218,8 +226,8 @@ def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> Upd
             state.params, batch
         )
         if recurrent:
-            flat = (batch.initial_hidden, batch.obs, batch.action, batch.reset,
-                    old_logp, advantages, old_values, targets)
+            flat = Sequences(batch.initial_hidden, batch.obs, batch.action, batch.reset,
+                             old_logp, advantages, old_values, targets)
         else:
             flat = jax.tree.map(
                 lambda x: x.reshape(config.batch_size, *x.shape[2:]),
@@ -257,7 +265,7 @@ def make_update_fn(config: AsyncActorLearnerConfig, network: ActorCritic) -> Upd
 
 
 def reevaluate_recurrent(
-    network: ActorCritic, params: Any, batch: Batch
+    network: RecurrentActorCritic, params: Any, batch: Batch
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(logp [T, B], value [T, B], bootstrap_value [B])`` of ``batch`` under ``params``.
 
@@ -272,28 +280,45 @@ def reevaluate_recurrent(
     return unrolled.distribution.log_prob(batch.action), unrolled.value, bootstrap_value
 
 
-def recurrent_sequences(key: jax.Array, sequences: tuple, num_minibatches: int) -> tuple:
+class Sequences(NamedTuple):
+    """What the recurrent PPO epochs train on: whole sequences of ``B`` envs.
+
+    In a minibatch from `recurrent_sequences`, ``B`` is ``B // M`` and every
+    field gains a leading ``[M]`` axis.
+    """
+
+    initial_hidden: jax.Array  # [B, state_size] the state the chunk's first step acted with
+    obs: jax.Array  # [T, B, *obs_shape]
+    action: jax.Array  # [T, B] or [T, B, action_dim]
+    reset: jax.Array  # [T, B] bool, zero the state before this step
+    old_logp: jax.Array  # [T, B] the ratio's denominator
+    advantages: jax.Array  # [T, B]
+    old_values: jax.Array  # [T, B]
+    value_targets: jax.Array  # [T, B]
+
+
+def recurrent_sequences(key: jax.Array, sequences: Sequences, num_minibatches: int) -> Sequences:
     """``sequences`` split into ``num_minibatches`` shuffled groups of whole envs.
 
-    ``sequences[0]`` is the ``[B, S]`` initial state, the rest are time-major
-    ``[T, B, ...]``. Returns the same tuple with a leading minibatch axis:
-    ``[M, B // M, S]`` and ``[M, T, B // M, ...]``. Never split along time: a
-    minibatch re-unrolls each of its sequences from the state it started with.
+    Returns `Sequences` with a leading minibatch axis: ``initial_hidden``
+    ``[M, B // M, S]``, the rest ``[M, T, B // M, ...]``. Never split along
+    time: a minibatch re-unrolls each of its sequences from the state it
+    started with, so a sequence must arrive whole.
     """
-    initial_hidden, *time_major = sequences
-    num_envs = initial_hidden.shape[0]
+    num_envs = sequences.initial_hidden.shape[0]
+    time_major = sequences[1:]
     chex.assert_equal_shape_prefix(time_major, 2)
     chex.assert_equal(time_major[0].shape[1], num_envs)
     permutation = jax.random.permutation(key, num_envs)
     size = num_envs // num_minibatches
-    hidden = initial_hidden[permutation].reshape(num_minibatches, size, -1)
+    hidden = sequences.initial_hidden[permutation].reshape(num_minibatches, size, -1)
     split = [
         jnp.moveaxis(
             x[:, permutation].reshape(x.shape[0], num_minibatches, size, *x.shape[2:]), 1, 0
         )
         for x in time_major
     ]
-    return (hidden, *split)
+    return Sequences(hidden, *split)
 
 
 RECENT_EPISODES = 100  # episode_return_mean averages this many latest episodes

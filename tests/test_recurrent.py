@@ -31,7 +31,12 @@ from ppo_async.checkpoint import list_checkpoints
 from ppo_async.distributions import Categorical
 from ppo_async.envs import BatchedEnv, make_rollout
 from ppo_async.evaluate import Evaluator
-from ppo_async.learner import reevaluate_recurrent, recurrent_sequences, stack_experiences
+from ppo_async.learner import (
+    Sequences,
+    reevaluate_recurrent,
+    recurrent_sequences,
+    stack_experiences,
+)
 from ppo_async.networks import (
     RecurrentActorCritic,
     init_params,
@@ -296,9 +301,10 @@ def test_recurrent_minibatches_are_whole_env_sequences():
     hidden = np.arange(envs * size, dtype=np.float32).reshape(envs, size)
     column = np.broadcast_to(np.arange(envs, dtype=np.float32), (steps, envs))
     obs = np.stack([column, 100 + column], axis=-1)  # [T, B, 2]: env id in every entry
-    out_hidden, out_column, out_obs = recurrent_sequences(
-        jax.random.key(0), (hidden, column, obs), num_minibatches=3
-    )
+    other = np.zeros((steps, envs), np.float32)
+    sequences = Sequences(hidden, obs, column, column > 99, column, other, other, other)
+    out = recurrent_sequences(jax.random.key(0), sequences, num_minibatches=3)
+    out_hidden, out_obs, out_column = out.initial_hidden, out.obs, out.action
     assert out_hidden.shape == (3, 2, size) and out_column.shape == (3, steps, 2)
     assert out_obs.shape == (3, steps, 2, 2)
     envs_seen = np.asarray(out_column[:, 0, :]).reshape(-1)
