@@ -62,6 +62,10 @@ _TEMP_SUFFIX = ".tmp"
 RESUME_LOCKED_FIELDS: tuple[str, ...] = (
     "env_id", "hidden_sizes", "anneal_lr", "network", "rnn_hidden_size")
 
+# Locked fields that checkpoints written before them do not record: such a
+# checkpoint was written with this value (a feed-forward network).
+LOCKED_FIELD_DEFAULTS: dict[str, Any] = {"network": "mlp", "rnn_hidden_size": 128}
+
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint, or a checkpoint that does not fit the template."""
@@ -398,6 +402,7 @@ def check_resume_compatible(
     resuming run's ``config.to_dict()``. Only ``locked_fields`` are compared
     (see `RESUME_LOCKED_FIELDS` for why those); other fields may differ.
     """
+    saved_config = {**LOCKED_FIELD_DEFAULTS, **saved_config}
     for field in locked_fields:
         if field not in saved_config:
             raise ConfigError(

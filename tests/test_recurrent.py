@@ -436,6 +436,16 @@ def test_recurrent_lock_step_resume_is_byte_identical_and_carries_the_state(tmp_
         train(dataclasses.replace(config, network="lstm"), resume_from=run_dir, progress=False)
 
 
+def test_checkpoints_from_before_the_network_field_resume_as_mlp_only():
+    from ppo_async.checkpoint import check_resume_compatible
+
+    old = AsyncActorLearnerConfig().to_dict()
+    del old["network"], old["rnn_hidden_size"]
+    check_resume_compatible(old, AsyncActorLearnerConfig().to_dict())
+    with pytest.raises(ConfigError, match="network"):
+        check_resume_compatible(old, AsyncActorLearnerConfig(network="lstm").to_dict())
+
+
 def test_checkpointed_carries_hold_each_actors_hidden_state(tmp_path):
     from ppo_async.train import CHECKPOINT_SUBDIR, load_resume_point
 
