@@ -24,7 +24,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs import BatchedEnv, EnvCarry, Trajectory, make_rollout
-from ppo_async.networks import ActorCritic, make_network, params_template
+from ppo_async.networks import ActorCritic, is_recurrent, make_network, params_template
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
 # How often a waiting actor looks at the stop signal.
@@ -152,19 +152,26 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     if backend != GYMNAX:
         return make_host_actor_program(config)
     env = BatchedEnv(env_name, config.envs_per_actor)
-    network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
+    network = make_network(env.observation_shape, env.action_space, config.hidden_sizes,
+                           config.network, config.rnn_hidden_size)
     template = params_template(network, env.observation_shape)
-    scan_rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
+    # A recurrent actor's hidden state lives in its EnvCarry: it crosses chunk
+    # boundaries and policy updates (new params meet the state the old ones
+    # built, as in IMPALA) and is checkpointed with the carry.
+    recurrent = is_recurrent(network)
+    scan_rollout = make_rollout(env, network.apply, config.num_steps, config.gamma,
+                                recurrent=recurrent)
+    state_size = network.state_size if recurrent else None
 
     def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
-        return jax.device_put(env.reset(key), device)
+        return jax.device_put(env.reset(key, state_size), device)
 
     def rollout(params, carry: EnvCarry):
         carry, trajectory, bootstrap_value = scan_rollout(params, carry)
         return carry, trajectory, carry.obs, bootstrap_value
 
     # Traced, not run: the shapes and dtypes the learner's batches will have.
-    carry_spec = jax.eval_shape(env.reset, jax.random.key(0))
+    carry_spec = jax.eval_shape(lambda key: env.reset(key, state_size), jax.random.key(0))
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
         env.observation_shape, network, template, reset, rollout, tuple(chunk_spec)

@@ -51,12 +51,19 @@ _NAME = re.compile(r"ckpt_(\d{9,})\.msgpack")
 #   env_id       -- observation and action spaces, hence every param shape, and
 #                   the task the params were trained on;
 #   hidden_sizes -- the param (and Adam moment) shapes;
+#   network, rnn_hidden_size -- the params (a recurrent cell or none) and the
+#                   hidden state each actor's carry holds;
 #   anneal_lr    -- the optax state's structure (a schedule adds a counter).
 # Everything else (total_env_steps, learning_rate, timeouts, topology...) may
 # change: the params and optimizer state still fit. (With anneal_lr, a new
 # total_env_steps continues the schedule from the rate reached: see
 # ppo_async.resume.)
-RESUME_LOCKED_FIELDS: tuple[str, ...] = ("env_id", "hidden_sizes", "anneal_lr")
+RESUME_LOCKED_FIELDS: tuple[str, ...] = (
+    "env_id", "hidden_sizes", "anneal_lr", "network", "rnn_hidden_size")
+
+# Locked fields that checkpoints written before them do not record: such a
+# checkpoint was written with this value (a feed-forward network).
+LOCKED_FIELD_DEFAULTS: dict[str, Any] = {"network": "mlp", "rnn_hidden_size": 128}
 
 
 class CheckpointError(RuntimeError):
@@ -394,6 +401,7 @@ def check_resume_compatible(
     resuming run's ``config.to_dict()``. Only ``locked_fields`` are compared
     (see `RESUME_LOCKED_FIELDS` for why those); other fields may differ.
     """
+    saved_config = {**LOCKED_FIELD_DEFAULTS, **saved_config}
     for field in locked_fields:
         if field not in saved_config:
             raise ConfigError(

@@ -12,6 +12,10 @@ import math
 from typing import Any
 
 
+NETWORKS = ("mlp", "lstm", "gru")  # the values of AsyncActorLearnerConfig.network
+RECURRENT_NETWORKS = ("lstm", "gru")
+
+
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names the field and the fix."""
 
@@ -88,6 +92,10 @@ class AsyncActorLearnerConfig:
     # --- network ---
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Widths of the actor and critic MLPs."""
+    network: str = "mlp"
+    """Policy network: mlp (feed-forward), or lstm / gru (a recurrent cell whose state the actors carry across chunks and the learner re-unrolls from; needs num_minibatches to divide the envs)."""
+    rnn_hidden_size: int = 128
+    """Features of the LSTM / GRU cell (ignored by mlp)."""
 
     # --- reliability ---
     max_actor_restarts: int = 0
@@ -146,6 +154,11 @@ class AsyncActorLearnerConfig:
     def max_lead_chunks(self) -> int:
         """The valve's lead in whole chunks; the policy lag is at most this minus one."""
         return self.max_lead_steps // self.num_steps
+
+    @property
+    def recurrent(self) -> bool:
+        """The policy carries a hidden state (network is lstm or gru)."""
+        return self.network in RECURRENT_NETWORKS
 
     @property
     def lock_step(self) -> bool:
@@ -224,6 +237,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         and all(_is_int(h) and h >= 1 for h in cfg.hidden_sizes),
         "hidden_sizes", cfg.hidden_sizes, "must be a non-empty tuple of integers >= 1",
     )
+    _validate_network(cfg)
     if cfg.eval_every_updates:
         from ppo_async.host_envs import GYMNAX, split_env_id
 
@@ -252,6 +266,21 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
             continue
         _require(isinstance(value, str) and _parse_device_spec(value) is not None,
                  name, value, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
+
+
+def _validate_network(cfg: AsyncActorLearnerConfig) -> None:
+    _require(cfg.network in NETWORKS, "network", cfg.network,
+             "must be one of " + ", ".join(NETWORKS))
+    _require(_is_int(cfg.rnn_hidden_size) and cfg.rnn_hidden_size >= 1, "rnn_hidden_size",
+             cfg.rnn_hidden_size, "must be an integer >= 1")
+    if cfg.network not in RECURRENT_NETWORKS:
+        return
+    num_envs = cfg.num_actors * cfg.envs_per_actor
+    # The learner re-unrolls whole sequences, so minibatches split the envs,
+    # never the time axis.
+    _require(num_envs % cfg.num_minibatches == 0, "num_minibatches", cfg.num_minibatches,
+             f"with network={cfg.network!r} minibatches are whole env sequences, so it "
+             f"must divide num_actors * envs_per_actor = {num_envs}")
 
 
 def _parse_device_spec(spec: str) -> tuple[str, int] | None:

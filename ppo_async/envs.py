@@ -12,6 +12,13 @@ was truncated (and not terminated) the rollout adds ``gamma * V(final_obs)``
 to the stored reward, and ``done`` is set, so the learner's
 ``discount = gamma * (1 - done)`` is 0 and no value leaks from the next
 episode's first observation into this one.
+
+Recurrent policies (``make_rollout(..., recurrent=True)``) carry their hidden
+state in `EnvCarry.hidden`, across chunks and across policy updates. The state
+is zeroed (`ppo_async.networks.reset_hidden`) right before the network acts on
+the first observation of an episode -- which is where ``episode_length`` is 0 --
+and the trajectory records each step's ``reset`` flag and the state the step
+acted with, so the learner can re-unroll the chunk exactly.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import gymnax
 import jax
 import jax.numpy as jnp
 
+from ppo_async.networks import reset_hidden
 
 class UnknownEnvError(ValueError):
     """An env id that gymnax does not know."""
@@ -46,6 +54,9 @@ class EnvCarry(NamedTuple):
     episode_return: jax.Array  # [E] float32, undiscounted return so far
     episode_length: jax.Array  # [E] int32, steps so far in the episode
     key: jax.Array  # PRNG key for actions and env transitions
+    # Recurrent policies only (None otherwise): the state after the last step
+    # acted, before any reset for the next one.
+    hidden: jax.Array | None = None  # [E, state_size] float32
 
 
 class Trajectory(NamedTuple):
@@ -60,6 +71,9 @@ class Trajectory(NamedTuple):
     behaviour_value: jax.Array  # [T, E] float32, V(x) of the acting policy
     episode_return: jax.Array  # [T, E] float32, return of the episode that ended here, else 0
     episode_length: jax.Array  # [T, E] int32, length of the episode that ended here, else 0
+    # Recurrent policies only (None otherwise):
+    reset: jax.Array | None = None  # [T, E] bool, an episode starts here: the state was zeroed before acting
+    hidden: jax.Array | None = None  # [T, E, state_size] float32, the state the step acted with (after its reset)
 
     @property
     def done(self) -> jax.Array:
@@ -79,8 +93,8 @@ class BatchedEnv:
         self.continuous = not hasattr(self.action_space, "n")
         self.max_episode_steps = int(self.env_params.max_steps_in_episode)
 
-    def reset(self, key: jax.Array) -> EnvCarry:
-        """Fresh episodes in every env."""
+    def reset(self, key: jax.Array, state_size: int | None = None) -> EnvCarry:
+        """Fresh episodes in every env (and, given ``state_size``, a zero hidden state)."""
         reset_key, carry_key = jax.random.split(key)
         obs, env_state = jax.vmap(self.env.reset, in_axes=(0, None))(
             jax.random.split(reset_key, self.num_envs), self.env_params
@@ -94,6 +108,9 @@ class BatchedEnv:
             episode_return=jnp.zeros((self.num_envs,), jnp.float32),
             episode_length=jnp.zeros((self.num_envs,), jnp.int32),
             key=carry_key,
+            hidden=None if state_size is None else jnp.zeros(
+                (self.num_envs, state_size), jnp.float32
+            ),
         )
 
     def step(self, key: jax.Array, env_state: Any, action: jax.Array):
@@ -121,12 +138,16 @@ PolicyApply = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
 
 
 def make_rollout(
-    env: BatchedEnv, apply_fn: PolicyApply, num_steps: int, gamma: float
+    env: BatchedEnv, apply_fn: PolicyApply, num_steps: int, gamma: float,
+    *, recurrent: bool = False,
 ) -> Callable[[Any, EnvCarry], tuple[EnvCarry, Trajectory, jax.Array]]:
     """A jitted ``rollout(params, carry) -> (carry, trajectory, bootstrap_value)``.
 
     ``apply_fn(params, obs)`` must return ``(distribution, value)`` for a batch
-    of observations (a `ppo_async.networks.ActorCritic`'s ``apply``).
+    of observations (a `ppo_async.networks.ActorCritic`'s ``apply``). With
+    ``recurrent``, ``apply_fn(params, hidden, obs)`` returns ``(hidden,
+    distribution, value)`` (a `RecurrentActorCritic`'s), the carry must hold a
+    ``hidden`` state, and the trajectory gets ``reset`` and ``hidden``.
     ``bootstrap_value`` ``[E]`` is V of the observation after the last step,
     under the same params. The function is compiled once per params structure
     and batch shape; later calls reuse it.
@@ -134,7 +155,12 @@ def make_rollout(
 
     def env_step(params, carry: EnvCarry, _):
         key, action_key, step_key = jax.random.split(carry.key, 3)
-        dist, value = apply_fn(params, carry.obs)
+        if recurrent:
+            reset = carry.episode_length == 0  # this obs is an episode's first
+            hidden = reset_hidden(carry.hidden, reset)
+            next_hidden, dist, value = apply_fn(params, hidden, carry.obs)
+        else:
+            dist, value = apply_fn(params, carry.obs)
         action = dist.sample(action_key)
         logp = dist.log_prob(action)
         next_obs, env_state, reward, terminated, truncated, final_obs = env.step(
@@ -144,7 +170,10 @@ def make_rollout(
         # on most steps none is, and the conv critic is not free.
         final_value = jax.lax.cond(
             jnp.any(truncated),
-            lambda: apply_fn(params, final_obs)[1],
+            # The final observation continues the ended episode: its state is
+            # the one this step produced.
+            (lambda: apply_fn(params, next_hidden, final_obs)[2]) if recurrent
+            else (lambda: apply_fn(params, final_obs)[1]),
             lambda: jnp.zeros_like(value),
         )
         learn_reward = reward + gamma * jnp.where(truncated, final_value, 0.0)
@@ -162,6 +191,8 @@ def make_rollout(
             behaviour_value=value,
             episode_return=jnp.where(done, episode_return, 0.0),
             episode_length=jnp.where(done, episode_length, 0),
+            reset=reset if recurrent else None,
+            hidden=hidden if recurrent else None,
         )
         carry = EnvCarry(
             env_state=env_state,
@@ -169,6 +200,7 @@ def make_rollout(
             episode_return=jnp.where(done, 0.0, episode_return),
             episode_length=jnp.where(done, 0, episode_length),
             key=key,
+            hidden=next_hidden if recurrent else None,
         )
         return carry, step
 
@@ -177,7 +209,12 @@ def make_rollout(
         carry, trajectory = jax.lax.scan(
             lambda c, x: env_step(params, c, x), carry, None, length=num_steps
         )
-        _, bootstrap_value = apply_fn(params, carry.obs)
+        if recurrent:
+            # As the next chunk's first step will see it: reset if an episode starts there.
+            hidden = reset_hidden(carry.hidden, carry.episode_length == 0)
+            _, _, bootstrap_value = apply_fn(params, hidden, carry.obs)
+        else:
+            _, bootstrap_value = apply_fn(params, carry.obs)
         return carry, trajectory, bootstrap_value
 
     return rollout

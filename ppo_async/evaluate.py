@@ -25,7 +25,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, resolve_device
 from ppo_async.envs import BatchedEnv
-from ppo_async.networks import make_network, params_template
+from ppo_async.networks import is_recurrent, make_network, params_template, reset_hidden
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds
@@ -52,6 +52,7 @@ class _Loop(NamedTuple):
     lengths: jax.Array  # [N] int32
     steps: jax.Array  # [] int32, loop iterations so far
     key: jax.Array  # PRNG key for actions and auto-resets
+    hidden: jax.Array | None = None  # [B, state_size] recurrent policies only, as in EnvCarry
 
 
 class _Outcome(NamedTuple):
@@ -79,8 +80,10 @@ class Evaluator:
     """Evaluation of one config's network on its env; compiled once, called many times.
 
     Args:
-      config: gives ``env_id``, ``hidden_sizes`` and ``actor_device`` (nothing
-        else is used).
+      config: gives ``env_id``, ``hidden_sizes``, ``network``,
+        ``rnn_hidden_size`` and ``actor_device`` (nothing else is used). A
+        recurrent policy carries its state through each episode and starts
+        every episode from zeros.
       num_episodes: episodes per evaluation (>= 1).
       greedy: act with the distribution's mode (argmax / mean); else sample.
       device: where to evaluate; default ``config.actor_device`` (the CPU), so
@@ -105,8 +108,10 @@ class Evaluator:
         self.num_envs = min(num_episodes, MAX_EVAL_ENVS)
         self.env = BatchedEnv(_gymnax_id(config.env_id), self.num_envs)
         self.network = make_network(
-            self.env.observation_shape, self.env.action_space, config.hidden_sizes
+            self.env.observation_shape, self.env.action_space, config.hidden_sizes,
+            config.network, config.rnn_hidden_size,
         )
+        self.recurrent = is_recurrent(self.network)
         # Host params with the network's structure, for decoding bytes.
         self.params_template = params_template(self.network, self.env.observation_shape)
         share = np.full(self.num_envs, num_episodes // self.num_envs, np.int32)
@@ -128,7 +133,14 @@ class Evaluator:
 
         def body(loop: _Loop) -> _Loop:
             key, action_key, step_key = jax.random.split(loop.key, 3)
-            dist, _ = network.apply(params, loop.obs)
+            hidden = None
+            if self.recurrent:
+                # The state is carried within an episode and zeroed at its
+                # first step, exactly as the actors' rollout does.
+                hidden = reset_hidden(loop.hidden, loop.episode_length == 0)
+                hidden, dist, _ = network.apply(params, hidden, loop.obs)
+            else:
+                dist, _ = network.apply(params, loop.obs)
             action = dist.mode() if self.greedy else dist.sample(action_key)
             obs, env_state, reward, terminated, truncated, _ = env.step(
                 step_key, loop.env_state, action
@@ -149,13 +161,14 @@ class Evaluator:
                 lengths=loop.lengths.at[slot].set(episode_length, mode="drop"),
                 steps=loop.steps + 1,
                 key=key,
+                hidden=hidden,
             )
 
         def not_finished(loop: _Loop) -> jax.Array:
             return jnp.any(loop.episodes_done < share) & (loop.steps < self.max_steps)
 
         reset_key, loop_key = jax.random.split(key)
-        carry = env.reset(reset_key)
+        carry = env.reset(reset_key, network.state_size if self.recurrent else None)
         start = _Loop(
             env_state=carry.env_state,
             obs=carry.obs,
@@ -166,6 +179,7 @@ class Evaluator:
             lengths=jnp.zeros((n,), jnp.int32),
             steps=jnp.zeros((), jnp.int32),
             key=loop_key,
+            hidden=carry.hidden,
         )
         end = jax.lax.while_loop(not_finished, body, start)
         return _Outcome(end.returns, end.lengths, end.episodes_done, end.steps)
@@ -217,7 +231,7 @@ _MAX_CACHED_EVALUATORS = 8
 def _cached_evaluator(config: AsyncActorLearnerConfig, num_episodes: int,
                       greedy: bool) -> Evaluator:
     cache_key = (config.env_id, tuple(config.hidden_sizes), config.actor_device,
-                 num_episodes, bool(greedy))
+                 num_episodes, bool(greedy), config.network, config.rnn_hidden_size)
     with _EVALUATORS_LOCK:
         evaluator = _EVALUATORS.get(cache_key)
         if evaluator is None:
@@ -283,7 +297,9 @@ def evaluate_host_env(
     envs = make_host_env(config.env_id, num_envs)
     try:
         observation_shape = tuple(int(d) for d in envs.observation_shape)
-        network = make_network(observation_shape, envs.action_space, config.hidden_sizes)
+        network = make_network(observation_shape, envs.action_space, config.hidden_sizes,
+                               config.network, config.rnn_hidden_size)
+        recurrent = is_recurrent(network)
         template = params_template(network, observation_shape)
         device = resolve_device(config.actor_device)
         if isinstance(params, (bytes, bytearray)):
@@ -294,10 +310,14 @@ def evaluate_host_env(
         high = np.asarray(getattr(envs.action_space, "high", np.inf), np.float32)
 
         @jax.jit
-        def act(params, obs, key):
+        def act(params, obs, key, hidden, episode_start):
             key, action_key = jax.random.split(key)
-            dist, _ = network.apply(params, obs)
-            return key, dist.mode() if greedy else dist.sample(action_key)
+            if recurrent:
+                # Carried within an episode, zeroed at its first step, as the actors do.
+                hidden, dist, _ = network.apply(params, reset_hidden(hidden, episode_start), obs)
+            else:
+                dist, _ = network.apply(params, obs)
+            return key, dist.mode() if greedy else dist.sample(action_key), hidden
 
         share = np.full(num_envs, num_episodes // num_envs, np.int32)
         share[: num_episodes % num_envs] += 1
@@ -308,12 +328,13 @@ def evaluate_host_env(
         episode_return = np.zeros(num_envs, np.float32)
         episode_length = np.zeros(num_envs, np.int32)
         key = jax.random.key(seed)
+        hidden = network.zero_hidden(num_envs) if recurrent else None
         obs = _batch(config.env_id, "reset obs", envs.reset(seed),
                      (num_envs, *observation_shape), np.float32)
         for _ in range(MAX_HOST_EVAL_STEPS):
             if np.all(done_count >= share):
                 break
-            key, action = act(params, obs, key)
+            key, action, hidden = act(params, obs, key, hidden, episode_length == 0)
             action = np.asarray(action)
             step = envs.step(np.clip(action, low, high) if continuous else action)
             obs = _batch(config.env_id, "obs", step[0], (num_envs, *observation_shape), np.float32)

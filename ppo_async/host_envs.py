@@ -28,6 +28,12 @@ done, so the learner's discount there is 0; ``episode_return`` /
 ``episode_length`` are nonzero only at done steps. The learner cannot tell a
 host rollout from a gymnax one: same fields, shapes and dtypes.
 
+Recurrent networks (``network="lstm"`` / ``"gru"``) work here too: the hidden
+state rides in `HostCarry` (on the host, copied out with the actions in the
+same packed array), is zeroed in the jitted policy call at each episode's first
+step, and the trajectory records the reset flags and states as the gymnax
+rollout does.
+
 Plugging in your own simulator::
 
     class MySim:                       # E copies, numpy in and out
@@ -57,7 +63,7 @@ import numpy as np
 from ppo_async.actor import ActorProgram
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs import Trajectory, UnknownEnvError
-from ppo_async.networks import make_network, params_template
+from ppo_async.networks import is_recurrent, make_network, params_template, reset_hidden
 
 GYMNAX, GYMNASIUM, ENVPOOL, HOST = "gymnax", "gymnasium", "envpool", "host"
 ENV_BACKENDS = (GYMNAX, GYMNASIUM, ENVPOOL, HOST)  # env id prefixes, in the order docs list them
@@ -352,6 +358,7 @@ class HostCarry(NamedTuple):
     episode_return: np.ndarray  # [E] float32, undiscounted return so far
     episode_length: np.ndarray  # [E] int32, steps so far in the episode
     key: jax.Array  # PRNG key for actions, on the actor device
+    hidden: np.ndarray | None = None  # [E, state_size] float32, recurrent networks only
 
 
 def _batch(env_id: str, field: str, value: Any, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -381,8 +388,11 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     observation_shape = tuple(int(d) for d in probe.observation_shape)
     action_space = probe.action_space
     _close_envs(probe)
-    network = make_network(observation_shape, action_space, config.hidden_sizes)
+    network = make_network(observation_shape, action_space, config.hidden_sizes,
+                           config.network, config.rnn_hidden_size)
     template = params_template(network, observation_shape)
+    recurrent = is_recurrent(network)
+    state_size = network.state_size if recurrent else 0
 
     continuous = not hasattr(action_space, "n")
     action_shape = (int(action_space.shape[0]),) if continuous else ()
@@ -413,6 +423,28 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     def value_of(params, obs):
         return network.apply(params, obs)[1]
 
+    @jax.jit
+    def act_recurrent(params, hidden, obs, reset, key):
+        """`act` for a recurrent network: ``(key, [E, action_dim + 2 + 2 * S])``.
+
+        The state is zeroed where ``reset`` (as in `ppo_async.envs.make_rollout`);
+        the packed row ends with the state the step acted with and the next one.
+        """
+        key, action_key = jax.random.split(key)
+        hidden = reset_hidden(hidden, reset)
+        next_hidden, dist, value = network.apply(params, hidden, obs)
+        action = dist.sample(action_key)
+        packed = jnp.concatenate(
+            [action.reshape(num_envs, action_dim).astype(jnp.float32),
+             dist.log_prob(action)[:, None], value[:, None], hidden, next_hidden],
+            axis=1,
+        )
+        return key, packed
+
+    @jax.jit
+    def value_of_recurrent(params, hidden, obs):
+        return network.apply(params, hidden, obs)[2]
+
     def reset(key: jax.Array, device: jax.Device) -> HostCarry:
         env_key, action_key = jax.random.split(key)
         seed = int(jax.random.randint(env_key, (), 0, np.iinfo(np.int32).max))
@@ -428,10 +460,12 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             episode_return=np.zeros((num_envs,), np.float32),
             episode_length=np.zeros((num_envs,), np.int32),
             key=jax.device_put(action_key, device),
+            hidden=np.zeros((num_envs, state_size), np.float32) if recurrent else None,
         )
 
     def rollout(params, carry: HostCarry):
-        envs, obs, episode_return, episode_length, key = carry
+        envs, obs, episode_return, episode_length, key = carry[:5]
+        hidden = carry.hidden
         # Fresh arrays every chunk: the learner keeps the ones it was sent.
         trajectory = Trajectory(
             obs=np.empty((num_steps, *obs_batch_shape), np.float32),
@@ -443,10 +477,20 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             behaviour_value=np.empty((num_steps, num_envs), np.float32),
             episode_return=np.empty((num_steps, num_envs), np.float32),
             episode_length=np.empty((num_steps, num_envs), np.int32),
+            reset=np.empty((num_steps, num_envs), bool) if recurrent else None,
+            hidden=np.empty((num_steps, num_envs, state_size), np.float32) if recurrent else None,
         )
         for t in range(num_steps):
-            key, packed = act(params, obs, key)
-            packed = np.asarray(packed)  # waits for the policy: the envs need the actions now
+            if recurrent:
+                reset = episode_length == 0  # this obs is an episode's first
+                key, packed = act_recurrent(params, hidden, obs, reset, key)
+                packed = np.asarray(packed)
+                trajectory.reset[t] = reset
+                trajectory.hidden[t] = packed[:, action_dim + 2: action_dim + 2 + state_size]
+                hidden = packed[:, action_dim + 2 + state_size:]
+            else:
+                key, packed = act(params, obs, key)
+                packed = np.asarray(packed)  # waits for the policy: the envs need the actions now
             action = packed[:, :action_dim].reshape(num_envs, *action_shape).astype(action_dtype)
             logp, value = packed[:, action_dim], packed[:, action_dim + 1]
             env_action = np.clip(action, low, high) if continuous else action
@@ -466,7 +510,11 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
                 # As in envs.make_rollout: a time limit is not a terminal, so the
                 # episode's tail value V(final_obs) goes into its last reward.
                 final_obs = _batch(env_id, "final_obs", step[4], obs_batch_shape, np.float32)
-                final_value = np.asarray(jax.device_get(value_of(params, final_obs)))
+                final_value = np.asarray(jax.device_get(
+                    # The final observation continues the episode: this step's next state.
+                    value_of_recurrent(params, hidden, final_obs) if recurrent
+                    else value_of(params, final_obs)
+                ))
                 learn_reward = reward + gamma * np.where(truncated, final_value, np.float32(0))
 
             done = terminated | truncated
@@ -484,8 +532,13 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             episode_return = np.where(done, np.float32(0), episode_return)
             episode_length = np.where(done, np.int32(0), episode_length)
             obs = next_obs
-        bootstrap_value = value_of(params, obs)
-        carry = HostCarry(envs, obs, episode_return, episode_length, key)
+        if recurrent:
+            start = (episode_length == 0)[:, None]
+            bootstrap_value = value_of_recurrent(
+                params, np.where(start, np.float32(0), hidden), obs)
+        else:
+            bootstrap_value = value_of(params, obs)
+        carry = HostCarry(envs, obs, episode_return, episode_length, key, hidden)
         return carry, trajectory, obs, bootstrap_value
 
     def close(carry: HostCarry) -> None:

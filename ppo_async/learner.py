@@ -5,7 +5,9 @@
 order (so a lock-step run is reproducible), stacks them along the env axis,
 and runs one jitted `make_update_fn` step: advantages (GAE on the behaviour
 values, or V-trace re-evaluated under the current params), then
-``num_epochs x num_minibatches`` PPO steps with optax. Every
+``num_epochs x num_minibatches`` PPO steps with optax. A recurrent network is
+re-unrolled from each chunk's stored initial state (`reevaluate_recurrent`)
+and trained on minibatches of whole env sequences (`recurrent_sequences`). Every
 ``broadcast_every`` updates it sends the params to every actor as bytes.
 """
 
@@ -18,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +30,13 @@ from ppo_async.actor import ActorError, ActorFailure, ActorStats, Experience
 from ppo_async.advantages import gae, vtrace
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.losses import ppo_loss
-from ppo_async.networks import ActorCritic
+from ppo_async.networks import (
+    ActorCritic,
+    RecurrentActorCritic,
+    is_recurrent,
+    reset_hidden,
+    unroll,
+)
 from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
 
 
@@ -62,6 +71,9 @@ class Batch(NamedTuple):
     behaviour_value: jax.Array  # [T, B]
     bootstrap_obs: jax.Array  # [B, *obs_shape]
     bootstrap_value: jax.Array  # [B] under the behaviour params
+    # Recurrent policies only (None otherwise):
+    reset: jax.Array | None = None  # [T, B] bool, the state was zeroed before this step
+    initial_hidden: jax.Array | None = None  # [B, state_size] the state row 0 acted with
 
 
 class RolloutBuffer:
@@ -93,6 +105,7 @@ def stack_experiences(experiences: Sequence[Experience]) -> Batch:
         return np.concatenate(arrays, axis=axis)
 
     trajectories = [e.trajectory for e in experiences]
+    recurrent = trajectories[0].hidden is not None
     return Batch(
         obs=cat([t.obs for t in trajectories], 1),
         action=cat([t.action for t in trajectories], 1),
@@ -102,6 +115,10 @@ def stack_experiences(experiences: Sequence[Experience]) -> Batch:
         behaviour_value=cat([t.behaviour_value for t in trajectories], 1),
         bootstrap_obs=cat([e.bootstrap_obs for e in experiences], 0),
         bootstrap_value=cat([e.bootstrap_value for e in experiences], 0),
+        # Only the state at the chunk's start crosses to the learner: it
+        # re-unrolls the rest under its own params.
+        reset=cat([t.reset for t in trajectories], 1) if recurrent else None,
+        initial_hidden=cat([t.hidden[0] for t in trajectories], 0) if recurrent else None,
     )
 
 
@@ -197,9 +214,14 @@ def make_update_fn(
     """A jitted ``update(state, batch) -> (state, metrics)``: one learner update.
 
     ``schedule``: the learning-rate schedule with ``anneal_lr`` (default: a
-    fresh run's, `default_schedule`).
+    fresh run's, `default_schedule`). A recurrent ``network`` re-unrolls every
+    env's sequence from the state its chunk started with
+    (``batch.initial_hidden``), zeroing it where ``batch.reset``, for the
+    V-trace targets and inside every minibatch; the minibatches are whole env
+    sequences (see `recurrent_sequences`).
     """
     optimizer = make_optimizer(config, schedule)
+    recurrent = is_recurrent(network)
 
     def learning_rate_at(opt_state) -> jax.Array:
         """The rate of the update's first optimizer step (what the curves show)."""
@@ -224,8 +246,13 @@ def make_update_fn(
         # Decoupled PPO with V-trace: the learner's current policy is both the
         # V-trace target and the proximal policy of the clipped ratio, so the
         # surrogate stays centred at ratio 1 however stale the behaviour was.
-        target_logp, values, _ = evaluate(params, batch.obs, batch.action)
-        _, bootstrap_value = network.apply(params, batch.bootstrap_obs)
+        if recurrent:
+            target_logp, values, bootstrap_value = reevaluate_recurrent(
+                network, params, batch
+            )
+        else:
+            target_logp, values, _ = evaluate(params, batch.obs, batch.action)
+            _, bootstrap_value = network.apply(params, batch.bootstrap_obs)
         out = vtrace(
             batch.reward, values, discounts, bootstrap_value,
             target_logp - batch.behaviour_logp,
@@ -243,9 +270,24 @@ def make_update_fn(
             clip_eps=config.clip_eps, vf_coef=config.vf_coef, ent_coef=config.ent_coef,
         )
 
+    def recurrent_minibatch_loss(params, minibatch: Sequences):
+        unrolled = unroll(network, params, minibatch.initial_hidden, minibatch.obs,
+                          minibatch.reset)
+        flat = [x.reshape(-1) for x in (
+            unrolled.distribution.log_prob(minibatch.action), minibatch.old_logp,
+            minibatch.advantages, unrolled.value, minibatch.old_values,
+            minibatch.value_targets, unrolled.distribution.entropy(),
+        )]
+        return ppo_loss(
+            *flat, clip_eps=config.clip_eps, vf_coef=config.vf_coef,
+            ent_coef=config.ent_coef,
+        )
+
+    loss_fn = recurrent_minibatch_loss if recurrent else minibatch_loss
+
     def sgd_step(carry, minibatch):
         params, opt_state = carry
-        (_, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, minibatch
         )
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -258,12 +300,19 @@ def make_update_fn(
         advantages, targets, old_logp, old_values, extra = advantages_and_targets(
             state.params, batch
         )
-        flat = jax.tree.map(
-            lambda x: x.reshape(config.batch_size, *x.shape[2:]),
-            (batch.obs, batch.action, old_logp, advantages, old_values, targets),
-        )
+        if recurrent:
+            flat = Sequences(batch.initial_hidden, batch.obs, batch.action, batch.reset,
+                             old_logp, advantages, old_values, targets)
+        else:
+            flat = jax.tree.map(
+                lambda x: x.reshape(config.batch_size, *x.shape[2:]),
+                (batch.obs, batch.action, old_logp, advantages, old_values, targets),
+            )
 
         def epoch(carry, key):
+            if recurrent:
+                minibatches = recurrent_sequences(key, flat, config.num_minibatches)
+                return jax.lax.scan(sgd_step, carry, minibatches)
             permutation = jax.random.permutation(key, config.batch_size)
             minibatches = jax.tree.map(
                 lambda x: x[permutation].reshape(
@@ -289,6 +338,63 @@ def make_update_fn(
         return LearnerState(params, opt_state, key), metrics
 
     return update
+
+
+def reevaluate_recurrent(
+    network: RecurrentActorCritic, params: Any, batch: Batch
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(logp [T, B], value [T, B], bootstrap_value [B])`` of ``batch`` under ``params``.
+
+    Re-unrolls each env's sequence from ``batch.initial_hidden`` with the
+    resets the actor made, then values the bootstrap observation with the
+    state the next chunk will start from (zeroed where the last step ended
+    an episode, as the actor's next chunk will).
+    """
+    unrolled = unroll(network, params, batch.initial_hidden, batch.obs, batch.reset)
+    hidden = reset_hidden(unrolled.final_hidden, batch.done[-1])
+    _, _, bootstrap_value = network.apply(params, hidden, batch.bootstrap_obs)
+    return unrolled.distribution.log_prob(batch.action), unrolled.value, bootstrap_value
+
+
+class Sequences(NamedTuple):
+    """What the recurrent PPO epochs train on: whole sequences of ``B`` envs.
+
+    In a minibatch from `recurrent_sequences`, ``B`` is ``B // M`` and every
+    field gains a leading ``[M]`` axis.
+    """
+
+    initial_hidden: jax.Array  # [B, state_size] the state the chunk's first step acted with
+    obs: jax.Array  # [T, B, *obs_shape]
+    action: jax.Array  # [T, B] or [T, B, action_dim]
+    reset: jax.Array  # [T, B] bool, zero the state before this step
+    old_logp: jax.Array  # [T, B] the ratio's denominator
+    advantages: jax.Array  # [T, B]
+    old_values: jax.Array  # [T, B]
+    value_targets: jax.Array  # [T, B]
+
+
+def recurrent_sequences(key: jax.Array, sequences: Sequences, num_minibatches: int) -> Sequences:
+    """``sequences`` split into ``num_minibatches`` shuffled groups of whole envs.
+
+    Returns `Sequences` with a leading minibatch axis: ``initial_hidden``
+    ``[M, B // M, S]``, the rest ``[M, T, B // M, ...]``. Never split along
+    time: a minibatch re-unrolls each of its sequences from the state it
+    started with, so a sequence must arrive whole.
+    """
+    num_envs = sequences.initial_hidden.shape[0]
+    time_major = sequences[1:]
+    chex.assert_equal_shape_prefix(time_major, 2)
+    chex.assert_equal(time_major[0].shape[1], num_envs)
+    permutation = jax.random.permutation(key, num_envs)
+    size = num_envs // num_minibatches
+    hidden = sequences.initial_hidden[permutation].reshape(num_minibatches, size, -1)
+    split = [
+        jnp.moveaxis(
+            x[:, permutation].reshape(x.shape[0], num_minibatches, size, *x.shape[2:]), 1, 0
+        )
+        for x in time_major
+    ]
+    return Sequences(hidden, *split)
 
 
 RECENT_EPISODES = 100  # episode_return_mean averages this many latest episodes

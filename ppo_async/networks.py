@@ -7,14 +7,22 @@ space with ``n``, diagonal Gaussian with a state-independent log-std for a
 box). Calling the network returns ``(distribution, value)``: a
 `ppo_async.distributions` NamedTuple holding the distribution's parameters, and
 the value ``[...]``.
+
+``make_network(..., network="lstm" | "gru")`` gives a `RecurrentActorCritic`
+instead: the same torso, MLPs and heads around a recurrent cell, called as
+``(hidden, obs) -> (hidden, distribution, value)``. The hidden state is one
+array ``[..., state_size]``; resetting it at episode starts is the caller's
+job (`reset_hidden`), done in one place for actor and learner alike, and
+`unroll` runs the network over a time-major sequence with those resets.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -116,7 +124,9 @@ def make_network(
     observation_shape: Sequence[int],
     action_space: Any,
     hidden_sizes: Sequence[int] = (64, 64),
-) -> ActorCritic:
+    network: str = "mlp",
+    rnn_hidden_size: int = 128,
+) -> ActorCritic | RecurrentActorCritic:
     """The actor-critic for one observation shape and action space.
 
     Args:
@@ -125,7 +135,14 @@ def make_network(
       action_space: anything with ``n`` (discrete; gymnax and gymnasium
         ``Discrete``) or a 1-D ``shape`` (continuous; ``Box``).
       hidden_sizes: widths of the actor and critic MLPs.
+      network: "mlp" (feed-forward `ActorCritic`), or "lstm" / "gru"
+        (`RecurrentActorCritic` with that cell).
+      rnn_hidden_size: features of the recurrent cell (recurrent networks only).
     """
+    if network != "mlp":
+        return _make_recurrent_network(
+            observation_shape, action_space, hidden_sizes, network, rnn_hidden_size
+        )
     observation_shape = tuple(observation_shape)
     if len(observation_shape) not in (1, 3):
         raise ValueError(
@@ -147,6 +164,8 @@ def make_network(
 def init_params(network: ActorCritic, key: jax.Array, observation_shape: Sequence[int]):
     """Parameters for ``network`` from a dummy observation (batch of one)."""
     dummy = np.zeros((1, *observation_shape), np.float32)
+    if is_recurrent(network):
+        return jax.jit(network.init)(key, network.zero_hidden(1), dummy)
     # One compiled program instead of one dispatch (and compile) per initializer op.
     return jax.jit(network.init)(key, dummy)
 
@@ -160,5 +179,171 @@ def params_template(network: ActorCritic, observation_shape: Sequence[int]):
     every template it builds.
     """
     dummy = jax.ShapeDtypeStruct((1, *observation_shape), jnp.float32)
+    if is_recurrent(network):
+        shapes = jax.eval_shape(network.init, jax.random.key(0), network.zero_hidden(1), dummy)
+        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
     shapes = jax.eval_shape(network.init, jax.random.key(0), dummy)
     return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
+# --------------------------------------------------------------------------
+# Recurrent actor-critics (LSTM, GRU).
+# --------------------------------------------------------------------------
+
+RECURRENT_CELLS = ("lstm", "gru")
+
+
+class MemoryMLP(nn.Module):
+    """`MLP` whose first layer also reads a memory vector: ``tanh(W x + b + U m)``.
+
+    Layer names match `MLP`'s (``Dense_0``, ``Dense_1``...), and the memory
+    enters through its own bias-free ``memory_in`` kernel ``U``. Why this
+    shape: with ``U = 0`` the module *is* `MLP` (adding an exact zero changes
+    no bit), so a recurrent network with its recurrent weights zeroed can be
+    checked against the feed-forward network it extends. It is the usual
+    "skip past the LSTM" wiring (the torso features and the cell's output both
+    reach the heads), written as a sum instead of a concatenation.
+    """
+
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, x: jax.Array, memory: jax.Array) -> jax.Array:
+        for i, size in enumerate(self.hidden_sizes):
+            pre = _dense(size, math.sqrt(2.0))(x)
+            if i == 0:
+                pre = pre + nn.Dense(
+                    size, use_bias=False, kernel_init=orthogonal(math.sqrt(2.0)),
+                    name="memory_in",
+                )(memory)
+            x = nn.tanh(pre)
+        return x
+
+
+class RecurrentActorCritic(nn.Module):
+    """`ActorCritic` with a recurrent cell between the torso and the MLPs.
+
+    ``obs -> torso -> x``; ``(hidden, x) -> cell -> (hidden', m)``; actor and
+    critic are `MemoryMLP` s of ``(x, m)``; the heads are `ActorCritic`'s.
+    The cell reads the torso features, so memory of any observation is
+    possible; the MLPs read both, so the feed-forward path is intact.
+
+    ``hidden`` is one array ``[..., state_size]``: ``concat(c, h)`` for the
+    LSTM (``2 * rnn_hidden_size``), ``h`` for the GRU. Call:
+    ``(hidden, obs) -> (hidden', distribution, value)``. Zeroing the state at
+    an episode start is not done here (see `reset_hidden`), so one rule
+    serves the actor's rollout and the learner's re-unroll.
+    """
+
+    action_dim: int
+    continuous: bool
+    hidden_sizes: Sequence[int] = (64, 64)
+    conv_torso: bool = False
+    cell: str = "lstm"
+    rnn_hidden_size: int = 128
+
+    @property
+    def state_size(self) -> int:
+        """Width of the hidden-state array."""
+        return (2 if self.cell == "lstm" else 1) * self.rnn_hidden_size
+
+    def zero_hidden(self, batch_size: int) -> jax.Array:
+        """``[batch_size, state_size]`` float32 zeros: the state at an episode start."""
+        return jnp.zeros((batch_size, self.state_size), jnp.float32)
+
+    @nn.compact
+    def __call__(
+        self, hidden: jax.Array, obs: jax.Array
+    ) -> tuple[jax.Array, Distribution, jax.Array]:
+        x = obs.astype(jnp.float32)
+        if self.conv_torso:
+            x = MinAtarTorso()(x)
+        size = self.rnn_hidden_size
+        # The project's orthogonal init, not flax's default for the recurrent
+        # kernel: flax's uses QR, which deadlocks a vmapped init on CPU (see
+        # `orthogonal`), and the twin vmaps init over seeds.
+        if self.cell == "lstm":
+            cell = nn.OptimizedLSTMCell(size, recurrent_kernel_init=orthogonal(), name="cell")
+            (c, h), memory = cell((hidden[..., :size], hidden[..., size:]), x)
+            hidden = jnp.concatenate([c, h], axis=-1)
+        else:
+            cell = nn.GRUCell(size, recurrent_kernel_init=orthogonal(), name="cell")
+            hidden, memory = cell(hidden, x)
+        actor = MemoryMLP(self.hidden_sizes, name="MLP_0")(x, memory)
+        critic = MemoryMLP(self.hidden_sizes, name="MLP_1")(x, memory)
+        value = _dense(1, 1.0)(critic)[..., 0]
+        if self.continuous:
+            mean = _dense(self.action_dim, 0.01)(actor)
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            # Broadcast, so that the distribution stacks along time in `unroll`.
+            return hidden, DiagGaussian(mean, jnp.broadcast_to(log_std, mean.shape)), value
+        logits = _dense(self.action_dim, 0.01)(actor)
+        return hidden, Categorical(logits), value
+
+
+def is_recurrent(network: Any) -> bool:
+    """Whether ``network`` carries a hidden state (`RecurrentActorCritic`)."""
+    return isinstance(network, RecurrentActorCritic)
+
+
+def _make_recurrent_network(
+    observation_shape, action_space, hidden_sizes, cell: str, rnn_hidden_size: int
+) -> RecurrentActorCritic:
+    if cell not in RECURRENT_CELLS:
+        raise ValueError(f"network {cell!r}: expected 'mlp' or one of {RECURRENT_CELLS}")
+    feed_forward = make_network(observation_shape, action_space, hidden_sizes)
+    return RecurrentActorCritic(
+        feed_forward.action_dim, feed_forward.continuous, feed_forward.hidden_sizes,
+        feed_forward.conv_torso, cell, int(rnn_hidden_size),
+    )
+
+
+def reset_hidden(hidden: jax.Array, reset: jax.Array) -> jax.Array:
+    """``hidden`` ``[B, S]`` with the rows where ``reset`` ``[B]`` is true set to zero.
+
+    The one rule for episode starts: the actor's rollout, the learner's
+    re-unroll and the evaluator all zero the state with this, right before
+    the network acts on an episode's first observation.
+    """
+    chex.assert_rank([hidden, reset], [2, 1])
+    chex.assert_equal_shape_prefix([hidden, reset], 1)
+    return jnp.where(reset[:, None], jnp.zeros_like(hidden), hidden)
+
+
+class Unrolled(NamedTuple):
+    """A recurrent network run over ``T`` steps of ``B`` sequences."""
+
+    distribution: Distribution  # fields [T, B, ...]
+    value: jax.Array  # [T, B]
+    hidden: jax.Array  # [T, B, S] the state each step acted with (after its reset)
+    final_hidden: jax.Array  # [B, S] the state after the last step (before any reset)
+
+
+def unroll(
+    network: RecurrentActorCritic,
+    params: Any,
+    initial_hidden: jax.Array,
+    obs: jax.Array,
+    reset: jax.Array,
+) -> Unrolled:
+    """Run ``network`` over a time-major sequence, zeroing the state where ``reset``.
+
+    Args:
+      initial_hidden: ``[B, S]`` state entering step 0 (before its reset).
+      obs: ``[T, B, *obs_shape]``.
+      reset: ``[T, B]`` bool, an episode starts at this step: the state is
+        zeroed before the network sees ``obs[t]``.
+    """
+    chex.assert_rank([initial_hidden, reset], [2, 2])
+    chex.assert_equal_shape_prefix([obs, reset], 2)
+
+    def step(hidden, inputs):
+        obs_t, reset_t = inputs
+        hidden = reset_hidden(hidden, reset_t)
+        next_hidden, distribution, value = network.apply(params, hidden, obs_t)
+        return next_hidden, (distribution, value, hidden)
+
+    final_hidden, (distribution, value, hidden) = jax.lax.scan(
+        step, initial_hidden, (obs, reset)
+    )
+    return Unrolled(distribution, value, hidden, final_hidden)

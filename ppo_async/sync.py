@@ -24,7 +24,7 @@ from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs import BatchedEnv, EnvCarry, make_rollout
 from ppo_async.host_envs import GYMNAX, split_env_id
 from ppo_async.learner import Batch, LearnerState, init_learner_state, make_update_fn
-from ppo_async.networks import init_params, make_network
+from ppo_async.networks import init_params, is_recurrent, make_network
 
 
 class SyncResult(NamedTuple):
@@ -58,9 +58,13 @@ def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
             "gymnax envs only"
         )
     env = BatchedEnv(env_name, config.num_envs)
-    network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
-    rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
+    network = make_network(env.observation_shape, env.action_space, config.hidden_sizes,
+                           config.network, config.rnn_hidden_size)
+    recurrent = is_recurrent(network)
+    rollout = make_rollout(env, network.apply, config.num_steps, config.gamma,
+                           recurrent=recurrent)
     update = make_update_fn(config, network)
+    state_size = network.state_size if recurrent else None
 
     def init(key: jax.Array) -> SyncCarry:
         # The same key derivation as train(): with one actor in lock-step the
@@ -69,7 +73,7 @@ def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
         params = init_params(network, params_key, env.observation_shape)
         return SyncCarry(
             init_learner_state(config, params, learner_key),
-            env.reset(jax.random.fold_in(key, 0)),
+            env.reset(jax.random.fold_in(key, 0), state_size),
         )
 
     def step(carry: SyncCarry) -> tuple[SyncCarry, dict[str, jax.Array]]:
@@ -83,6 +87,8 @@ def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
             behaviour_value=trajectory.behaviour_value,
             bootstrap_obs=env_carry.obs,
             bootstrap_value=bootstrap_value,
+            reset=trajectory.reset,
+            initial_hidden=None if trajectory.hidden is None else trajectory.hidden[0],
         )
         learner, metrics = update(carry.learner, batch)
         metrics["episode_return_sum"] = jnp.sum(trajectory.episode_return)

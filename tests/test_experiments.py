@@ -131,3 +131,26 @@ def test_vtrace_lag_diagnostic_runs_every_variant(tmp_path):
             assert row["clipped_rho_mean"] > 0.0
         else:
             assert math.isnan(row["clipped_rho_mean"])
+
+
+def test_recurrent_results_runs_both_modes_and_measures_the_cost(tmp_path):
+    argv = ["--envs", "MemoryChain-bsuite", "--networks", "mlp", "lstm", "--seeds", "1",
+            "--budget-scale", "0.005", "--cost-reps", "1", "--out", str(tmp_path)]
+    run = subprocess.run(
+        [sys.executable, str(EXPERIMENTS / "recurrent_results.py"), *argv],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = read_rows(tmp_path / "results.csv")
+    assert sorted((r["network"], r["mode"]) for r in rows) == [
+        ("lstm", "async"), ("lstm", "sync"), ("mlp", "async"), ("mlp", "sync")]
+    assert {int(r["env_steps"]) for r in rows} == {2 * 256}  # the two-update floor
+    cost = read_rows(tmp_path / "cost.csv")
+    assert [r["network"] for r in cost] == ["mlp", "lstm"]
+    assert all(float(r["update_ms_per_batch"]) > 0 for r in cost)
+    for name in ("curves_MemoryChain-bsuite.csv", "curves_MemoryChain-bsuite.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert [e["network"] for e in result["learning"]] == ["mlp", "lstm"]
+    assert "| MemoryChain-bsuite | lstm |" in run.stdout
+    assert "python experiments/recurrent_results.py --envs MemoryChain-bsuite" in run.stdout
