@@ -382,8 +382,8 @@ def test_the_recurrent_update_compiles_once_before_the_first_batch(monkeypatch):
     original = train_module.make_update_fn
     updates, calls = [], []
 
-    def make_update_fn(config, network):
-        update = original(config, network)
+    def make_update_fn(config, network, *schedule):
+        update = original(config, network, *schedule)
         updates.append(update)
 
         def counted(state, batch):
@@ -426,7 +426,8 @@ def test_recurrent_lock_step_resume_is_byte_identical_and_carries_the_state(tmp_
     run_dir = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
         train(config, run_dir=run_dir, progress=False, on_update=interrupt)
-    assert [int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints")] == [3]
+    # Every 3 updates, and where it stopped; the resumed actors start from the saved states.
+    assert [int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints")] == [3, 5]
     resumed = train(config, resume_from=run_dir, progress=False)
     as_bytes = flax.serialization.to_bytes
     assert as_bytes(resumed.params) == as_bytes(whole.params)
@@ -447,29 +448,23 @@ def test_checkpoints_from_before_the_network_field_resume_as_mlp_only():
 
 
 def test_checkpointed_carries_hold_each_actors_hidden_state(tmp_path):
-    from ppo_async.train import CHECKPOINT_SUBDIR, load_resume_point
+    from ppo_async.resume import load_newest_checkpoint
+    from ppo_async.run_dir import CHECKPOINT_SUBDIR
 
     config = dataclasses.replace(LOCK_STEP, num_actors=2, envs_per_actor=2,
                                  total_env_steps=2 * 2 * 8 * 3, checkpoint_every_updates=3)
     train(config, run_dir=tmp_path, progress=False)
     program = make_actor_program(config)
-    state = init_learner_state_for(config, program)
-    point = load_resume_point(config, program, tmp_path, state)
-    assert len(point.actor_carries) == 2
-    for carry in point.actor_carries:
+    loaded = load_newest_checkpoint(config, program, tmp_path / CHECKPOINT_SUBDIR)
+    carries = loaded.state["actor_carries"]
+    assert len(carries) == 2
+    for carry in carries:
         assert carry.hidden.shape == (2, program.network.state_size)
         # Mid-run, an env is mid-episode (MemoryChain's episodes are 6 steps and
         # the chunk is 8) unless it just ended one: the state is then nonzero.
         in_episode = np.asarray(carry.episode_length) > 0
         assert np.all(np.abs(np.asarray(carry.hidden))[in_episode].max(axis=-1) > 0)
     assert (tmp_path / CHECKPOINT_SUBDIR).is_dir()
-
-
-def init_learner_state_for(config, program):
-    from ppo_async.learner import init_learner_state
-
-    params = init_params(program.network, jax.random.key(0), program.observation_shape)
-    return init_learner_state(config, params, jax.random.key(0))
 
 
 @pytest.mark.parametrize("cell", CELLS)
