@@ -47,7 +47,6 @@ from ppo_async.learner import (
     LearnerChannels,
     LearnerReport,
     LearnerState,
-    LearnerTimeoutError,
     LearningRateSchedule,
     UpdateFn,
     broadcast,

@@ -38,7 +38,6 @@ from ppo_async.learner import (
     stack_experiences,
 )
 from ppo_async.networks import (
-    RecurrentActorCritic,
     init_params,
     make_network,
     reset_hidden,

@@ -8,16 +8,13 @@ import dataclasses
 import importlib
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
 import threading
 import time
-import warnings
 
 import flax.serialization
-import jax
 import numpy as np
 import pytest
 
