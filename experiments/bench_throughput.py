@@ -11,6 +11,11 @@ alternating seed by seed:
   update at or past a quarter of the budget to the last update (start-up and
   the first compiles excluded), from the ``on_update`` timestamps.
 
+- ``async-1t``: the same `train()` with XLA's CPU ops single-threaded
+  (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false``): every actor and the
+  learner is already a thread of its own, and on a small machine XLA's
+  intra-op pool only adds hand-offs between them.
+
 Target: async / twin >= 1.0. The machine's load average is printed with the
 figures: run it with nothing else on the machine.
 
@@ -64,11 +69,18 @@ def _async(total_env_steps: int, seed: int) -> dict:
             "learner_wait_s": report.learner_wait_s}
 
 
+SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
+MODES = ("twin", "async", "async-1t")
+
+
 def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
+    env = dict(os.environ)
+    if mode == "async-1t":
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREADED_XLA}".strip()
     completed = subprocess.run(
-        [sys.executable, __file__, "--one", mode, "--seeds", str(seed),
-         "--total-env-steps", str(total_env_steps)],
-        capture_output=True, text=True, timeout=1800, env=dict(os.environ),
+        [sys.executable, __file__, "--one", "twin" if mode == "twin" else "async",
+         "--seeds", str(seed), "--total-env-steps", str(total_env_steps)],
+        capture_output=True, text=True, timeout=1800, env=env,
     )
     if completed.returncode != 0:
         raise RuntimeError(f"{mode} seed {seed} failed:\n{completed.stderr[-3000:]}")
@@ -82,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--total-env-steps", type=int, default=500_000)
     parser.add_argument("--one", choices=["twin", "async"], default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -92,19 +105,23 @@ def main(argv: list[str] | None = None) -> dict:
 
     rows = []
     for seed in args.seeds:
-        for mode in ("twin", "async"):
-            row = {"mode": mode, "seed": seed,
+        for mode in args.modes:
+            row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0],
                    **_one_in_a_fresh_process(mode, seed, args.total_env_steps)}
             rows.append(row)
-            print(f"{mode:5s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s "
-                  f"(final return {row['final_return']:.1f}, load {os.getloadavg()[0]:.1f})",
+            print(f"{mode:8s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s "
+                  f"(final return {row['final_return']:.1f}, load {row['load_average_1_min']:.1f})",
                   flush=True)
     medians = {mode: statistics.median(r["env_steps_per_s"] for r in rows if r["mode"] == mode)
-               for mode in ("twin", "async")}
-    ratio = medians["async"] / medians["twin"]
-    print(f"\nmedian steady-state env steps/s: async {medians['async']:.0f}, twin run phase "
-          f"{medians['twin']:.0f}: async / twin = {ratio:.2f} (target >= 1.0)")
-    summary = {"rows": rows, "median_env_steps_per_s": medians, "ratio_async_to_twin": ratio}
+               for mode in args.modes}
+    print("\nmedian steady-state env steps/s:")
+    ratios = {}
+    for mode in args.modes:
+        if mode != "twin" and "twin" in medians:
+            ratios[mode] = medians[mode] / medians["twin"]
+        ratio = f"  {ratios[mode]:.2f}x the twin's run phase (target >= 1.0)" if mode in ratios else ""
+        print(f"  {mode:8s} {medians[mode]:8.0f}{ratio}")
+    summary = {"rows": rows, "median_env_steps_per_s": medians, "ratio_to_twin": ratios}
     common.save_result("bench_throughput", args.out, __file__, argv, summary)
     return summary
 
