@@ -36,6 +36,7 @@ from ppo_async.actor import (
     spawn_actor,
 )
 from ppo_async.checkpoint import load_latest_checkpoint, save_checkpoint
+from ppo_async.compile_cache import enable_compilation_cache
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_device
 from ppo_async.envs import EnvCarry
 from ppo_async.learner import (
@@ -347,6 +348,7 @@ def train(
       LearnerTimeoutError: no experience for ``config.learner_timeout_s``.
       NonFiniteError: an update produced NaN or inf (the last checkpoint stays).
     """
+    enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
     learner_device = resolve_device(config.learner_device)
     actor_device = resolve_device(config.actor_device)
     if resume_from is not None:
