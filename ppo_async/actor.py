@@ -154,8 +154,13 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     template = params_template(network, env.observation_shape)
     scan_rollout = make_rollout(env, network.apply, config.num_steps, config.gamma)
 
+    # One compiled program: run eagerly, the reset's key splits, gymnax reset,
+    # dtype fixes and zeros are each compiled (and cached) on their own, a
+    # dozen small compiles on every actor's way to its first chunk.
+    jitted_reset = jax.jit(env.reset)
+
     def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
-        return jax.device_put(env.reset(key), device)
+        return jax.device_put(jitted_reset(key), device)
 
     def rollout(params, carry: EnvCarry):
         carry, trajectory, bootstrap_value = scan_rollout(params, carry)
