@@ -131,3 +131,27 @@ def test_vtrace_lag_diagnostic_runs_every_variant(tmp_path):
             assert row["clipped_rho_mean"] > 0.0
         else:
             assert math.isnan(row["clipped_rho_mean"])
+
+
+def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
+    bench = load_script("bench_startup")
+    result = bench.main(["--import-repeats", "1", "--train-repeats", "1", "--num-steps", "8",
+                         "--envs-per-actor", "2", "--out", str(tmp_path)])
+    imports = result["imports"]
+    assert imports["ratio"] == imports["ppo_async_median_s"] / imports["baseline_median_s"] > 0
+    (cold,) = result["cold_runs"]
+    (pair,) = result["warm_pairs"]
+    for run in (cold, pair["first_run"], pair["second_run"]):
+        assert 0 < run["first_update_s"] <= run["train_returned_s"]
+        assert run["first_update_cpu_s"] > 0
+    # The second run of the pair compiled nothing: it found every program.
+    assert pair["cache_entries_after_first"] > 0
+    assert pair["cache_entries_after_second"] == pair["cache_entries_after_first"]
+    assert result["overrides"] == {"num_steps": 8, "envs_per_actor": 2}
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["warm_first_update_median_s"] == pair["second_run"]["first_update_s"]
+    assert len(saved["load_average_before"]) == 3
+    out = capsys.readouterr().out
+    assert "python experiments/bench_startup.py --import-repeats 1" in out
+    assert "load average before" in out

@@ -56,3 +56,98 @@ def test_building_a_gymnax_env_still_works_after_a_lazy_import(env_id):
         print("gymnax" in sys.modules, BatchedEnv("CartPole-v1", 2).observation_shape)
     """)
     assert out.split() == ["True", "(4,)"]
+
+
+# --- the opt-in persistent compilation cache ---
+
+
+@pytest.mark.parametrize("value", ["", "  ", 3])
+def test_compilation_cache_dir_must_name_a_directory(value):
+    with pytest.raises(ppo_async.ConfigError, match="compilation_cache_dir"):
+        ppo_async.AsyncActorLearnerConfig(compilation_cache_dir=value)
+
+
+def test_compilation_cache_dir_refuses_a_file(tmp_path):
+    a_file = tmp_path / "not-a-directory"
+    a_file.write_text("")
+    with pytest.raises(ppo_async.ConfigError, match="is a file"):
+        ppo_async.AsyncActorLearnerConfig(compilation_cache_dir=str(a_file))
+    # A directory that does not exist yet is fine: train() creates it.
+    ppo_async.AsyncActorLearnerConfig(compilation_cache_dir=str(tmp_path / "new" / "cache"))
+
+
+def test_default_cache_dir_is_under_the_user_cache(monkeypatch, tmp_path):
+    from ppo_async.compile_cache import resolve_cache_dir
+
+    assert resolve_cache_dir(None) is None
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_cache_dir("default") == tmp_path / ".cache" / "ppo_async" / "jax"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert resolve_cache_dir("default") == tmp_path / "xdg" / "ppo_async" / "jax"
+    assert resolve_cache_dir("~/c") == tmp_path / "c"
+
+
+def test_the_cli_has_the_flag(capsys):
+    from ppo_async.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "--compilation-cache-dir" in out and "~/.cache/ppo_async/jax" in out
+
+
+_TINY_RUN = """
+    import sys
+    import jax
+    from ppo_async import AsyncActorLearnerConfig, train
+    from ppo_async.sync import make_train
+    cache_dir = sys.argv[1] if sys.argv[1] != "none" else None
+    config = AsyncActorLearnerConfig(
+        num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+        total_env_steps=16, compilation_cache_dir=cache_dir)
+    train(config, progress=False)
+    print("cache", jax.config.jax_compilation_cache_dir)
+"""
+
+
+def _run_tiny(cache_dir: str, env: dict) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_TINY_RUN), cache_dir],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _entries(directory) -> set[str]:
+    return {p.name for p in directory.rglob("*") if p.is_file()}
+
+
+def test_a_second_run_finds_every_program_in_the_cache(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    cache = tmp_path / "cache"
+    assert f"cache {cache}" in _run_tiny(str(cache), env)
+    first = _entries(cache)
+    # Small programs too (the threshold is 0 s): the initializers, reset,
+    # rollout, update, and the op-by-op dispatches.
+    assert len(first) >= 10
+    _run_tiny(str(cache), env)
+    assert _entries(cache) == first  # nothing compiled anew, so nothing written
+
+    # Off by default: a run without the field leaves no cache behind.
+    assert "cache None" in _run_tiny("none", env)
+
+
+def test_the_twin_uses_the_cache_too(tmp_path):
+    script = f"""
+        import jax
+        from ppo_async import AsyncActorLearnerConfig
+        from ppo_async.sync import make_train
+        config = AsyncActorLearnerConfig(
+            num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+            total_env_steps=16, compilation_cache_dir={str(tmp_path)!r})
+        jax.jit(make_train(config))(jax.random.key(0))
+    """
+    run_python(script)
+    assert _entries(tmp_path)
