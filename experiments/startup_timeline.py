@@ -10,7 +10,9 @@ default CartPole run (``--updates`` updates), timed from the `train()` call:
 - each actor's first chunk (``ActorStats.first_chunk_s``: its rollout compile).
 
 Then, in the same process, the initializers compiled alone on a fresh network
-(nothing beside them), for comparison.
+(nothing beside them), for comparison, and (without a cache) ``alone_cpu_s``:
+the CPU seconds of each step -- actor program, initializers, reset, rollout,
+learner state, update -- retraced and recompiled one after the other.
 
 It also takes JAX's compile log (``jax_log_compiles``) of the run up to its
 first update and lists every program: the thread that built it, its tracing,
@@ -159,9 +161,14 @@ def main(argv: list[str] | None = None) -> dict:
     jax.block_until_ready(init_params(network, jax.random.key(1), (4,)))
     marks["init_params_alone_s"] = time.perf_counter() - alone
     marks["actor_first_chunk_s"] = [s.first_chunk_s for s in report.actor_stats]
+    if args.compilation_cache_dir is None:
+        marks["alone_cpu_s"] = steps_alone(config)
 
     for name, value in marks.items():
-        shown = [round(v, 2) for v in value] if isinstance(value, list) else round(value, 2)
+        if isinstance(value, dict):
+            shown = {k: round(v, 2) for k, v in value.items()}
+        else:
+            shown = [round(v, 2) for v in value] if isinstance(value, list) else round(value, 2)
         print(f"{name:24s} {shown}")
     print_programs(programs)
     load = os.getloadavg()
@@ -170,6 +177,42 @@ def main(argv: list[str] | None = None) -> dict:
                        {**marks, "programs": programs, "load_average": load,
                         "compilation_cache_dir": args.compilation_cache_dir})
     return {**marks, "programs": programs}
+
+
+def steps_alone(config) -> dict[str, float]:
+    """CPU seconds of each step on the way to a first update, one after the other.
+
+    In-memory compile caches are cleared first, so each step traces, lowers
+    and compiles its programs again, with nothing compiling beside it: what
+    each costs, and their sum, what two cores must get through.
+    """
+    import jax
+
+    from ppo_async.actor import make_actor_program
+    from ppo_async.learner import init_learner_state, make_update_fn
+    from ppo_async.networks import init_params
+
+    train_module = importlib.import_module("ppo_async.train")
+    jax.clear_caches()
+    seconds: dict[str, float] = {}
+
+    def step(name, function):
+        start = time.process_time()
+        out = jax.block_until_ready(function())
+        seconds[name] = round(time.process_time() - start, 3)
+        return out
+
+    program = step("actor_program", lambda: make_actor_program(config))
+    params = step("init_params", lambda: init_params(
+        program.network, jax.random.key(0), program.observation_shape))
+    carry = step("reset", lambda: program.reset(jax.random.key(1), jax.devices("cpu")[0]))
+    step("rollout", lambda: program.rollout(params, carry))
+    state = step("learner_state", lambda: init_learner_state(config, params, jax.random.key(0)))
+    batch = train_module._warm_up_batch(config, program)
+    update = make_update_fn(config, program.network)
+    step("update", lambda: update(state, batch))
+    seconds["total"] = round(sum(seconds.values()), 3)
+    return seconds
 
 
 def print_programs(programs: list[dict], top: int = 12) -> None:
