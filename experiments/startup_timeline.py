@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import jax
 
+    cache_was_enabled = jax.config.jax_enable_compilation_cache  # restored at the end
     jax.config.update("jax_enable_compilation_cache", args.compilation_cache_dir is not None)
     compile_log = CompileLog()
     jax_logger = logging.getLogger("jax")
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     marks["actor_first_chunk_s"] = [s.first_chunk_s for s in report.actor_stats]
     if args.compilation_cache_dir is None:
         marks["alone_cpu_s"] = steps_alone(config)
+    jax.config.update("jax_enable_compilation_cache", cache_was_enabled)
 
     for name, value in marks.items():
         if isinstance(value, dict):

@@ -155,3 +155,22 @@ def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert "python experiments/bench_startup.py --import-repeats 1" in out
     assert "load average before" in out
+
+
+def test_startup_timeline_lists_the_programs_compiled_before_the_first_update(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    timeline = load_script("startup_timeline")
+    result = timeline.main(["--updates", "1", "--out", str(tmp_path)])
+    assert 0 < result["first_update_s"] <= result["train_total_s"]
+    assert result["first_update_cpu_s"] > 0
+    # JAX's compile log was parsed: the big programs are there, each with its seconds.
+    by_name = {row["program"]: row for row in result["programs"]}
+    assert {"update", "rollout", "reset", "init"} <= set(by_name)
+    assert all(row["compile_s"] > 0 for row in result["programs"])
+    alone = result["alone_cpu_s"]
+    assert set(alone) == {"actor_program", "init_params", "reset", "rollout",
+                          "learner_state", "update", "total"}
+    assert alone["update"] > 0 and alone["total"] >= alone["update"]
+    assert "programs compiled (or loaded) before the first update" in capsys.readouterr().out
+    assert json.loads((tmp_path / "results.json").read_text())["programs"]
