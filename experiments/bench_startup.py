@@ -119,8 +119,11 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = os.getloadavg()
     print(f"load average before: {load_before[0]:.2f} (1 min) on {os.cpu_count()} cores")
 
-    baseline = [time_import(BASELINE_MODULES) for _ in range(args.import_repeats)]
-    package = [time_import("ppo_async") for _ in range(args.import_repeats)]
+    # Interleaved, so that a change in the machine's load hits both alike.
+    baseline, package = [], []
+    for _ in range(args.import_repeats):
+        baseline.append(time_import(BASELINE_MODULES))
+        package.append(time_import("ppo_async"))
     imports = {
         "baseline_modules": BASELINE_MODULES,
         "baseline_s": baseline,
