@@ -10,31 +10,110 @@ default CartPole run (``--updates`` updates), timed from the `train()` call:
 - each actor's first chunk (``ActorStats.first_chunk_s``: its rollout compile).
 
 Then, in the same process, the initializers compiled alone on a fresh network
-(nothing beside them), for comparison.
+(nothing beside them), for comparison, and (without a cache) ``alone_cpu_s``:
+the CPU seconds of each step -- actor program, initializers, reset, rollout,
+learner state, update -- retraced and recompiled one after the other.
 
-    python experiments/startup_timeline.py [--updates 10]
+It also takes JAX's compile log (``jax_log_compiles``) of the run up to its
+first update and lists every program: the thread that built it, its tracing,
+lowering and XLA compile seconds (a persistent-cache hit shows as a short
+"compile": the load), so what stands between ``train()`` and its first update
+can be read off program by program. ``first_update_cpu_s`` is the process's
+CPU seconds over the same span: with C idle cores the wall time cannot be
+below ``cpu / C``. With ``--compilation-cache-dir`` the run uses (and fills)
+that cache: run twice for the warm timeline.
+
+    python experiments/startup_timeline.py [--updates 10] [--compilation-cache-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
 import importlib
+import logging
+import os
+import re
 import sys
 import time
 
 import common
+
+# Messages JAX logs per program with jax_log_compiles on (jax 0.10).
+_COMPILE_LOG = re.compile(
+    r"Finished (?P<stage>tracing|jaxpr to MLIR module conversion|XLA compilation) "
+    r"(?:of )?(?:jit\()?(?P<name>[^ )]+)\)?(?: for jit)? in (?P<seconds>[0-9.e-]+) sec"
+)
+_CACHE_HIT = re.compile(r"Persistent compilation cache hit for '(?P<name>[^']+)'")
+_STAGES = {"tracing": "trace_s", "jaxpr to MLIR module conversion": "lower_s",
+           "XLA compilation": "compile_s"}
+
+
+class CompileLog(logging.Handler):
+    """Collects JAX's per-program compile messages, by thread and program name."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.start_epoch = time.time()
+        self.records: list[dict] = []
+        self.hits: collections.Counter = collections.Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        hit = _CACHE_HIT.search(message)
+        if hit:
+            # No lock of our own: logging.Handler.handle holds the handler's around emit.
+            self.hits[(record.threadName, hit.group("name"))] += 1
+            return
+        match = _COMPILE_LOG.search(message)
+        if match:
+            self.records.append({
+                "at_s": record.created - self.start_epoch,
+                "thread": record.threadName,
+                "program": match.group("name"),
+                _STAGES[match.group("stage")]: float(match.group("seconds")),
+            })
+
+    def start_clock(self) -> None:
+        self.start_epoch = time.time()
+
+    def programs(self, until_s: float) -> list[dict]:
+        """One row per XLA compile (trace and lowering folded into it), up to ``until_s``."""
+        rows, pending = [], collections.defaultdict(dict)
+        for record in self.records:
+            if record["at_s"] > until_s:
+                continue
+            key = (record["thread"], record["program"])
+            pending[key].update({k: v for k, v in record.items() if k.endswith("_s") and k != "at_s"})
+            if "compile_s" in record:
+                row = {"thread": record["thread"], "program": record["program"],
+                       "done_at_s": round(record["at_s"], 3), "trace_s": 0.0, "lower_s": 0.0,
+                       **pending.pop(key)}
+                row["cache_hit"] = self.hits[(record["thread"], "jit_" + record["program"].strip("<>"))] > 0
+                rows.append(row)
+        return rows
 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=10)
+    parser.add_argument("--compilation-cache-dir", default=None,
+                        help="use (and fill) this persistent compilation cache; default: none")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
     import jax
 
-    jax.config.update("jax_enable_compilation_cache", False)
+    cache_was_enabled = jax.config.jax_enable_compilation_cache  # restored at the end
+    jax.config.update("jax_enable_compilation_cache", args.compilation_cache_dir is not None)
+    compile_log = CompileLog()
+    jax_logger = logging.getLogger("jax")
+    jax_logger.addHandler(compile_log)
+    jax_logger.setLevel(logging.DEBUG)
+    jax_logger.propagate = False  # the log is tabulated below, not printed as it comes
+    jax.config.update("jax_log_compiles", True)
 
     from ppo_async import AsyncActorLearnerConfig, train
     from ppo_async.networks import init_params, make_network
@@ -55,19 +134,27 @@ def main(argv: list[str] | None = None) -> dict:
     original_result = train_module._UpdateWarmUp.result
     train_module.init_params = timed("init_params", original_init)
     train_module._UpdateWarmUp.result = timed("warm_up_wait", original_result)
-    config = AsyncActorLearnerConfig()
-    config = AsyncActorLearnerConfig(total_env_steps=config.batch_size * args.updates)
+    config = AsyncActorLearnerConfig(compilation_cache_dir=args.compilation_cache_dir)
+    config = dataclasses.replace(config, total_env_steps=config.batch_size * args.updates)
+    cpu_start = [0.0]
 
     def on_update(metrics):
-        marks.setdefault("first_update_s", time.perf_counter() - start[0])
+        if "first_update_s" not in marks:
+            marks["first_update_s"] = time.perf_counter() - start[0]
+            marks["first_update_cpu_s"] = time.process_time() - cpu_start[0]
 
     try:
-        start[0] = time.perf_counter()
+        compile_log.start_clock()
+        start[0], cpu_start[0] = time.perf_counter(), time.process_time()
         report = train(config, progress=False, on_update=on_update).report
         marks["train_total_s"] = time.perf_counter() - start[0]
     finally:
         train_module.init_params = original_init
         train_module._UpdateWarmUp.result = original_result
+        jax.config.update("jax_log_compiles", False)
+        jax_logger.removeHandler(compile_log)
+        jax_logger.propagate = True
+    programs = compile_log.programs(until_s=marks["first_update_s"])
 
     # The initializers alone, on a fresh network object (so nothing is cached).
     network = make_network((4,), type("Discrete", (), {"n": 2})(), config.hidden_sizes)
@@ -75,12 +162,76 @@ def main(argv: list[str] | None = None) -> dict:
     jax.block_until_ready(init_params(network, jax.random.key(1), (4,)))
     marks["init_params_alone_s"] = time.perf_counter() - alone
     marks["actor_first_chunk_s"] = [s.first_chunk_s for s in report.actor_stats]
+    if args.compilation_cache_dir is None:
+        marks["alone_cpu_s"] = steps_alone(config)
+    jax.config.update("jax_enable_compilation_cache", cache_was_enabled)
 
     for name, value in marks.items():
-        shown = [round(v, 2) for v in value] if isinstance(value, list) else round(value, 2)
+        if isinstance(value, dict):
+            shown = {k: round(v, 2) for k, v in value.items()}
+        else:
+            shown = [round(v, 2) for v in value] if isinstance(value, list) else round(value, 2)
         print(f"{name:24s} {shown}")
-    common.save_result("startup_timeline", args.out, __file__, argv, dict(marks))
-    return marks
+    print_programs(programs)
+    load = os.getloadavg()
+    print(f"load average: {load[0]:.2f} (1 min) on {os.cpu_count()} cores")
+    common.save_result("startup_timeline", args.out, __file__, argv,
+                       {**marks, "programs": programs, "load_average": load,
+                        "compilation_cache_dir": args.compilation_cache_dir})
+    return {**marks, "programs": programs}
+
+
+def steps_alone(config) -> dict[str, float]:
+    """CPU seconds of each step on the way to a first update, one after the other.
+
+    In-memory compile caches are cleared first, so each step traces, lowers
+    and compiles its programs again, with nothing compiling beside it: what
+    each costs, and their sum, what two cores must get through.
+    """
+    import jax
+
+    from ppo_async.actor import make_actor_program
+    from ppo_async.learner import init_learner_state, make_update_fn
+    from ppo_async.networks import init_params
+
+    train_module = importlib.import_module("ppo_async.train")
+    jax.clear_caches()
+    seconds: dict[str, float] = {}
+
+    def step(name, function):
+        start = time.process_time()
+        out = jax.block_until_ready(function())
+        seconds[name] = round(time.process_time() - start, 3)
+        return out
+
+    program = step("actor_program", lambda: make_actor_program(config))
+    params = step("init_params", lambda: init_params(
+        program.network, jax.random.key(0), program.observation_shape))
+    carry = step("reset", lambda: program.reset(jax.random.key(1), jax.devices("cpu")[0]))
+    step("rollout", lambda: program.rollout(params, carry))
+    state = step("learner_state", lambda: init_learner_state(config, params, jax.random.key(0)))
+    batch = train_module._warm_up_batch(config, program)
+    update = make_update_fn(config, program.network)
+    step("update", lambda: update(state, batch))
+    seconds["total"] = round(sum(seconds.values()), 3)
+    return seconds
+
+
+def print_programs(programs: list[dict], top: int = 12) -> None:
+    """The slowest programs, then totals per thread (seconds; wall time, so a
+    program compiled beside another takes longer than alone)."""
+    print(f"\n{len(programs)} programs compiled (or loaded) before the first update; slowest:")
+    print(f"  {'done at':>7s} {'thread':14s} {'program':28s} {'trace':>6s} {'lower':>6s} {'compile':>7s}")
+    for row in sorted(programs, key=lambda r: -(r["trace_s"] + r["lower_s"] + r["compile_s"]))[:top]:
+        hit = " (cache hit)" if row["cache_hit"] else ""
+        print(f"  {row['done_at_s']:7.2f} {row['thread'][:14]:14s} {row['program'][:28]:28s} "
+              f"{row['trace_s']:6.2f} {row['lower_s']:6.2f} {row['compile_s']:7.2f}{hit}")
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for row in programs:
+        totals[row["thread"]][0] += 1
+        totals[row["thread"]][1] += row["trace_s"] + row["lower_s"] + row["compile_s"]
+    for thread, (count, seconds) in sorted(totals.items()):
+        print(f"  {thread:22s} {count:3d} programs, {seconds:6.2f} s tracing+lowering+compiling")
 
 
 if __name__ == "__main__":

@@ -163,8 +163,13 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
                                 recurrent=recurrent)
     state_size = network.state_size if recurrent else None
 
+    # One compiled program: run eagerly, the reset's key splits, gymnax reset,
+    # dtype fixes and zeros are each compiled (and cached) on their own, a
+    # dozen small compiles on every actor's way to its first chunk.
+    jitted_reset = jax.jit(lambda key: env.reset(key, state_size))
+
     def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
-        return jax.device_put(env.reset(key, state_size), device)
+        return jax.device_put(jitted_reset(key), device)
 
     def rollout(params, carry: EnvCarry):
         carry, trajectory, bootstrap_value = scan_rollout(params, carry)

@@ -117,6 +117,10 @@ class AsyncActorLearnerConfig:
     actor_device: str = "cpu"
     """Device the actors run inference on, as 'platform' or 'platform:index'."""
 
+    # --- startup ---
+    compilation_cache_dir: str | None = None
+    """Persistent compilation cache: a later run of the same config loads its compiled programs from this directory instead of compiling them. 'default': ~/.cache/ppo_async/jax (under $XDG_CACHE_HOME if set). None: off."""
+
     def __post_init__(self) -> None:
         _validate(self)
         if self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead):
@@ -260,6 +264,15 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
             f"with anneal_lr the learning-rate schedule counts {schedule_steps} optimizer "
             "steps, past the int32 step counter; lower it or set anneal_lr=False",
         )
+    if cfg.compilation_cache_dir is not None:
+        from ppo_async.compile_cache import resolve_cache_dir
+
+        _require(isinstance(cfg.compilation_cache_dir, str) and cfg.compilation_cache_dir.strip(),
+                 "compilation_cache_dir", cfg.compilation_cache_dir,
+                 "must be a directory path, 'default' (~/.cache/ppo_async/jax) or None")
+        _require(not resolve_cache_dir(cfg.compilation_cache_dir).is_file(),
+                 "compilation_cache_dir", cfg.compilation_cache_dir,
+                 "is a file; name a directory (it is created if missing)")
     for name in ("learner_device", "actor_device"):
         value = getattr(cfg, name)
         if value is None and name == "learner_device":

@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import gymnax
 import jax
 import jax.numpy as jnp
 
@@ -38,6 +37,10 @@ class UnknownEnvError(ValueError):
 
 def make_gymnax_env(env_id: str):
     """``(env, env_params)`` for a gymnax id; unknown ids list the valid ones."""
+    # Imported here, not at the top: gymnax imports matplotlib and seaborn for
+    # its renderers, over a second, and ``import ppo_async`` should not pay it.
+    import gymnax
+
     if env_id not in gymnax.registered_envs:
         raise UnknownEnvError(
             f"unknown env_id {env_id!r}; valid gymnax ids: "

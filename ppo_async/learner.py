@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import queue
 import time
 from collections.abc import Callable, Sequence
@@ -198,10 +199,17 @@ def make_optimizer(
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _optimizer_init(config: AsyncActorLearnerConfig) -> Callable[[Any], Any]:
+    # Jitted: run eagerly, the zeros of every distinct leaf shape compile on
+    # their own, a dozen small compiles on the way to a run's first update.
+    return jax.jit(make_optimizer(config).init)
+
+
 def init_learner_state(
     config: AsyncActorLearnerConfig, params: Any, key: jax.Array
 ) -> LearnerState:
-    return LearnerState(params, make_optimizer(config).init(params), key)
+    return LearnerState(params, _optimizer_init(config)(params), key)
 
 
 UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]

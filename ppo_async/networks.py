@@ -31,33 +31,72 @@ import numpy as np
 from ppo_async.distributions import Categorical, DiagGaussian, Distribution
 
 
-def orthogonal(scale: float = 1.0):
-    """Orthogonal initializer (Saxe et al. 2014) built by Gram-Schmidt, not QR.
+# Newton-Schulz steps of the polar factor. Each step maps a singular value s
+# to 1.5 s - 0.5 s^3: one near 0 grows by 1.5x a step, then converges
+# quadratically to 1. After scaling by the Frobenius norm every singular value
+# is at most 1; in float32 rounding keeps the smallest above ~1e-8 of the
+# largest, and 1.5^45 > 1e8, so 60 steps reach orthonormality to float
+# precision for every draw.
+_POLAR_STEPS = 60
 
-    The distribution is that of ``flax.linen.initializers.orthogonal``: the
-    orthonormal factor of a Gaussian matrix with R's diagonal made positive,
-    i.e. Haar-distributed. Why not QR: with jax 0.10.2 on a 2-core CPU, a
-    vmapped init (``jax.vmap(make_train(cfg))`` over seeds) runs XLA's batched
-    QR, which deadlocks the CPU thread pool -- the twin hangs forever. A loop of
-    matrix-vector products has no such kernel. The last axis is the output
-    (column) axis, as in flax's default.
+
+def _standard_normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Standard normal float32 ``shape`` from XLA's Philox generator, seeded by ``key``.
+
+    Not ``jax.random.normal``: its threefry hash takes most of the compile time
+    of ``init`` on a CPU (~0.1 s per call), while XLA's RngBitGenerator costs
+    little. The result is a deterministic function of ``key`` (Philox with an
+    explicit algorithm, not the backend's default), so the runtime and the
+    jitted twin draw the same numbers. Uniform bits become a normal through
+    the inverse error function, as ``jax.random.normal`` does.
+    """
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    # Philox takes 128 bits of state (a 64-bit key and a 64-bit counter); a
+    # threefry key has 64: it becomes the Philox key, the counter starts at 0.
+    words = key.reshape(-1).astype(jnp.uint32)
+    seed = jnp.concatenate([words, jnp.zeros(4, jnp.uint32)])[:4]
+    _, bits = jax.lax.rng_bit_generator(
+        seed, shape, jnp.uint32, algorithm=jax.lax.RandomAlgorithm.RNG_PHILOX
+    )
+    # 23 random mantissa bits under exponent 0: a float in [1, 2), minus 1.
+    unit = jax.lax.bitcast_convert_type((bits >> 9) | np.uint32(0x3F800000), jnp.float32) - 1.0
+    lowest = np.nextafter(np.float32(-1.0), np.float32(0.0))  # erf_inv(-1) is -inf
+    uniform = jnp.maximum(lowest, 2.0 * unit - 1.0)
+    return np.float32(math.sqrt(2.0)) * jax.lax.erf_inv(uniform)
+
+
+def orthogonal(scale: float = 1.0):
+    """Orthogonal initializer (Saxe et al. 2014): the polar factor of a Gaussian matrix.
+
+    For a tall Gaussian ``G`` the polar factor ``G (G^T G)^{-1/2}`` is
+    Haar-distributed on the matrices with orthonormal columns (``O G`` has
+    polar factor ``O U`` and the same law as ``G``, for every orthogonal
+    ``O``) -- the distribution of ``flax.linen.initializers.orthogonal``,
+    which takes the Q of a QR instead; the draws differ, the law does not.
+    It is computed with Newton-Schulz steps (matrix products only), and the
+    Gaussian with XLA's Philox generator (`_standard_normal`), because this
+    initializer's compile time is on the path to a run's first update: the
+    default network's initializers took ~1.7 s of CPU to compile with
+    Gram-Schmidt on ``jax.random.normal``, ~1.2 s like this. Why not QR: with jax 0.10.2 on a 2-core CPU, a vmapped
+    init (``jax.vmap(make_train(cfg))`` over seeds) runs XLA's batched QR,
+    which deadlocks the CPU thread pool -- the twin hangs forever; matrix
+    products have no such kernel. The last axis is the output (column) axis,
+    as in flax's default.
     """
 
     def init(key, shape, dtype=jnp.float32):
         num_cols = shape[-1]
         num_rows = math.prod(shape[:-1])
         tall = (max(num_rows, num_cols), min(num_rows, num_cols))
-        gaussian = jax.random.normal(key, tall, jnp.float32)
+        gaussian = _standard_normal(key, tall)
+        identity = jnp.eye(tall[1], dtype=jnp.float32)
 
-        def orthonormalise_column(j, basis):
-            column = gaussian[:, j]
-            # Project out the earlier columns twice ("twice is enough" for float32).
-            for _ in range(2):
-                column = column - basis @ (basis.T @ column)
-            return basis.at[:, j].set(column / jnp.linalg.norm(column))
+        def newton_schulz_step(_, matrix):
+            return matrix @ (1.5 * identity - 0.5 * (matrix.T @ matrix))
 
         basis = jax.lax.fori_loop(
-            0, tall[1], orthonormalise_column, jnp.zeros(tall, jnp.float32)
+            0, _POLAR_STEPS, newton_schulz_step, gaussian / jnp.linalg.norm(gaussian)
         )
         matrix = basis if num_rows >= num_cols else basis.T
         return (scale * matrix).reshape(shape).astype(dtype)

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppo_async.compile_cache import enable_compilation_cache
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs import BatchedEnv, EnvCarry, make_rollout
 from ppo_async.host_envs import GYMNAX, split_env_id
@@ -51,6 +52,7 @@ class SyncTwin(NamedTuple):
 
 def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
     """``init(key)`` and ``step(carry)``: one rollout and one update per step."""
+    enable_compilation_cache(config.compilation_cache_dir)  # the twin's jit compiles later
     backend, env_name = split_env_id(config.env_id)
     if backend != GYMNAX:
         raise ConfigError(

@@ -41,6 +41,7 @@ from ppo_async.actor import (
     spawn_actor,
 )
 from ppo_async.checkpoint import save_checkpoint
+from ppo_async.compile_cache import enable_compilation_cache
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_device
 from ppo_async.learner import (
     Batch,
@@ -365,6 +366,7 @@ def train(
       ShutdownTimeoutError: the run finished, but a thread did not stop within
         ``config.shutdown_timeout_s`` (the params and summary were written).
     """
+    enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
     learner_device = resolve_device(config.learner_device)
     actor_device = resolve_device(config.actor_device)
     run_dir, resume_from = _run_directories(config, run_dir, resume_from)

@@ -65,11 +65,14 @@ def test_random_policy_on_cartpole(cartpole_params):
     assert result.episode_returns.shape == (10,) and result.episode_lengths.shape == (10,)
     assert result.episode_returns.dtype == np.float32
     assert result.episode_lengths.dtype == np.int32
-    # CartPole pays 1 per step; an untrained policy falls within a few dozen steps
-    # at best, and no episode is shorter than the fastest possible fall.
+    # CartPole pays 1 per step, and no episode is shorter than the fastest
+    # possible fall nor longer than the time limit. How long an untrained greedy
+    # policy lasts depends on the draw: over 100 initial params, half fall in
+    # under 11 steps, and some last hundreds (with this initializer or the
+    # Gram-Schmidt one before it), so no tighter bound holds for every draw.
     np.testing.assert_array_equal(result.episode_returns, result.episode_lengths)
     assert np.all((result.episode_lengths >= 8) & (result.episode_lengths <= 500))
-    assert 8 <= result.mean_return <= 100
+    assert 8 <= result.mean_return <= 500
     assert result.mean_return == pytest.approx(np.mean(result.episode_returns))
     assert result.std_return == pytest.approx(np.std(result.episode_returns))
 

@@ -169,3 +169,46 @@ def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path):
     assert set(saved["ratio_to_twin"]) == {"async-1t"}
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3
     assert "x the twin's run phase" in completed.stdout
+
+
+def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
+    bench = load_script("bench_startup")
+    result = bench.main(["--import-repeats", "1", "--train-repeats", "1", "--num-steps", "8",
+                         "--envs-per-actor", "2", "--out", str(tmp_path)])
+    imports = result["imports"]
+    assert imports["ratio"] == imports["ppo_async_median_s"] / imports["baseline_median_s"] > 0
+    (cold,) = result["cold_runs"]
+    (pair,) = result["warm_pairs"]
+    for run in (cold, pair["first_run"], pair["second_run"]):
+        assert 0 < run["first_update_s"] <= run["train_returned_s"]
+        assert run["first_update_cpu_s"] > 0
+    # The second run of the pair compiled nothing: it found every program.
+    assert pair["cache_entries_after_first"] > 0
+    assert pair["cache_entries_after_second"] == pair["cache_entries_after_first"]
+    assert result["overrides"] == {"num_steps": 8, "envs_per_actor": 2}
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["warm_first_update_median_s"] == pair["second_run"]["first_update_s"]
+    assert len(saved["load_average_before"]) == 3
+    out = capsys.readouterr().out
+    assert "python experiments/bench_startup.py --import-repeats 1" in out
+    assert "load average before" in out
+
+
+def test_startup_timeline_lists_the_programs_compiled_before_the_first_update(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    timeline = load_script("startup_timeline")
+    result = timeline.main(["--updates", "1", "--out", str(tmp_path)])
+    assert 0 < result["first_update_s"] <= result["train_total_s"]
+    assert result["first_update_cpu_s"] > 0
+    # JAX's compile log was parsed: the big programs are there, each with its seconds.
+    by_name = {row["program"]: row for row in result["programs"]}
+    assert {"update", "rollout", "reset", "init"} <= set(by_name)
+    assert all(row["compile_s"] > 0 for row in result["programs"])
+    alone = result["alone_cpu_s"]
+    assert set(alone) == {"actor_program", "init_params", "reset", "rollout",
+                          "learner_state", "update", "total"}
+    assert alone["update"] > 0 and alone["total"] >= alone["update"]
+    assert "programs compiled (or loaded) before the first update" in capsys.readouterr().out
+    assert json.loads((tmp_path / "results.json").read_text())["programs"]

@@ -276,3 +276,56 @@ def test_orthogonal_init_gives_orthonormal_columns_or_rows(shape):
     np.testing.assert_allclose(gram, scale**2 * np.eye(gram.shape[0]), atol=1e-5)
     other = np.asarray(orthogonal(scale)(jax.random.key(1), shape))
     assert not np.allclose(other.reshape(w.shape), w)
+
+
+def _ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
+    grid = np.concatenate([a, b])
+    cdf_a = np.searchsorted(np.sort(a), grid, side="right") / len(a)
+    cdf_b = np.searchsorted(np.sort(b), grid, side="right") / len(b)
+    return float(np.abs(cdf_a - cdf_b).max())
+
+
+def test_orthogonal_init_is_haar_distributed():
+    # Haar on O(n) (Mezzadri 2007): the Q of a Gaussian's QR with R's diagonal
+    # made positive -- flax's orthogonal initializer, here in numpy. Ours
+    # (a polar factor) must match it in law: compare an entry and the trace.
+    from ppo_async.networks import orthogonal
+
+    n, draws = 4, 2000
+    keys = jax.random.split(jax.random.key(0), draws)
+    ours = np.asarray(jax.jit(jax.vmap(lambda k: orthogonal()(k, (n, n))))(keys))
+    rng = np.random.default_rng(0)
+    q, r = np.linalg.qr(rng.standard_normal((draws, n, n)))
+    haar = q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
+
+    # Moments of Haar O(n): E[W_ij] = 0, E[W_ij^2] = 1/n, tr W has mean 0 and variance 1.
+    trace = np.trace(ours, axis1=1, axis2=2)
+    assert abs(ours[:, 0, 0].mean()) < 4 / np.sqrt(n * draws)
+    assert abs((ours**2).mean() - 1 / n) < 0.01
+    assert abs(trace.mean()) < 4 / np.sqrt(draws) and abs(trace.var() - 1) < 0.15
+    # Two-sample KS at the 0.1% level (1.95 * sqrt(2 / draws)).
+    critical = 1.95 * np.sqrt(2 / draws)
+    for statistic in (lambda w: w[:, 0, 0], lambda w: w[:, 1, 2],
+                      lambda w: np.trace(w, axis1=1, axis2=2)):
+        assert _ks_statistic(statistic(ours), statistic(haar)) < critical
+    # The check can fail: a QR without the sign fix is orthogonal but not Haar
+    # (Householder makes its first entry always negative).
+    unsigned = np.linalg.qr(np.random.default_rng(1).standard_normal((draws, n, n)))[0]
+    assert _ks_statistic(unsigned[:, 0, 0], haar[:, 0, 0]) > critical
+
+
+def test_orthogonal_init_draws_depend_only_on_the_key():
+    # The twin (inside one big jitted program) and the runtime (a jitted init
+    # alone) must draw the same params from the same key.
+    from ppo_async.networks import orthogonal
+
+    init = orthogonal(np.sqrt(2.0))
+    key = jax.random.key(7)
+    alone = np.asarray(jax.jit(init, static_argnums=1)(key, (64, 64)))
+    inside = np.asarray(jax.jit(lambda k: init(k, (64, 64)) + 0.0)(key))
+    eager = np.asarray(init(key, (64, 64)))
+    np.testing.assert_array_equal(alone, inside)
+    np.testing.assert_allclose(eager, alone, atol=1e-6)
+    legacy = np.asarray(init(jax.random.key_data(key), (64, 64)))  # raw uint32 keys work too
+    np.testing.assert_array_equal(legacy, eager)

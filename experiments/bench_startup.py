@@ -1,0 +1,178 @@
+"""Startup figures, each measured in a fresh Python process.
+
+(a) ``import ppo_async`` against ``import jax, flax.linen, optax, chex`` (what
+    it cannot do without): the median of ``--import-repeats`` processes each,
+    and their ratio;
+(b) cold start: from the `train()` call to the first completed update, with
+    the persistent compilation cache off (every program compiles), the
+    default CartPole config unless overridden;
+(c) warm start: the same with ``compilation_cache_dir`` set to a fresh
+    temporary directory, run twice; the second run finds every program
+    compiled by the first.
+
+A run ends right after its first update (``on_update`` raises
+`StopTraining`). The config is built before the clock starts (its validation
+imports gymnax), and its build time is reported beside. The machine's load
+average is printed and saved: figures from a busy machine are slower.
+
+    python experiments/bench_startup.py [--import-repeats 7] [--train-repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import common
+
+BASELINE_MODULES = "jax, flax.linen, optax, chex"
+
+_IMPORT_CHILD = """
+import time
+start = time.perf_counter()
+import {modules}
+print(time.perf_counter() - start)
+"""
+
+# One run until its first update, in a process of its own.
+_TRAIN_CHILD = """
+import json, time
+start = time.perf_counter()
+import jax
+if {cache_dir!r} is None:
+    jax.config.update("jax_enable_compilation_cache", False)
+from ppo_async import AsyncActorLearnerConfig, StopTraining, train
+imported = time.perf_counter()
+config = AsyncActorLearnerConfig(compilation_cache_dir={cache_dir!r}, **{overrides!r})
+built, built_cpu = time.perf_counter(), time.process_time()
+marks = {{"import_s": imported - start, "config_s": built - imported}}
+
+def on_update(metrics):
+    marks["first_update_s"] = time.perf_counter() - built
+    # CPU seconds of all threads: on an idle machine with C cores the wall
+    # time cannot be below cpu / C, so this says what a busy machine hides.
+    marks["first_update_cpu_s"] = time.process_time() - built_cpu
+    raise StopTraining
+
+train(config, progress=False, on_update=on_update)
+marks["train_returned_s"] = time.perf_counter() - built
+marks["process_to_first_update_s"] = marks["import_s"] + marks["config_s"] + marks["first_update_s"]
+print("MARKS " + json.dumps(marks))
+"""
+
+
+def _child_env() -> dict[str, str]:
+    """This environment without the settings that would point JAX at a cache."""
+    env = dict(os.environ)
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE"):
+        env.pop(name, None)
+    return env
+
+
+def _run_child(code: str, timeout_s: float) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        timeout=timeout_s, env=_child_env(), cwd=common.REPO_ROOT,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"child process failed:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def time_import(modules: str, timeout_s: float = 120) -> float:
+    """Seconds to import ``modules`` in a fresh process (the interpreter's own start excluded)."""
+    return float(_run_child(_IMPORT_CHILD.format(modules=modules), timeout_s).split()[-1])
+
+
+def time_first_update(overrides: dict, cache_dir: str | None, timeout_s: float = 600) -> dict:
+    """Marks of one fresh process's run until its first update (see ``_TRAIN_CHILD``)."""
+    out = _run_child(_TRAIN_CHILD.format(cache_dir=cache_dir, overrides=overrides), timeout_s)
+    line = [line for line in out.splitlines() if line.startswith("MARKS ")][-1]
+    return json.loads(line[len("MARKS "):])
+
+
+def cache_entries(directory: pathlib.Path) -> int:
+    """Compiled programs stored in a cache directory."""
+    return sum(1 for path in directory.rglob("*") if path.is_file())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--import-repeats", type=int, default=7)
+    parser.add_argument("--train-repeats", type=int, default=3,
+                        help="cold runs, and warm pairs (each with a fresh cache)")
+    parser.add_argument("--num-steps", type=int, default=None, help="override the config's")
+    parser.add_argument("--envs-per-actor", type=int, default=None, help="override the config's")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    overrides = {name: getattr(args, name) for name in ("num_steps", "envs_per_actor")
+                 if getattr(args, name) is not None}
+
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} (1 min) on {os.cpu_count()} cores")
+
+    # Interleaved, so that a change in the machine's load hits both alike.
+    baseline, package = [], []
+    for _ in range(args.import_repeats):
+        baseline.append(time_import(BASELINE_MODULES))
+        package.append(time_import("ppo_async"))
+    imports = {
+        "baseline_modules": BASELINE_MODULES,
+        "baseline_s": baseline,
+        "ppo_async_s": package,
+        "baseline_median_s": statistics.median(baseline),
+        "ppo_async_median_s": statistics.median(package),
+    }
+    imports["ratio"] = imports["ppo_async_median_s"] / imports["baseline_median_s"]
+    print(f"import {BASELINE_MODULES}: {imports['baseline_median_s']:.2f} s, "
+          f"import ppo_async: {imports['ppo_async_median_s']:.2f} s, "
+          f"ratio {imports['ratio']:.2f} (medians of {args.import_repeats})")
+
+    cold = [time_first_update(overrides, None) for _ in range(args.train_repeats)]
+    cold_first = [run["first_update_s"] for run in cold]
+    print(f"cold: train() to first update {statistics.median(cold_first):.2f} s "
+          f"(median of {[round(t, 2) for t in cold_first]}; CPU "
+          f"{[round(run['first_update_cpu_s'], 2) for run in cold]} s)")
+
+    warm = []
+    for _ in range(args.train_repeats):
+        with tempfile.TemporaryDirectory(prefix="ppo_async_cache_") as directory:
+            first = time_first_update(overrides, directory)
+            entries_first = cache_entries(pathlib.Path(directory))
+            second = time_first_update(overrides, directory)
+            warm.append({
+                "first_run": first, "second_run": second, "cache_entries_after_first": entries_first,
+                "cache_entries_after_second": cache_entries(pathlib.Path(directory)),
+            })
+    warm_second = [pair["second_run"]["first_update_s"] for pair in warm]
+    print(f"warm cache: train() to first update {statistics.median(warm_second):.2f} s "
+          f"(second runs, median of {[round(t, 2) for t in warm_second]}; CPU "
+          f"{[round(pair['second_run']['first_update_cpu_s'], 2) for pair in warm]} s; the first runs took "
+          f"{[round(pair['first_run']['first_update_s'], 2) for pair in warm]})")
+
+    load_after = os.getloadavg()
+    print(f"load average after: {load_after[0]:.2f} (1 min)")
+    result = {
+        "overrides": overrides,
+        "imports": imports,
+        "cold_runs": cold,
+        "cold_first_update_median_s": statistics.median(cold_first),
+        "warm_pairs": warm,
+        "warm_first_update_median_s": statistics.median(warm_second),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+    }
+    common.save_result("bench_startup", args.out, __file__, argv, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

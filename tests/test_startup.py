@@ -1,0 +1,153 @@
+"""Startup: what ``import ppo_async`` loads, and the opt-in persistent compilation cache.
+
+Each check runs in a fresh subprocess: this process has long since imported
+everything, and the suite's conftest has set its own compilation cache.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import ppo_async
+
+# Imported only where they are used: each costs import time that most users of
+# the library (a notebook calling train, a test) never need.
+HEAVY_OPTIONAL_MODULES = ("gymnax", "tyro", "matplotlib", "tqdm", "tensorboardX", "seaborn")
+
+
+def run_python(script: str, timeout: float = 240, env: dict | None = None) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_import_ppo_async_leaves_the_heavy_optional_modules_unimported():
+    out = run_python(f"""
+        import sys
+        import ppo_async
+        print(sorted(m for m in {HEAVY_OPTIONAL_MODULES!r} if m in sys.modules))
+    """)
+    assert out.strip() == "[]"
+
+
+def test_every_public_name_still_imports_from_the_package():
+    out = run_python("""
+        import ppo_async
+        from ppo_async import *  # noqa: F403
+        missing = [name for name in ppo_async.__all__ if name not in globals()]
+        print(missing)
+    """)
+    assert out.strip() == "[]"
+    for name in ppo_async.__all__:
+        assert getattr(ppo_async, name) is not None
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnax:CartPole-v1"])
+def test_building_a_gymnax_env_still_works_after_a_lazy_import(env_id):
+    # Config validation and the env factory import gymnax on first use.
+    out = run_python(f"""
+        import sys
+        import ppo_async
+        from ppo_async.envs import BatchedEnv
+        config = ppo_async.AsyncActorLearnerConfig(env_id={env_id!r})
+        print("gymnax" in sys.modules, BatchedEnv("CartPole-v1", 2).observation_shape)
+    """)
+    assert out.split() == ["True", "(4,)"]
+
+
+# --- the opt-in persistent compilation cache ---
+
+
+@pytest.mark.parametrize("value", ["", "  ", 3])
+def test_compilation_cache_dir_must_name_a_directory(value):
+    with pytest.raises(ppo_async.ConfigError, match="compilation_cache_dir"):
+        ppo_async.AsyncActorLearnerConfig(compilation_cache_dir=value)
+
+
+def test_compilation_cache_dir_refuses_a_file(tmp_path):
+    a_file = tmp_path / "not-a-directory"
+    a_file.write_text("")
+    with pytest.raises(ppo_async.ConfigError, match="is a file"):
+        ppo_async.AsyncActorLearnerConfig(compilation_cache_dir=str(a_file))
+    # A directory that does not exist yet is fine: train() creates it.
+    ppo_async.AsyncActorLearnerConfig(compilation_cache_dir=str(tmp_path / "new" / "cache"))
+
+
+def test_default_cache_dir_is_under_the_user_cache(monkeypatch, tmp_path):
+    from ppo_async.compile_cache import resolve_cache_dir
+
+    assert resolve_cache_dir(None) is None
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_cache_dir("default") == tmp_path / ".cache" / "ppo_async" / "jax"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert resolve_cache_dir("default") == tmp_path / "xdg" / "ppo_async" / "jax"
+    assert resolve_cache_dir("~/c") == tmp_path / "c"
+
+
+def test_the_cli_has_the_flag(capsys):
+    from ppo_async.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "--compilation-cache-dir" in out and "~/.cache/ppo_async/jax" in out
+
+
+_TINY_RUN = """
+    import sys
+    import jax
+    from ppo_async import AsyncActorLearnerConfig, train
+    from ppo_async.sync import make_train
+    cache_dir = sys.argv[1] if sys.argv[1] != "none" else None
+    config = AsyncActorLearnerConfig(
+        num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+        total_env_steps=16, compilation_cache_dir=cache_dir)
+    train(config, progress=False)
+    print("cache", jax.config.jax_compilation_cache_dir)
+"""
+
+
+def _run_tiny(cache_dir: str, env: dict) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_TINY_RUN), cache_dir],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _entries(directory) -> set[str]:
+    return {p.name for p in directory.rglob("*") if p.is_file()}
+
+
+def test_a_second_run_finds_every_program_in_the_cache(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    cache = tmp_path / "cache"
+    assert f"cache {cache}" in _run_tiny(str(cache), env)
+    first = _entries(cache)
+    # Small programs too (the threshold is 0 s): the initializers, reset,
+    # rollout, update, and the op-by-op dispatches.
+    assert len(first) >= 10
+    _run_tiny(str(cache), env)
+    assert _entries(cache) == first  # nothing compiled anew, so nothing written
+
+    # Off by default: a run without the field leaves no cache behind.
+    assert "cache None" in _run_tiny("none", env)
+
+
+def test_the_twin_uses_the_cache_too(tmp_path):
+    script = f"""
+        import jax
+        from ppo_async import AsyncActorLearnerConfig
+        from ppo_async.sync import make_train
+        config = AsyncActorLearnerConfig(
+            num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+            total_env_steps=16, compilation_cache_dir={str(tmp_path)!r})
+        jax.jit(make_train(config))(jax.random.key(0))
+    """
+    run_python(script)
+    assert _entries(tmp_path)
