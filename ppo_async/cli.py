@@ -120,7 +120,7 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
 def _wandb_settings(project: str | None, entity: str | None, group: str | None,
                     tags: tuple[str, ...]):
     """`WandbSettings` from the train flags; None without ``--wandb-project``."""
-    from ppo_async.wandb_log import WandbSettings
+    from ppo_async.wandb_log import WandbSettings, import_wandb
 
     if project is None:
         given = [flag for flag, value in (("--wandb-entity", entity), ("--wandb-group", group),
@@ -128,6 +128,7 @@ def _wandb_settings(project: str | None, entity: str | None, group: str | None,
         if given:
             raise ConfigError(f"{given[0]} needs --wandb-project NAME (W&B logs only with a project)")
         return None
+    import_wandb()  # before a run directory is made: a missing wandb is a one-line error
     return WandbSettings(project=project, entity=entity, group=group, tags=tuple(tags))
 
 

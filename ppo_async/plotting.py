@@ -115,6 +115,7 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
         if not drawn:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(X_AXES[x])
+        ax.ticklabel_format(axis="y", useOffset=False)  # a flat curve reads 1000, not 1e-9+1e3
         if x == "env_steps":
             ax.xaxis.set_major_formatter(_steps_formatter())
         ax.grid(alpha=0.3)

@@ -45,7 +45,7 @@ class WandbSettings(NamedTuple):
     dir: str | None = None  # where wandb writes its files; None: the run directory (else wandb's default)
 
 
-def _import_wandb():
+def import_wandb():
     try:
         import wandb
     except ImportError:
@@ -60,7 +60,7 @@ class WandbRun:
 
     def __init__(self, settings: WandbSettings, config_fields: dict[str, Any],
                  run_dir: pathlib.Path | None, start_update: int = 0):
-        self.wandb = _import_wandb()
+        self.wandb = import_wandb()
         self.run_dir = run_dir
         self.step = 0
         name = settings.name
