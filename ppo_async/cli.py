@@ -172,6 +172,7 @@ def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | No
 
     return train_command
 
+
 def eval_command(
     run_dir: tyro.conf.Positional[pathlib.Path],
     num_episodes: int = 20,
