@@ -5,7 +5,8 @@
 
 The kernel runs this Python (a kernel spec in a temporary JUPYTER_PATH, as
 tests/test_notebook.py does), in a temporary working directory, with
-matplotlib's inline figures embedded as PNG. ``--total-env-steps`` rewrites
+matplotlib's inline figures embedded as PNG, and progress bars as text (see
+``text_progress`` in `execute`). ``--total-env-steps`` rewrites
 the ``TOTAL_ENV_STEPS = ...`` line of the first code cell. The committed
 ``notebooks/quickstart.ipynb`` stays without outputs; ``docs/quickstart.ipynb``
 is the executed copy a reader can open without running anything.
@@ -35,7 +36,7 @@ def with_budget(notebook, total_env_steps: int):
 
 
 def execute(source: pathlib.Path, out: pathlib.Path, total_env_steps: int | None = None,
-            timeout_s: int = 1800) -> pathlib.Path:
+            timeout_s: int = 1800, text_progress: bool = True) -> pathlib.Path:
     import nbformat
     from nbclient import NotebookClient
 
@@ -50,6 +51,14 @@ def execute(source: pathlib.Path, out: pathlib.Path, total_env_steps: int | None
             "display_name": "Python 3 (ppo_async)", "language": "python",
         }))
         os.environ["JUPYTER_PATH"] = str(pathlib.Path(scratch) / "jupyter")
+        if text_progress:
+            # An IPython start-up file of the kernel (not a cell of the notebook) hides
+            # ipywidgets, so train()'s bar is its plain-text fallback: a saved widget shows
+            # only its first frame ("0%") in a static viewer, text shows where it ended.
+            startup = pathlib.Path(scratch) / "ipython" / "profile_default" / "startup"
+            startup.mkdir(parents=True)
+            (startup / "00-text-progress.py").write_text("import sys\nsys.modules['ipywidgets'] = None\n")
+            os.environ["IPYTHONDIR"] = str(pathlib.Path(scratch) / "ipython")
         os.environ.setdefault("MPLBACKEND", "Agg")
         client = NotebookClient(notebook, kernel_name="ppo-async-execute", timeout=timeout_s,
                                 resources={"metadata": {"path": scratch}})
