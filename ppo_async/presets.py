@@ -55,7 +55,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # details of PPO" (cleanrl ppo_atari.py): 8 envs x 128 steps, 4 epochs x 4
     # minibatches, lr 2.5e-4 annealed, clip 0.1, 10M env steps. Untested here
     # (no Atari on the 2-core CPU machine); envpool's Pong-v5 already stacks 4
-    # frames of 84x84 grey and clips rewards.
+    # frames of 84x84 grey and clips rewards. The network is the one
+    # networks.make_network picks for image observations; once networks.py
+    # offers the Nature CNN as a config choice, this preset should name it.
     "atari-pong": dict(
         env_id="envpool:Pong-v5", total_env_steps=10_000_000, num_actors=2, envs_per_actor=4,
         num_steps=128, num_epochs=4, num_minibatches=4, learning_rate=2.5e-4, clip_eps=0.1,
