@@ -121,7 +121,8 @@ class RunLog:
                 refresh=False,
             )
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so)."""
         if self.metrics is not None:
             self.metrics.close()
         if self.events is not None:
@@ -129,4 +130,4 @@ class RunLog:
         if self.bar is not None:
             self.bar.close()
         if self.wandb is not None:
-            self.wandb.finish()
+            self.wandb.finish(exit_code=1 if failed else 0)

@@ -475,7 +475,7 @@ def train(
     hung = {f"ppo-actor-{i}" for i in getattr(error, "actor_ids", ())}
     threads = [t for t in (warm_up.thread, evaluator_thread, *(h.thread for h in handles)) if t]
     stragglers = _stop_threads(threads, config.shutdown_timeout_s, hung)
-    run_log.close()
+    run_log.close(failed=error is not None)
     late = _late_failures(experience_queue)
     saved = checkpoints.save_latest() if run_dir is not None else None
 

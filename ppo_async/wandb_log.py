@@ -86,8 +86,11 @@ class WandbRun:
         self.run.log({k: float(v) for k, v in metrics.items()
                       if not (isinstance(v, float) and math.isnan(v))}, step=self.step)
 
-    def finish(self) -> None:
-        """Log the run's figure (with a run directory that holds metrics) and close the W&B run."""
+    def finish(self, exit_code: int = 0) -> None:
+        """Log the run's figure (with a run directory that holds metrics) and close the W&B run.
+
+        A nonzero ``exit_code`` (the run raised, or was interrupted) marks the W&B run failed.
+        """
         try:
             if self.run_dir is not None and (self.run_dir / "metrics.jsonl").is_file():
                 from ppo_async.plotting import plot_run
@@ -98,4 +101,4 @@ class WandbRun:
         except Exception:  # noqa: BLE001 - a figure must not fail a finished run
             logger.warning("could not log the run's figure to W&B", exc_info=True)
         finally:
-            self.run.finish()
+            self.run.finish(exit_code=exit_code)

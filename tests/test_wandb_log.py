@@ -69,7 +69,6 @@ def test_a_run_logs_config_metrics_and_figure_to_wandb_offline(tmp_path, capsys,
     (offline,) = (run_dir / "wandb").glob("offline-run-*")
     (log_file,) = offline.glob("run-*.wandb")
     records = read_wandb_records(log_file)
-    kinds = [r.WhichOneof("record_type") for r in records]
 
     (run,) = [r.run for r in records if r.HasField("run")]
     assert (run.project, run.run_group, list(run.tags)) == ("ppo-async-test", "tiny", ["offline", "test"])
@@ -92,8 +91,31 @@ def test_a_run_logs_config_metrics_and_figure_to_wandb_offline(tmp_path, capsys,
     last = {item.key or "/".join(item.nested_key) for item in history[-1].item}
     assert {"curves/_type", "curves/path"} <= last  # the run's figure, at the last step
     assert (offline / "files" / "curves.png").stat().st_size > 20_000
-    assert "exit" in kinds
+    (exit_record,) = [r.exit for r in records if r.HasField("exit")]
+    assert exit_record.exit_code == 0
     assert "run directory" in capsys.readouterr().out
+
+
+def test_an_interrupted_run_is_marked_failed_in_wandb(tmp_path, wandb_offline):
+    from ppo_async import AsyncActorLearnerConfig, train
+    from ppo_async.train import TrainingInterrupted
+    from ppo_async.wandb_log import WandbSettings
+
+    def interrupt(metrics):
+        if metrics["update"] == 2:
+            raise KeyboardInterrupt
+
+    config = AsyncActorLearnerConfig(num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1,
+                                     num_minibatches=2, total_env_steps=32 * 6)
+    with pytest.raises(TrainingInterrupted):
+        train(config, run_dir=tmp_path / "run", progress=False, on_update=interrupt,
+              wandb=WandbSettings(project="ppo-async-test", name="interrupted"))
+    (log_file,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = read_wandb_records(log_file)
+    (run,) = [r.run for r in records if r.HasField("run")]
+    (exit_record,) = [r.exit for r in records if r.HasField("exit")]
+    assert run.display_name == "interrupted" and exit_record.exit_code == 1
+    assert len([r for r in records if r.HasField("history")]) == 2
 
 
 def test_wandb_is_imported_only_when_asked_for():
