@@ -1,7 +1,7 @@
 """Run directories as arrays, grouped by config, and statistics over seeds.
 
     from ppo_async.analysis import load_runs, group_runs, iqm, stratified_bootstrap_ci
-    runs = load_runs(["runs/a", "runs/b", "runs/c"])     # or load_runs(glob)
+    runs = load_runs(sorted(glob.glob("runs/CartPole-v1-*")))
     for label, group in group_runs(runs).items():           # runs whose configs differ only by seed
         finals = np.array([[r.final("episode_return")] for r in group])   # [runs, tasks]
         print(label, stratified_bootstrap_ci(finals, iqm))

@@ -213,7 +213,7 @@ def plot_command(
         raise ConfigError("plot needs at least one run directory: ppo-async plot runs/NAME")
     if out is None:
         out = run_dirs[0] / "curves.png" if len(run_dirs) == 1 else pathlib.Path("runs_overview.png")
-    print(f"wrote {plot_runs(run_dirs, out, x='wall_time_s' if x == 'wall_time' else x)}")
+    print(f"wrote {plot_runs(run_dirs, out, x=x)}")
 
 
 def _take_option(argv: list[str], flag: str, example: str,

@@ -67,9 +67,10 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
               *, x: str = "env_steps", title: str | None = None) -> pathlib.Path:
     """Write a figure of ``run_dirs`` (directories or loaded `Run`s) to ``out`` (PNG); returns its path.
 
-    ``x`` is ``env_steps`` or ``wall_time_s``. Raises FileNotFoundError for
+    ``x`` is ``env_steps`` or ``wall_time_s`` (or ``wall_time``). Raises FileNotFoundError for
     a run without metrics and ValueError for an unknown ``x``.
     """
+    x = {"wall_time": "wall_time_s"}.get(x, x)  # the CLI's name for it
     if x not in X_AXES:
         raise ValueError(f"x={x!r}: choose one of {', '.join(X_AXES)}")
     runs = [r if isinstance(r, Run) else None for r in run_dirs]
