@@ -1,7 +1,8 @@
 """Learning results: the asynchronous runtime against its synchronous twin, at equal env steps.
 
-For each env in ``ENV_CONFIGS`` and each seed, one asynchronous run
-(``ppo_async.train``, the config below with its default topology: actor
+For each env in ``ENV_PRESETS`` and each seed, one asynchronous run
+(``ppo_async.train``, the env's preset in ``ppo_async.presets`` (``ppo-async
+train --preset NAME``) with its default topology: actor
 threads, a staleness valve of two chunks) and one synchronous run
 (``ppo_async.sync.make_train``, all seeds at once with
 ``jax.jit(jax.vmap(...))``). Both consume the same env steps in batches of the
@@ -69,32 +70,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ppo_async import AsyncActorLearnerConfig, train  # noqa: E402
+from ppo_async import train  # noqa: E402
+from ppo_async.presets import LEARNING_RESULTS_PRESETS, PRESETS, preset  # noqa: E402
 from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
 
-# Per-env budget (``total_env_steps``) and the config fields that differ from
-# `AsyncActorLearnerConfig`'s defaults (2 actors x 4 envs x 64 steps, lr 5e-4,
-# gamma 0.99, 4 epochs x 4 minibatches). Pendulum's rewards reach -16 per step
-# and the library does not scale rewards, so a short horizon (gamma 0.95) keeps
-# the value targets small; it gets a larger batch (16 envs x 128), more epochs,
-# a higher lr and no entropy bonus, as continuous-control PPO usually does (the
-# sync twin, one seed, reached -171 at 200k steps with these). MinAtar's conv
-# torso is expensive on CPU: a short budget, far from the 10M steps of
-# published curves (the sync twin, one seed, reached 6.6 at 200k steps, at
-# about 0.6 s per 1k steps on 2 cores: 500k steps is ~5 min per seed and mode).
-ENV_CONFIGS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": dict(total_env_steps=500_000),
-    "Acrobot-v1": dict(total_env_steps=500_000),
-    "Pendulum-v1": dict(
-        total_env_steps=500_000, envs_per_actor=8, num_steps=128,
-        num_epochs=10, num_minibatches=8, learning_rate=1e-3, gamma=0.95,
-        ent_coef=0.0,
-    ),
-    "Breakout-MinAtar": dict(
-        total_env_steps=500_000, envs_per_actor=8, num_steps=128,
-        num_minibatches=8,
-    ),
-}
+# Each env's config is its preset in `ppo_async.presets` (budget, sizes and
+# hyperparameters, with why), so `ppo-async train --preset NAME` trains exactly
+# the config of the table's row.
+ENV_PRESETS: dict[str, str] = {PRESETS[name]["env_id"]: name for name in LEARNING_RESULTS_PRESETS}
 MODES = ("async", "sync")
 MIN_EPISODES = 100  # episodes behind every "recent return", as in LearnerReport
 RESULT_FIELDS = (
@@ -105,11 +88,9 @@ CURVE_FIELDS = ("mode", "seed", "update", "env_steps", "episode_return")
 
 
 def make_config(env_id: str, seed: int, budget_scale: float):
-    """The env's config from ``ENV_CONFIGS``, its budget scaled (at least two updates, so a curve has two points)."""
-    fields = dict(ENV_CONFIGS[env_id])
-    base = AsyncActorLearnerConfig(env_id=env_id, seed=seed,
-                                   **{k: v for k, v in fields.items() if k != "total_env_steps"})
-    total = max(2 * base.batch_size, int(fields["total_env_steps"] * budget_scale))
+    """The env's preset, its budget scaled (at least two updates, so a curve has two points)."""
+    base = preset(ENV_PRESETS[env_id], seed=seed)
+    total = max(2 * base.batch_size, int(base.total_env_steps * budget_scale))
     return dataclasses.replace(base, total_env_steps=total)
 
 
@@ -260,8 +241,8 @@ def results_table(summary: dict[str, dict[str, Any]]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--envs", nargs="+", default=list(ENV_CONFIGS), choices=list(ENV_CONFIGS),
-                        metavar="ENV", help=f"envs to run (default: all of {list(ENV_CONFIGS)})")
+    parser.add_argument("--envs", nargs="+", default=list(ENV_PRESETS), choices=list(ENV_PRESETS),
+                        metavar="ENV", help=f"envs to run (default: all of {list(ENV_PRESETS)})")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     parser.add_argument("--budget-scale", type=float, default=1.0,
                         help="multiplies every env's total_env_steps (e.g. 0.01 for a smoke run)")
@@ -327,11 +308,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fig.savefig(out / f"curves_{env_id}.png", dpi=110)
         plt.close(fig)
         # After every env, so a long run that dies keeps the envs it finished.
-        order = list(ENV_CONFIGS)
+        order = list(ENV_PRESETS)
         rows.sort(key=lambda r: (order.index(r["env_id"]), MODES.index(r["mode"]), int(r["seed"])))
         write_csv(results_path, rows, RESULT_FIELDS)
 
-    plot_all(out, [env_id for env_id in ENV_CONFIGS
+    plot_all(out, [env_id for env_id in ENV_PRESETS
                    if (out / f"curves_{env_id}.csv").is_file()])
     summary = summarize(rows)
     summary_path = write_json(out / "summary.json", dict(envs=summary, machine=machine_info()))

@@ -1,5 +1,6 @@
 """ppo_async: asynchronous actor-learner PPO with V-trace (IMPALA topology) in JAX."""
 
+from ppo_async.version import __version__
 from ppo_async.actor import (
     ActorChannels,
     ActorError,

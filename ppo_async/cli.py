@@ -1,8 +1,16 @@
 """``ppo-async``: the command line. Options come from the config dataclass (tyro).
 
-    ppo-async train [--FIELD VALUE ...] [--resume RUN_DIR]
+    ppo-async train [--preset NAME] [--config FILE] [--FIELD VALUE ...] [--wandb-project P]
+    ppo-async train --resume RUN_DIR [--FIELD VALUE ...]
     ppo-async eval RUN_DIR [--num-episodes N]
-    ppo-async plot RUN_DIR
+    ppo-async plot RUN_DIR [RUN_DIR ...] [--x env_steps|wall_time] [--out FILE]
+    ppo-async --version
+
+A train's config is built in this order, each step overriding the one
+before: the dataclass defaults < ``--preset NAME`` (`ppo_async.presets`) <
+``--config FILE`` (TOML, or YAML with pyyaml installed) < ``--FIELD VALUE``
+flags. With ``--resume`` the run's own ``config.json`` takes the place of
+preset and file.
 
 Every error a user can cause (a bad flag value, a missing or damaged run
 directory, nothing to resume) is one line on stderr with the fix, exit code
@@ -19,13 +27,16 @@ import json
 import pathlib
 import sys
 import traceback
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import tyro
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.presets import PRESETS, load_config_file, preset
+from ppo_async.version import __version__
 
 ConfigArg = Annotated[AsyncActorLearnerConfig, tyro.conf.arg(name="")]
+PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
 def load_run_config(run_dir: pathlib.Path) -> AsyncActorLearnerConfig:
@@ -69,14 +80,15 @@ def _new_run_dir(run_root: pathlib.Path, env_id: str) -> pathlib.Path:
 
 
 def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathlib.Path | None,
-           progress: bool) -> None:
+           progress: bool, wandb: Any = None) -> None:
     from ppo_async.actor import ActorError
     from ppo_async.learner import LearnerTimeoutError, NonFiniteError
     from ppo_async.run_dir import write_atomically
     from ppo_async.train import ShutdownTimeoutError, train
 
     try:
-        report = train(config, run_dir=run_dir, resume_from=resume, progress=progress).report
+        report = train(config, run_dir=run_dir, resume_from=resume, progress=progress,
+                       wandb=wandb).report
     except ConfigError:
         if resume is None and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # made for this run, which never started
@@ -105,17 +117,60 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
     print(f"run directory: {run_dir}")
 
 
-def train_command(
-    config: ConfigArg,
-    run_root: pathlib.Path = pathlib.Path("runs"),
-    progress: bool = True,
-) -> None:
-    """Train with asynchronous actors; writes a new runs/<env>-<time>/ (config.json, segments.json, metrics.jsonl, checkpoints/, params.msgpack, summary.json).
+def _wandb_settings(project: str | None, entity: str | None, group: str | None,
+                    tags: tuple[str, ...]):
+    """`WandbSettings` from the train flags; None without ``--wandb-project``."""
+    from ppo_async.wandb_log import WandbSettings, import_wandb
 
-    With --resume RUN_DIR the run continues from its newest checkpoint, with
-    that run's config.json as the defaults (flags given here override it).
-    """
-    _train(config, _new_run_dir(run_root, config.env_id), None, progress)
+    if project is None:
+        given = [flag for flag, value in (("--wandb-entity", entity), ("--wandb-group", group),
+                                          ("--wandb-tags", tags)) if value]
+        if given:
+            raise ConfigError(f"{given[0]} needs --wandb-project NAME (W&B logs only with a project)")
+        return None
+    import_wandb()  # before a run directory is made: a missing wandb is a one-line error
+    return WandbSettings(project=project, entity=entity, group=group, tags=tuple(tags))
+
+
+def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | None):
+    """The ``train`` subcommand, its config defaults ``base`` (flags given override them)."""
+
+    def train_command(
+        config: ConfigArg = base,
+        run_root: pathlib.Path = pathlib.Path("runs"),
+        progress: bool = True,
+        preset: PresetName | None = None,
+        config_file: Annotated[pathlib.Path | None, tyro.conf.arg(name="config")] = None,
+        wandb_project: str | None = None,
+        wandb_entity: str | None = None,
+        wandb_group: str | None = None,
+        wandb_tags: tuple[str, ...] = (),
+    ) -> None:
+        """Train with asynchronous actors; writes a new runs/<env>-<time>/ (config.json, segments.json, metrics.jsonl, checkpoints/, params.msgpack, summary.json).
+
+        Config precedence: defaults < --preset NAME < --config FILE < --FIELD flags.
+        With --resume RUN_DIR the run continues from its newest checkpoint, with
+        that run's config.json as the defaults (flags given here override it).
+
+        Args:
+            config: Every field of the run's config.
+            run_root: A new run directory is made under it (not with --resume).
+            progress: Show a progress bar.
+            preset: A named config (ppo_async.presets), e.g. the README's learning-results runs.
+            config_file: A TOML file (or YAML, with pyyaml installed) of config field = value lines, applied over the preset.
+            wandb_project: Also log to this Weights & Biases project (pip install 'ppo-async[wandb]'; WANDB_MODE=offline works without an account).
+            wandb_entity: The W&B entity (team or user); default: yours.
+            wandb_group: The W&B group, e.g. one experiment's seeds.
+            wandb_tags: W&B tags of the run.
+        """
+        del preset, config_file  # applied to ``base`` before parsing (see _commands)
+        wandb = _wandb_settings(wandb_project, wandb_entity, wandb_group, wandb_tags)
+        if resume is not None:
+            _train(config, resume, resume, progress, wandb)
+        else:
+            _train(config, _new_run_dir(run_root, config.env_id), None, progress, wandb)
+
+    return train_command
 
 
 def eval_command(
@@ -136,57 +191,89 @@ def eval_command(
     )
 
 
-def plot_command(run_dir: tyro.conf.Positional[pathlib.Path]) -> None:
-    """Draw a run's learning curve and policy-lag histogram to RUN_DIR/curves.png."""
-    from ppo_async.plotting import plot_run
+def plot_command(
+    run_dirs: tyro.conf.Positional[tuple[pathlib.Path, ...]],
+    x: Literal["env_steps", "wall_time"] = "env_steps",
+    out: pathlib.Path | None = None,
+) -> None:
+    """Draw runs' curves (return, losses, entropy, KL, clip fraction, steps/s, policy lag) and a lag histogram.
 
-    print(f"wrote {plot_run(run_dir)}")
+    Runs whose configs differ only by seed are drawn as one group: the mean
+    over seeds with a 95% bootstrap band. One run: RUN_DIR/curves.png by
+    default; several: --out FILE (default runs_overview.png here).
+
+    Args:
+        run_dirs: Run directories to overlay.
+        x: Horizontal axis: env steps, or wall-clock seconds of training.
+        out: The PNG to write.
+    """
+    from ppo_async.plotting import plot_runs
+
+    if not run_dirs:
+        raise ConfigError("plot needs at least one run directory: ppo-async plot runs/NAME")
+    if out is None:
+        out = run_dirs[0] / "curves.png" if len(run_dirs) == 1 else pathlib.Path("runs_overview.png")
+    print(f"wrote {plot_runs(run_dirs, out, x=x)}")
 
 
-def _take_resume(argv: list[str]) -> tuple[pathlib.Path | None, list[str]]:
-    """``--resume DIR`` or ``--resume=DIR`` taken out of ``argv``: (DIR or None, the rest)."""
-    resume, rest = None, []
+def _take_option(argv: list[str], flag: str, example: str,
+                 what: str = "a value") -> tuple[str | None, list[str]]:
+    """``FLAG VALUE`` or ``FLAG=VALUE`` taken out of ``argv``: (VALUE or None, the rest)."""
+    value, rest = None, []
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg == "--resume" or arg.startswith("--resume="):
-            if resume is not None:
-                raise ConfigError("--resume: given twice; name one run directory")
-            if arg == "--resume":
+        if arg == flag or arg.startswith(flag + "="):
+            if value is not None:
+                raise ConfigError(f"{flag}: given twice; give {what} once")
+            if arg == flag:
                 if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-                    raise ConfigError(
-                        "--resume needs a run directory: ppo-async train --resume runs/NAME"
-                    )
+                    raise ConfigError(f"{flag} needs {what}: ppo-async train {flag} {example}")
                 value, i = argv[i + 1], i + 2
             else:
                 value, i = arg.split("=", 1)[1], i + 1
             if not value:
-                raise ConfigError("--resume needs a run directory: ppo-async train --resume=runs/NAME")
-            resume = pathlib.Path(value)
+                raise ConfigError(f"{flag} needs {what}: ppo-async train {flag}={example}")
             continue
         rest.append(arg)
         i += 1
-    return resume, rest
+    return value, rest
+
+
+def _take_resume(argv: list[str]) -> tuple[pathlib.Path | None, list[str]]:
+    """``--resume DIR`` or ``--resume=DIR`` taken out of ``argv``: (DIR or None, the rest)."""
+    value, rest = _take_option(argv, "--resume", "runs/NAME", "a run directory")
+    return (pathlib.Path(value) if value is not None else None), rest
 
 
 def _commands(argv: list[str]) -> dict[str, Any]:
-    """The subcommands; for ``train --resume DIR`` a train whose defaults are that run's config."""
-    commands = {"train": train_command, "eval": eval_command, "plot": plot_command}
+    """The subcommands; ``train``'s config defaults come from --preset and --config, or --resume's run."""
+    commands = {"train": _make_train_command(AsyncActorLearnerConfig(), None),
+                "eval": eval_command, "plot": plot_command}
     if argv[:1] == ["train"]:
         resume, argv[:] = _take_resume(argv)
+        preset_name, argv[:] = _take_option(argv, "--preset", "cartpole", "a preset name")
+        config_path, argv[:] = _take_option(argv, "--config", "my_run.toml", "a config file")
         if resume is not None:
-            base = load_run_config(resume)
-
-            def resume_command(config: ConfigArg = base, progress: bool = True) -> None:
-                _train(config, resume, resume, progress)
-
-            resume_command.__doc__ = train_command.__doc__
-            commands["train"] = resume_command
+            if preset_name is not None or config_path is not None:
+                raise ConfigError(
+                    f"--{'preset' if preset_name is not None else 'config'} with --resume: a "
+                    "resumed run keeps its own config.json; change single fields with flags"
+                )
+            commands["train"] = _make_train_command(load_run_config(resume), resume)
+        else:
+            base = preset(preset_name) if preset_name is not None else AsyncActorLearnerConfig()
+            if config_path is not None:
+                base = load_config_file(config_path, base)
+            commands["train"] = _make_train_command(base, None)
     return commands
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"ppo-async {__version__}")
+        return
     from ppo_async.checkpoint import CheckpointError
     from ppo_async.envs import UnknownEnvError
     from ppo_async.host_envs import BackendNotInstalledError, HostEnvError
@@ -194,7 +281,11 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         commands = _commands(argv)
-        tyro.extras.subcommand_cli_from_dict(commands, prog="ppo-async", args=argv)
+        tyro.extras.subcommand_cli_from_dict(
+            commands, prog="ppo-async", args=argv,
+            description=f"ppo-async {__version__}: asynchronous actor-learner PPO with V-trace. "
+                        "ppo-async --version prints the version.",
+        )
     except KeyboardInterrupt as interrupt:
         # train() raises TrainingInterrupted, whose message names the update and the resume command.
         print(f"\nppo-async: {interrupt or 'interrupted'}", file=sys.stderr)

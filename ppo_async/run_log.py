@@ -1,12 +1,46 @@
-"""The per-update record of a run: ``metrics.jsonl``, TensorBoard events, a progress bar."""
+"""The per-update record of a run: ``metrics.jsonl``, TensorBoard events, W&B, a progress bar."""
 
 from __future__ import annotations
 
 import pathlib
+import sys
 from typing import Any
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.run_dir import MetricsFile, cut_metrics_after
+from ppo_async.wandb_log import WandbRun, WandbSettings
+
+# Seconds between redraws of the text progress bar in a notebook without
+# ipywidgets: each redraw is kept in the cell's output, so few of them.
+NOTEBOOK_TEXT_REFRESH_S = 10.0
+
+
+def _in_notebook() -> bool:
+    """Running in a Jupyter kernel (where tqdm.auto would draw a widget)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def progress_bar(total: int, initial: int, desc: str):
+    """A tqdm bar: a widget in Jupyter with ipywidgets, plain text elsewhere.
+
+    In a notebook without ipywidgets (tqdm.auto would warn and redraw text
+    ten times a second, all of it kept in the cell's output), a text bar
+    redrawn every `NOTEBOOK_TEXT_REFRESH_S` seconds.
+    """
+    from tqdm.std import tqdm as text_tqdm
+
+    options = dict(total=total, initial=initial, unit="upd", desc=desc)
+    if _in_notebook():
+        try:
+            import ipywidgets  # noqa: F401 - tqdm.notebook needs it
+            from tqdm.notebook import tqdm as widget_tqdm
+
+            return widget_tqdm(**options)
+        except ImportError:  # no ipywidgets, or one tqdm cannot use ("IProgress not found")
+            return text_tqdm(mininterval=NOTEBOOK_TEXT_REFRESH_S, **options)
+    return text_tqdm(**options)
 
 
 class RunLog:
@@ -25,10 +59,17 @@ class RunLog:
     update for a resumed one (lines past it are cut, so a resumed run never
     holds an update twice; a new event file is added beside the old ones).
     The progress bar counts from there too.
+
+    With ``wandb`` settings, the config, each update's metrics (at step
+    ``env_steps``) and, at the end, the run's figure also go to Weights &
+    Biases (`ppo_async.wandb_log`).
     """
 
     def __init__(self, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
-                 progress: bool, start_update: int = 0, end_update: int | None = None):
+                 progress: bool, start_update: int = 0, end_update: int | None = None,
+                 wandb: WandbSettings | None = None):
+        # First: it is the part that can fail (not installed, not logged in), before files are open.
+        self.wandb = WandbRun(wandb, config.to_dict(), run_dir, start_update) if wandb else None
         self.metrics = None
         self.events = None  # tensorboardX FileWriter
         self.summary = None  # tensorboardX's Summary proto class
@@ -38,11 +79,8 @@ class RunLog:
             self._open_events(run_dir, append=start_update > 0)
         self.bar = None
         if progress:
-            from tqdm.auto import tqdm
-
             total = config.num_updates if end_update is None else end_update
-            self.bar = tqdm(total=total, initial=start_update, unit="upd",
-                            desc=config.env_id)
+            self.bar = progress_bar(total, start_update, config.env_id)
 
     def _open_events(self, run_dir: pathlib.Path, append: bool) -> None:
         """Open a tensorboardX ``FileWriter`` on ``run_dir``, if tensorboardX is importable."""
@@ -72,6 +110,8 @@ class RunLog:
             values = [self.summary.Value(tag=name, simple_value=float(value))
                       for name, value in metrics.items()]
             self.events.add_summary(self.summary(value=values), int(metrics["env_steps"]))
+        if self.wandb is not None:
+            self.wandb.log(metrics)
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(
@@ -81,10 +121,13 @@ class RunLog:
                 refresh=False,
             )
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so)."""
         if self.metrics is not None:
             self.metrics.close()
         if self.events is not None:
             self.events.close()
         if self.bar is not None:
             self.bar.close()
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=1 if failed else 0)

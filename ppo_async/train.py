@@ -70,6 +70,7 @@ from ppo_async.run_dir import (
     write_json,
 )
 from ppo_async.run_log import RunLog
+from ppo_async.wandb_log import WandbSettings
 
 logger = logging.getLogger(__name__)
 
@@ -332,6 +333,7 @@ def train(
     resume_from: str | pathlib.Path | None = None,
     progress: bool = True,
     on_update: Callable[[dict[str, float]], None] | None = None,
+    wandb: WandbSettings | None = None,
 ) -> TrainResult:
     """Run asynchronous actor-learner PPO as ``config`` says.
 
@@ -350,6 +352,7 @@ def train(
       progress: show a progress bar with env steps/s, return and lag.
       on_update: also called with each update's metrics dict; it may raise
         `StopTraining` to end the run early (train then returns normally).
+      wandb: also log the config, metrics and figure to Weights & Biases (`ppo_async.wandb_log`).
 
     Raises:
       ConfigError: a device the config names does not exist, a non-empty
@@ -393,7 +396,7 @@ def train(
                            start_env_steps=report.env_steps,
                            resumed_from=str(resume.path) if resume is not None else None)
         run_log = RunLog(config, run_dir, progress, start_update=report.updates,
-                         end_update=end_update)
+                         end_update=end_update, wandb=wandb)
     except BaseException:
         warm_up.join(config.shutdown_timeout_s)
         raise
@@ -473,7 +476,7 @@ def train(
     hung = {f"ppo-actor-{i}" for i in getattr(error, "actor_ids", ())}
     threads = [t for t in (warm_up.thread, evaluator_thread, *(h.thread for h in handles)) if t]
     stragglers = _stop_threads(threads, config.shutdown_timeout_s, hung)
-    run_log.close()
+    run_log.close(failed=error is not None)
     late = _late_failures(experience_queue)
     saved = checkpoints.save_latest() if run_dir is not None else None
 

@@ -1,0 +1,227 @@
+"""Run directories as arrays, seeds grouped, IQM and stratified bootstrap, and `ppo-async plot`.
+
+The runs here are hand-written ``metrics.jsonl`` + ``config.json`` files with
+the names and shapes a real run writes, so the tests take milliseconds
+(tests/test_runtime.py and tests/test_wandb_log.py plot trained runs).
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ppo_async import AsyncActorLearnerConfig
+from ppo_async.analysis import (
+    aligned,
+    bootstrap_mean_band,
+    group_runs,
+    iqm,
+    load_run,
+    load_runs,
+    runs_dataframe,
+    stratified_bootstrap_ci,
+)
+from ppo_async.plotting import PANELS, plot_runs
+
+UPDATES = 12
+BATCH = 64
+
+
+def write_run(run_dir, *, seed=0, num_actors=2, updates=UPDATES, rate=1000.0, lags=(0, 1),
+              summary=True, segments=None):
+    """A run directory as train() leaves it: config.json, segments.json, metrics.jsonl, summary.json."""
+    rng = np.random.default_rng(seed)
+    run_dir.mkdir(parents=True)
+    config = AsyncActorLearnerConfig(num_actors=num_actors, envs_per_actor=2, num_steps=64 // (2 * num_actors),
+                                     seed=seed, total_env_steps=BATCH * updates)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    (run_dir / "segments.json").write_text(json.dumps(
+        segments or [{"segment": 0, "start_update": 0, "start_env_steps": 0}]))
+    lines = []
+    for u in range(1, updates + 1):
+        env_steps = u * BATCH
+        lines.append(json.dumps({
+            "policy_loss": float(rng.normal()), "value_loss": float(rng.uniform(1, 2)),
+            "entropy": 0.69 - 0.01 * u, "approx_kl": 1e-3, "clip_fraction": 0.1,
+            "update": u, "env_steps": env_steps,
+            # The segment's average since the learner started (2 s of compile at the start).
+            "env_steps_per_s": env_steps / (2.0 + env_steps / rate),
+            "episode_return": None if u == 1 else 10.0 * u + seed,
+            "policy_lag_mean": float(np.mean(lags)), "policy_lag_max": max(lags),
+        }))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if summary:
+        counts = {str(lag): 1 + lag for lag in lags}
+        (run_dir / "summary.json").write_text(json.dumps({"policy_lag_counts": counts}))
+    return run_dir
+
+
+@pytest.fixture
+def three_runs(tmp_path):
+    """Two seeds of one config and one run of another."""
+    return [write_run(tmp_path / "a0", seed=0), write_run(tmp_path / "a1", seed=1),
+            write_run(tmp_path / "b0", seed=0, num_actors=4, rate=2000.0)]
+
+
+def test_load_run_gives_arrays_of_every_metric_and_wall_time(three_runs):
+    run = load_run(three_runs[0])
+    assert run.num_updates == UPDATES and run.config["seed"] == 0 and run.summary
+    for name in ("update", "env_steps", "episode_return", "policy_loss", "wall_time_s",
+                 "env_steps_per_s_window"):
+        assert run.metrics[name].shape == (UPDATES,) and run.metrics[name].dtype == np.float64
+    assert math.isnan(run.metrics["episode_return"][0])  # null in the file
+    assert run.final("episode_return") == 10.0 * UPDATES
+    # Wall time: 2 s before the first update, then 1000 env steps/s.
+    np.testing.assert_allclose(run.metrics["wall_time_s"], 2.0 + run.metrics["env_steps"] / 1000.0)
+    np.testing.assert_allclose(run.metrics["env_steps_per_s_window"][1:], 1000.0)
+
+
+def test_wall_time_adds_up_the_segments_of_a_resumed_run(tmp_path):
+    # Resumed at update 6 (384 env steps): the second segment's clock starts again at 0.
+    run_dir = write_run(tmp_path / "r", segments=[
+        {"segment": 0, "start_update": 0, "start_env_steps": 0},
+        {"segment": 1, "start_update": 6, "start_env_steps": 6 * BATCH}])
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for record in lines[6:]:
+        segment_steps = record["env_steps"] - 6 * BATCH
+        record["env_steps_per_s"] = segment_steps / (2.0 + segment_steps / 1000.0)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    wall = load_run(run_dir).metrics["wall_time_s"]
+    first = 2.0 + 6 * BATCH / 1000.0
+    np.testing.assert_allclose(wall[:6], 2.0 + np.arange(1, 7) * BATCH / 1000.0)
+    np.testing.assert_allclose(wall[6:], first + 2.0 + np.arange(1, 7) * BATCH / 1000.0)
+    assert np.all(np.diff(wall) > 0)
+
+
+def test_runs_differing_only_by_seed_form_a_group(three_runs):
+    runs = load_runs(three_runs)
+    groups = group_runs(runs)
+    assert [len(g) for g in groups.values()] == [2, 1]
+    # Labelled by the fields that differ between the groups.
+    assert list(groups) == ["max_lead_steps=32, num_actors=2, num_steps=16",
+                            "max_lead_steps=16, num_actors=4, num_steps=8"]
+    assert list(group_runs(runs[:2])) == ["CartPole-v1"]  # one group: named by its env
+
+
+def test_aligned_curves_and_band_shapes(three_runs):
+    runs = load_runs(three_runs)
+    grid, values = aligned(runs[:2], "episode_return")  # same env steps: kept as they are
+    assert grid.shape == (UPDATES,) and values.shape == (2, UPDATES)
+    np.testing.assert_array_equal(grid, runs[0].metrics["env_steps"])
+    grid, values = aligned(runs, "episode_return", x="wall_time_s", num_points=50)
+    assert grid.shape == (50,) and values.shape == (3, 50)
+    assert grid[0] >= max(r.metrics["wall_time_s"][0] for r in runs)  # the range all runs cover
+    mean, low, high = bootstrap_mean_band(values)
+    assert mean.shape == low.shape == high.shape == (50,)
+    ok = np.isfinite(mean)
+    assert ok.any() and np.all(low[ok] <= mean[ok] + 1e-9) and np.all(mean[ok] <= high[ok] + 1e-9)
+
+
+def test_dataframe_has_a_row_per_update(three_runs):
+    pytest.importorskip("pandas")
+    frame = runs_dataframe(load_runs(three_runs))
+    assert len(frame) == 3 * UPDATES
+    assert {"run", "group", "seed", "episode_return", "wall_time_s"} <= set(frame.columns)
+    assert frame.groupby("group", sort=False)["run"].nunique().tolist() == [2, 1]
+
+
+# --- IQM and the stratified bootstrap ----------------------------------------------------
+
+
+def test_iqm_by_hand():
+    # 8 scores: cut the 2 lowest and the 2 highest; the middle half is 3, 4, 5, 6.
+    assert iqm([100.0, 1, 7, 2, 6, 3, 5, 4]) == pytest.approx(4.5)
+    # The mean would be pulled by the outlier; the IQM is not.
+    assert iqm([1.0, 2, 3, 4]) == pytest.approx(2.5)
+    assert iqm([5.0]) == 5.0
+
+
+def test_iqm_agrees_with_scipy_trim_mean():
+    from scipy.stats import trim_mean
+
+    rng = np.random.default_rng(0)
+    for n in (4, 8, 20, 100, 7, 10):  # divisible by 4, and not (scipy cuts floor(n/4) too)
+        scores = rng.standard_cauchy(n)
+        assert iqm(scores) == pytest.approx(trim_mean(scores, 0.25))
+    runs_by_tasks = rng.normal(size=(12, 5))
+    np.testing.assert_allclose(iqm(runs_by_tasks, axis=0), trim_mean(runs_by_tasks, 0.25, axis=0))
+    assert iqm(runs_by_tasks) == pytest.approx(trim_mean(runs_by_tasks.ravel(), 0.25))
+
+
+def test_bootstrap_ci_contains_the_estimate_and_narrows_with_more_seeds():
+    rng = np.random.default_rng(0)
+    population = rng.normal(10.0, 2.0, size=(400, 3))  # runs x tasks
+    widths = []
+    for seeds in (5, 20, 80):
+        estimate = stratified_bootstrap_ci(population[:seeds], iqm, reps=500)
+        assert estimate.low <= estimate.point <= estimate.high
+        assert estimate.point == pytest.approx(iqm(population[:seeds]))
+        widths.append(estimate.high - estimate.low)
+    assert widths[0] > widths[1] > widths[2] > 0
+    # The 95% interval of the mean of 80 draws covers the true mean 10.
+    mean = stratified_bootstrap_ci(population[:80], np.mean, reps=500)
+    assert mean.low < 10.0 < mean.high
+
+
+def test_the_bootstrap_is_stratified_by_task():
+    # Task 0 scores 0, task 1 scores 100: a resample that mixed tasks could give other means.
+    scores = np.column_stack([np.zeros(6), np.full(6, 100.0)])
+    estimate = stratified_bootstrap_ci(scores, np.mean, reps=200)
+    assert estimate == (50.0, 50.0, 50.0)
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def test_plot_of_three_runs_writes_a_figure(three_runs, tmp_path, capsys):
+    from ppo_async.cli import main
+
+    out = tmp_path / "overview.png"
+    main(["plot", *map(str, three_runs), "--out", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    assert str(out) in capsys.readouterr().out
+    main(["plot", *map(str, three_runs), "--x", "wall_time", "--out", str(tmp_path / "wall.png")])
+    assert (tmp_path / "wall.png").stat().st_size > 20_000
+    main(["plot", str(three_runs[0])])  # one run: its curves.png
+    assert (three_runs[0] / "curves.png").stat().st_size > 20_000
+
+
+def test_every_panel_is_drawn_and_the_lag_ticks_do_not_collide(tmp_path):
+    import matplotlib.figure
+
+    figures = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return original(self, *args, **kwargs)
+
+    # Lags 0..59: a tick per lag would put 60 labels on one small axis.
+    run = write_run(tmp_path / "lagged", lags=tuple(range(60)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.figure.Figure, "savefig", keep)
+        plot_runs([run], tmp_path / "lagged.png")
+    (figure,) = figures
+    axes = figure.axes
+    assert len(axes) == len(PANELS) + 1
+    for (metric, _), ax in zip(PANELS, axes):
+        assert ax.lines, metric  # drawn, not "not recorded"
+    histogram = axes[-1]
+    heights = [bar.get_height() for bar in histogram.patches]
+    np.testing.assert_allclose(heights, np.arange(1, 61) / np.arange(1, 61).sum())  # shares
+    ticks = [t for t in histogram.get_xticks() if histogram.get_xlim()[0] <= t <= histogram.get_xlim()[1]]
+    assert 2 <= len(ticks) <= 12
+    assert all(float(t).is_integer() for t in ticks)
+
+
+def test_plot_errors_are_one_line(tmp_path, capsys):
+    from ppo_async.cli import main
+
+    (tmp_path / "empty").mkdir()
+    for args in (["plot", str(tmp_path / "empty")], ["plot"]):
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert info.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
