@@ -12,6 +12,7 @@ experience queue. An exception inside an actor is sent to the learner as an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import queue
 import threading
 import time
@@ -166,7 +167,7 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     # One compiled program: run eagerly, the reset's key splits, gymnax reset,
     # dtype fixes and zeros are each compiled (and cached) on their own, a
     # dozen small compiles on every actor's way to its first chunk.
-    jitted_reset = jax.jit(lambda key: env.reset(key, state_size))
+    jitted_reset = jax.jit(functools.partial(env.reset, state_size=state_size))
 
     def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
         return jax.device_put(jitted_reset(key), device)
