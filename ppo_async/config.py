@@ -8,8 +8,9 @@ after parsing. Sweeps use ``dataclasses.replace``.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
-from typing import Any
+from typing import Any, Literal
 
 
 class ConfigError(ValueError):
@@ -39,7 +40,7 @@ class AsyncActorLearnerConfig:
 
     # --- topology ---
     num_actors: int = 2
-    """Actor threads, each with its own batch of environments."""
+    """Actors (threads or processes, see actor_backend), each with its own batch of environments."""
     envs_per_actor: int = 4
     """Environments stepped together by one actor."""
     num_steps: int = 64
@@ -52,6 +53,16 @@ class AsyncActorLearnerConfig:
     """The run fails, naming the actor, if an actor the learner waits on sends nothing for this long."""
     shutdown_timeout_s: float = 30.0
     """How long the end of a run waits for each thread (actors, evaluator, compile) to stop before reporting it as stuck."""
+
+    # --- transport ---
+    actor_backend: Literal["threads", "ray"] = "threads"
+    """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs), or 'ray' processes (host envs written in Python, a hung env that must be killed, several machines; pip install 'ppo-async[ray]')."""
+    ray_address: str | None = None
+    """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
+    ray_num_cpus_per_actor: float = 1.0
+    """With actor_backend='ray': CPUs Ray reserves for each actor process (its JAX runs one intra-op thread)."""
+    ray_actor_resources: tuple[tuple[str, float], ...] = ()
+    """With actor_backend='ray': custom Ray resources each actor requests, as (name, amount) pairs, e.g. to place actors on nodes started with --resources='{"actor_node": 4}'."""
 
     # --- V-trace ---
     use_vtrace: bool = False
@@ -110,6 +121,12 @@ class AsyncActorLearnerConfig:
     """Device the actors run inference on, as 'platform' or 'platform:index'."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.ray_actor_resources, (list, tuple)) and all(
+            isinstance(pair, (list, tuple)) for pair in self.ray_actor_resources
+        ):
+            # config.json stores the pairs as lists; the field is a tuple of tuples.
+            object.__setattr__(self, "ray_actor_resources",
+                               tuple(tuple(pair) for pair in self.ray_actor_resources))
         _validate(self)
         if self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead):
             lead = _DerivedLead(2 * self.num_steps * self.broadcast_every)
@@ -181,7 +198,7 @@ def _is_number(value: Any) -> bool:
 def _validate(cfg: AsyncActorLearnerConfig) -> None:
     # Imported here so that a bad env id is reported as a config error without
     # making the config module depend on gymnax (or any env backend) at import time.
-    from ppo_async.host_envs import env_id_problem
+    from ppo_async.env_registry import env_id_problem
 
     env_problem = env_id_problem(cfg.env_id)
     _require(env_problem is None, "env_id", cfg.env_id, env_problem)
@@ -225,7 +242,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         "hidden_sizes", cfg.hidden_sizes, "must be a non-empty tuple of integers >= 1",
     )
     if cfg.eval_every_updates:
-        from ppo_async.host_envs import GYMNAX, split_env_id
+        from ppo_async.env_registry import GYMNAX, split_env_id
 
         _require(split_env_id(cfg.env_id)[0] == GYMNAX, "eval_every_updates",
                  cfg.eval_every_updates,
@@ -246,12 +263,40 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
             f"with anneal_lr the learning-rate schedule counts {schedule_steps} optimizer "
             "steps, past the int32 step counter; lower it or set anneal_lr=False",
         )
+    _validate_transport(cfg)
     for name in ("learner_device", "actor_device"):
         value = getattr(cfg, name)
         if value is None and name == "learner_device":
             continue
         _require(isinstance(value, str) and _parse_device_spec(value) is not None,
                  name, value, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
+
+
+def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
+    _require(cfg.actor_backend in ("threads", "ray"), "actor_backend", cfg.actor_backend,
+             "must be 'threads' or 'ray'")
+    _require(cfg.ray_address is None or (isinstance(cfg.ray_address, str) and cfg.ray_address),
+             "ray_address", cfg.ray_address,
+             "must be None (a private local Ray instance), 'auto' or 'host:port' of a cluster")
+    _require(_is_number(cfg.ray_num_cpus_per_actor) and cfg.ray_num_cpus_per_actor >= 0,
+             "ray_num_cpus_per_actor", cfg.ray_num_cpus_per_actor, "must be a number >= 0")
+    _require(
+        isinstance(cfg.ray_actor_resources, tuple) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and pair[0]
+            and _is_number(pair[1]) and pair[1] > 0
+            for pair in cfg.ray_actor_resources
+        ),
+        "ray_actor_resources", cfg.ray_actor_resources,
+        "must be (name, amount) pairs with a non-empty name and an amount > 0, "
+        "e.g. (('actor_node', 1),)",
+    )
+    if cfg.actor_backend != "ray":
+        return
+    _require(importlib.util.find_spec("ray") is not None, "actor_backend", cfg.actor_backend,
+             "Ray is not installed; pip install 'ppo-async[ray]' (or use actor_backend='threads')")
+    _require(_parse_device_spec(cfg.actor_device) in (("cpu", 0),), "actor_device",
+             cfg.actor_device,
+             "with actor_backend='ray' each actor process has one CPU device; use 'cpu'")
 
 
 def _parse_device_spec(spec: str) -> tuple[str, int] | None:
