@@ -445,7 +445,8 @@ def learner_loop(
     report = report if report is not None else LearnerReport()
     start, start_env_steps = time.perf_counter(), report.env_steps
     report.start_update = report.updates
-    # When each actor last delivered a chunk (or started): the hang detector.
+    # When each actor last delivered a chunk, started, or was last given a
+    # chance to (an update): the hang detector.
     last_chunk_at = [time.monotonic()] * config.num_actors
     timeout_s = config.learner_timeout_s
     end_update = config.num_updates if end_update is None else end_update
@@ -492,6 +493,9 @@ def learner_loop(
             buffer.add(item)
 
         experiences = buffer.pop_batch()
+        # An actor held back by the valve could not send until this update (and
+        # the broadcast after it), so every actor's silence counts from here.
+        last_chunk_at = [time.monotonic()] * config.num_actors
         lags = [report.updates - e.policy_version for e in experiences]
         batch = place(stack_experiences(experiences), device)
         new_state, metrics = update(state, batch)

@@ -68,6 +68,10 @@ class LearnerTransport(Protocol):
         newest published broadcast.
         """
 
+    def wait_started(self, timeout_s: float) -> None:
+        """Return once every started actor is up, so that the learner's hang clock starts
+        after start-up; raises `LearnerTimeoutError` naming actors not up in ``timeout_s``."""
+
     def kill_actor(self, actor_id: int) -> bool:
         """End actor ``actor_id`` at once, whatever it is doing; False if this transport cannot."""
 
@@ -189,6 +193,9 @@ class ThreadTransport:
             if self.publisher.latest is not None:
                 self.broadcast_queues[actor_id].put(self.publisher.latest)
         self.start_actor(actor_id, start, old.stats)
+
+    def wait_started(self, timeout_s: float) -> None:
+        pass  # a thread is up as soon as it is started
 
     def kill_actor(self, actor_id: int) -> bool:
         return False  # a thread cannot be killed

@@ -128,7 +128,7 @@ def test_actors_are_placed_on_the_node_with_their_custom_resource():
         )
         result = train(config, progress=False)
         assert not ray.is_initialized()  # train joined the cluster and left it...
-        assert cluster.head_node.all_processes_alive()  # ...running
+        assert cluster.head_node.remaining_processes_alive()  # ...running
         assert result.report.updates == 8
         assert {stats.node_id for stats in result.report.actor_stats} == {second.node_id}
         assert second.node_id != cluster.head_node.node_id
@@ -162,13 +162,12 @@ def test_two_lock_step_ray_runs_are_byte_identical(ray_local):
     first = train(LOCK_STEP, progress=False)
     assert ray.is_initialized()  # the caller's Ray is left as it was
     _no_run_actors_alive([s.pid for s in first.report.actor_stats])
+    # (test_runtime shows that another seed gives other params: the check can fail.)
     if "private" in _RUNS:
         assert _bytes(first.params) == _RUNS["private"]
-    else:
+    else:  # run alone
         second = train(LOCK_STEP, progress=False)
         assert _bytes(first.params) == _bytes(second.params)
-    other = train(dataclasses.replace(LOCK_STEP, seed=1), progress=False)
-    assert _bytes(other.params) != _bytes(first.params)  # the check can fail
 
 
 def test_two_ray_actors_learn_cartpole_with_the_lag_bound(ray_local):
@@ -179,6 +178,8 @@ def test_two_ray_actors_learn_cartpole_with_the_lag_bound(ray_local):
     report = train(config, progress=False).report
     assert report.updates == config.num_updates
     assert report.policy_lag_max <= config.max_lead_steps // config.num_steps - 1
+    print(f"CartPole-v1, 2 Ray actors, {config.total_env_steps} steps: "
+          f"return {report.episode_return_mean:.1f}, lag max {report.policy_lag_max}")
     assert report.episode_return_mean > 100, report.episode_return_mean
 
 
@@ -230,8 +231,8 @@ def _misbehaving_env(tmp_path: pathlib.Path, how: str) -> tuple[str, pathlib.Pat
 
 
 def _host_config(env_id: str, **changes) -> AsyncActorLearnerConfig:
-    return dataclasses.replace(
-        RAY_TINY, env_id=env_id, total_env_steps=RAY_TINY.batch_size * 16, **changes)
+    changes.setdefault("total_env_steps", RAY_TINY.batch_size * 16)
+    return dataclasses.replace(RAY_TINY, env_id=env_id, **changes)
 
 
 def test_a_killed_actor_process_is_restarted_and_the_run_completes(ray_local, tmp_path):
@@ -262,8 +263,8 @@ def test_a_killed_actor_process_without_restarts_is_named(ray_local, tmp_path):
 
 def test_an_actor_spinning_forever_is_killed_and_named(ray_local, tmp_path):
     env_id, marker = _misbehaving_env(tmp_path, "spin")
-    config = _host_config(env_id, learner_timeout_s=4.0, total_env_steps=RAY_TINY.batch_size * 200)
-    with pytest.raises(LearnerTimeoutError, match="learner_timeout_s=4.0") as info:
+    config = _host_config(env_id, learner_timeout_s=6.0, total_env_steps=RAY_TINY.batch_size * 200)
+    with pytest.raises(LearnerTimeoutError, match="learner_timeout_s=6.0") as info:
         train(config, progress=False)
     raised_at = time.time()
     spinning_pid = int(marker.read_text())
@@ -275,7 +276,7 @@ def test_an_actor_spinning_forever_is_killed_and_named(ray_local, tmp_path):
 
 def test_a_spinning_actor_is_killed_and_restarted_under_the_budget(ray_local, tmp_path):
     env_id, _ = _misbehaving_env(tmp_path, "spin")
-    config = _host_config(env_id, learner_timeout_s=4.0, max_actor_restarts=1)
+    config = _host_config(env_id, learner_timeout_s=6.0, max_actor_restarts=1)
     report = train(config, progress=False).report
     assert report.updates == 16 and report.actor_restarts == 1
     _no_run_actors_alive([s.pid for s in report.actor_stats])
