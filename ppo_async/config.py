@@ -61,6 +61,8 @@ class AsyncActorLearnerConfig:
     """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
     ray_num_cpus_per_actor: float = 1.0
     """With actor_backend='ray': CPUs Ray reserves for each actor process (its JAX runs one intra-op thread)."""
+    ray_start_timeout_s: float = 120.0
+    """With actor_backend='ray': how long the run waits for actor processes to start (a process, JAX's import, the envs) before the learner's hang clock starts; an actor not up by then is named in LearnerTimeoutError."""
     ray_actor_resources: tuple[tuple[str, float], ...] = ()
     """With actor_backend='ray': custom Ray resources each actor requests, as (name, amount) pairs, e.g. to place actors on nodes started with --resources='{"actor_node": 4}'."""
 
@@ -278,6 +280,8 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
     _require(cfg.ray_address is None or (isinstance(cfg.ray_address, str) and cfg.ray_address),
              "ray_address", cfg.ray_address,
              "must be None (a private local Ray instance), 'auto' or 'host:port' of a cluster")
+    _require(_is_number(cfg.ray_start_timeout_s) and cfg.ray_start_timeout_s > 0,
+             "ray_start_timeout_s", cfg.ray_start_timeout_s, "must be a number > 0")
     _require(_is_number(cfg.ray_num_cpus_per_actor) and cfg.ray_num_cpus_per_actor >= 0,
              "ray_num_cpus_per_actor", cfg.ray_num_cpus_per_actor, "must be a number >= 0")
     _require(

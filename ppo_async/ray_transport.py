@@ -341,22 +341,21 @@ class RayTransport:
         self._polls[actor_id] = actor.poll.remote(_POLL_S)
 
     def restart_actor(self, actor_id: int, start: ActorStart) -> None:
-        """Kill the old process, start a new one, and wait (up to ``learner_timeout_s``) until
-        it is up: a process start and JAX's import take seconds, which the learner's hang
-        clock, restarted when this returns, should not count."""
+        """Kill the old process, start a new one, and wait (up to ``ray_start_timeout_s``)
+        until it is up: a process start and JAX's import take seconds, which the learner's
+        hang clock, restarted when this returns, should not count."""
         self.kill_actor(actor_id)
         self.start_actor(actor_id, start)
-        try:
-            self.wait_started(self.config.learner_timeout_s, [actor_id])
-        except LearnerTimeoutError:
-            pass  # slow: the learner's clock, which starts now, will tell
+        self.wait_started([actor_id])
 
-    def wait_started(self, timeout_s: float, actor_ids: Sequence[int] | None = None) -> None:
+    def wait_started(self, actor_ids: Sequence[int] | None = None) -> None:
         """Wait until every actor's process is up (JAX imported, envs built).
 
         An actor that failed to start counts as up: its poll reports why.
-        Raises `LearnerTimeoutError` naming the actors not up after ``timeout_s``.
+        Raises `LearnerTimeoutError` naming the actors not up after
+        ``ray_start_timeout_s``.
         """
+        timeout_s = self.config.ray_start_timeout_s
         actor_ids = range(len(self.actors)) if actor_ids is None else actor_ids
         refs = {self.actors[i].where.remote(): i for i in actor_ids if self.actors[i] is not None}
         _, pending = self._ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
@@ -364,8 +363,8 @@ class RayTransport:
             slow = sorted(refs[ref] for ref in pending)
             raise LearnerTimeoutError(
                 f"{', '.join(f'actor {i}' for i in slow)} did not start within "
-                f"learner_timeout_s={self.config.learner_timeout_s} s (its Ray process was not "
-                "placed, or importing JAX and building the envs took longer)", slow)
+                f"ray_start_timeout_s={timeout_s} s (its Ray process was not placed, or "
+                "importing JAX and building the envs took longer)", slow)
 
     def kill_actor(self, actor_id: int) -> bool:
         with self.publisher.lock:

@@ -397,7 +397,7 @@ def train(
                 produced_steps=start_updates * config.num_steps,
                 carry=jax.device_put(carry, actor_device) if carry is not None else None,
             ))
-        transport.wait_started(config.learner_timeout_s)  # processes take seconds to start
+        transport.wait_started()  # processes take seconds to start; threads none
         state, report = learner_loop(
             config, program.network, state, channels, learner_device, record,
             on_actor_failure=supervisor.on_failure, on_stuck_actors=supervisor.on_stuck,

@@ -68,9 +68,9 @@ class LearnerTransport(Protocol):
         newest published broadcast.
         """
 
-    def wait_started(self, timeout_s: float) -> None:
+    def wait_started(self) -> None:
         """Return once every started actor is up, so that the learner's hang clock starts
-        after start-up; raises `LearnerTimeoutError` naming actors not up in ``timeout_s``."""
+        after start-up; raises `LearnerTimeoutError` naming actors not up in time."""
 
     def kill_actor(self, actor_id: int) -> bool:
         """End actor ``actor_id`` at once, whatever it is doing; False if this transport cannot."""
@@ -194,7 +194,7 @@ class ThreadTransport:
                 self.broadcast_queues[actor_id].put(self.publisher.latest)
         self.start_actor(actor_id, start, old.stats)
 
-    def wait_started(self, timeout_s: float) -> None:
+    def wait_started(self) -> None:
         pass  # a thread is up as soon as it is started
 
     def kill_actor(self, actor_id: int) -> bool:
