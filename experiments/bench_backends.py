@@ -130,11 +130,11 @@ def transport_costs(ray, config) -> dict:
             "put_get_s": put_get_s, "actor_call_round_trip_s": round_trip_s}
 
 
-@dataclasses.dataclass
 class _LoadTimer:
     """Runs in a Ray process with an actor's environment: times one actor's load of a broadcast."""
 
-    hidden_sizes: tuple
+    def __init__(self, hidden_sizes: tuple):
+        self.hidden_sizes = hidden_sizes
 
     def time_load(self, refs: list, repeats: int) -> float:
         import jax
@@ -214,7 +214,9 @@ def main(argv: list[str] | None = None) -> dict:
     common.configure_jax()
     import ray
 
-    if __name__ != "__main__":  # imported (a test): Ray processes cannot import this module
+    if __name__ in sys.modules and __name__ != "__main__":
+        # Imported by name: Ray processes cannot import it, so its code travels by value
+        # (a script, or a module loaded from its file, travels by value anyway).
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
     from ppo_async import AsyncActorLearnerConfig
