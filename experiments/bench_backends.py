@@ -30,8 +30,15 @@ import time
 import common
 
 BUSY_ENV = "busy-python"
-# env id -> its budget, in multiples of --total-env-steps (gymnax is ~10x faster)
-ENVS = {"gymnasium:CartPole-v1": 1, f"host:{BUSY_ENV}": 1, "CartPole-v1": 5}
+# row -> (env id, config changes, budget in multiples of --total-env-steps; gymnax is ~10x
+# faster). The big-chunk gymnax row shows the per-message cost of Ray amortized.
+ENVS = {
+    "gymnasium:CartPole-v1": ("gymnasium:CartPole-v1", {}, 1),
+    f"host:{BUSY_ENV}": (f"host:{BUSY_ENV}", {}, 1),
+    "CartPole-v1": ("CartPole-v1", {}, 5),
+    "CartPole-v1 (32 envs x 128 steps per chunk)": (
+        "CartPole-v1", {"envs_per_actor": 32, "num_steps": 128, "max_lead_steps": 4 * 128}, 15),
+}
 
 
 class BusyPythonEnv:
@@ -98,6 +105,9 @@ def steady_rate(config, warmup: int) -> dict:
         "learner_wait_s": report.learner_wait_s,
         "policy_lag_max": report.policy_lag_max,
         "actor_pause_s": [round(s.pause_s, 3) for s in report.actor_stats],
+        # CPU-seconds the actors' loops got per second of the run: threads share one GIL
+        # (at most 1.0 together); processes are capped by the cores the machine can spare.
+        "actor_cpu_per_wall_s": sum(s.cpu_s for s in report.actor_stats) / total_s,
     }
 
 
@@ -235,20 +245,23 @@ def main(argv: list[str] | None = None) -> dict:
     connected_here = connect(ray, dataclasses.replace(base, actor_backend="ray"))
     try:
         runs = []
-        for env_id in args.envs:
-            scale = ENVS[env_id]
-            config = dataclasses.replace(base, env_id=env_id,
+        for name in args.envs:
+            env_id, changes, scale = ENVS[name]
+            config = dataclasses.replace(base, env_id=env_id, **changes,
                                          total_env_steps=args.total_env_steps * scale)
-            row = {"env_id": env_id}
+            row = {"env_id": env_id, "row": name, "changes": changes}
             for backend in ("threads", "ray"):
                 row[backend] = steady_rate(dataclasses.replace(config, actor_backend=backend),
                                            args.warmup)
             row["ray_over_threads"] = (row["ray"]["env_steps_per_s"]
                                        / row["threads"]["env_steps_per_s"])
             runs.append(row)
-            print(f"{env_id}: threads {row['threads']['env_steps_per_s']:.0f} env steps/s, "
+            print(f"{name}: threads {row['threads']['env_steps_per_s']:.0f} env steps/s, "
                   f"ray {row['ray']['env_steps_per_s']:.0f} env steps/s "
-                  f"= {row['ray_over_threads']:.2f}x")
+                  f"= {row['ray_over_threads']:.2f}x; actor CPU-s per wall-s: threads "
+                  f"{row['threads']['actor_cpu_per_wall_s']:.2f}, ray "
+                  f"{row['ray']['actor_cpu_per_wall_s']:.2f}; load "
+                  f"{os.getloadavg()[0]:.1f}")
         costs = transport_costs(ray, dataclasses.replace(base, env_id="CartPole-v1"))
         print(f"gymnax chunk through Ray: {costs['chunk_bytes']} bytes, pickle round trip "
               f"{costs['pickle_round_trip_s'] * 1e3:.3f} ms, ray.put+get "

@@ -87,6 +87,7 @@ class ActorStats:
     restarts: int = 0  # times the supervisor restarted this actor (after it raised, died or hung)
     active_s: float = 0.0  # time spent collecting (rollout and sending), first chunk excluded
     first_chunk_s: float = 0.0  # the first chunk's time, which includes compiling the rollout
+    cpu_s: float = 0.0  # CPU time of the actor's thread while collecting (the GIL caps threads' sum)
     pid: int = 0  # the process the actor runs in (the learner's, for threads)
     node_id: str = ""  # the Ray node it runs on; "" for threads
 
@@ -273,7 +274,7 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
             learner_updates, policy_version = newest.learner_updates, newest.version
             continue  # look again: more may have arrived, and the valve may now open
 
-        chunk_start = time.perf_counter()
+        chunk_start, chunk_cpu_start = time.perf_counter(), time.thread_time()
         carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
         # device_get blocks until the rollout is done and copies to numpy, so the
         # learner never touches an actor-device buffer.
@@ -290,6 +291,7 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
         stats.episodes += int(np.count_nonzero(trajectory.episode_length))
         stats.rollouts_sent += 1
         elapsed = time.perf_counter() - chunk_start
+        stats.cpu_s += time.thread_time() - chunk_cpu_start
         if stats.first_chunk_s == 0.0:
             stats.first_chunk_s = elapsed
         else:
