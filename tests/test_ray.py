@@ -280,3 +280,30 @@ def test_a_spinning_actor_is_killed_and_restarted_under_the_budget(ray_local, tm
     report = train(config, progress=False).report
     assert report.updates == 16 and report.actor_restarts == 1
     _no_run_actors_alive([s.pid for s in report.actor_stats])
+
+
+def test_a_ray_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(ray_local, tmp_path):
+    def stop_at_four(metrics):
+        if metrics["update"] == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=stop_at_four)
+    # The actors' env states came back from their processes into the checkpoint.
+    resumed = train(LOCK_STEP, resume_from=tmp_path, progress=False)
+    assert resumed.report.updates == 6
+    whole = _RUNS.get("private") or _bytes(
+        train(dataclasses.replace(LOCK_STEP, actor_backend="threads"), progress=False).params)
+    assert _bytes(resumed.params) == whole
+
+
+def test_cli_trains_with_ray_actors(ray_local, tmp_path, capsys):
+    from ppo_async.cli import main
+
+    main(["train", "--actor-backend", "ray", "--num-actors", "2", "--envs-per-actor", "2",
+          "--num-steps", "8", "--num-epochs", "1", "--num-minibatches", "2",
+          "--total-env-steps", "64", "--no-progress", "--run-root", str(tmp_path)])
+    assert "final return" in capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    summary = (run_dir / "summary.json").read_text()
+    assert '"node_id": "' in summary and '"node_id": ""' not in summary
