@@ -447,9 +447,9 @@ class RayTransport:
         for actor_id, ref in stopping.items():
             try:
                 stats = self._ray.get(ref, timeout=0)
-            except Exception:  # noqa: BLE001 - not stopped in time, or already dead
-                logger.warning("actor %d did not stop within shutdown_timeout_s; killing it",
-                               actor_id)
+            except Exception as error:  # noqa: BLE001 - not stopped in time, or already dead
+                logger.warning("actor %d did not stop by itself (%s); killing it", actor_id,
+                               type(error).__name__)
                 continue
             for field in dataclasses.fields(ActorStats):
                 setattr(self._stats[actor_id], field.name, getattr(stats, field.name))
@@ -467,10 +467,14 @@ class RayTransport:
     def _confirm_dead(self, actors: list, deadline: float) -> None:
         """Wait (until ``deadline``) until Ray reports every killed actor dead."""
         for actor in actors:
-            try:
-                self._ray.get(actor.where.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - ActorDiedError: what we wait for
-                pass
+            while time.monotonic() < deadline:
+                try:
+                    # Answered only while the kill has not reached the process yet.
+                    self._ray.get(actor.where.remote(),
+                                  timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - ActorDiedError: what we wait for
+                    break
+                time.sleep(0.02)
 
     def _disconnect(self) -> None:
         if self._connected_here and self._ray.is_initialized():
