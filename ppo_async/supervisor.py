@@ -15,6 +15,7 @@ import logging
 
 from ppo_async.actor import ActorFailure, ActorStart
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.learner import LearnerTimeoutError
 from ppo_async.transport import LearnerTransport
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,13 @@ class Supervisor:
         )
         self._restart(actor_id, produced_steps)
         return True
+
+    def annotate(self, error: BaseException | None) -> None:
+        """Say in the run's error which stuck actors were killed (and so are not left running)."""
+        if isinstance(error, LearnerTimeoutError) and self.killed:
+            error.add_note(
+                f"killed: {', '.join(f'actor {i}' for i in self.killed)} (its process ended; "
+                f"max_actor_restarts={self.config.max_actor_restarts} allowed no restart)")
 
     def on_stuck(self, actor_ids: list[int], produced_steps: int) -> bool:
         """Kill the stuck actors and restart them; True if every one was restarted."""

@@ -46,7 +46,6 @@ from ppo_async.learner import (
     LearnerChannels,
     LearnerReport,
     LearnerState,
-    LearnerTimeoutError,
     LearningRateSchedule,
     UpdateFn,
     default_schedule,
@@ -421,10 +420,7 @@ def train(
         stragglers += transport.stop(max(0.0, deadline - time.monotonic()),
                                      known_stuck=getattr(error, "actor_ids", ()))
         late = transport.late_failures()
-        if isinstance(error, LearnerTimeoutError) and supervisor.killed:
-            error.add_note(
-                f"killed: {', '.join(f'actor {i}' for i in supervisor.killed)} (its process "
-                f"ended; max_actor_restarts={config.max_actor_restarts} allowed no restart)")
+        supervisor.annotate(error)
     run_log.close()
     saved = checkpoints.save_latest() if run_dir is not None else None
 
