@@ -62,7 +62,7 @@ _POLL_S = 0.2  # longest an actor's poll call blocks waiting for experience
 _WAIT_SLICE_S = 0.05  # the learner's receive looks at reported failures this often
 # XLA flags of an actor process, so that N actors fit N cores: the first makes XLA's
 # CPU kernels (Eigen) single-threaded; the second is the companion JAX users set for
-# one-thread CPU runs (XLA ignores a flag it does not know, so it costs nothing).
+# one-thread CPU runs (without a leading -- XLA's flag parser passes it over: harmless).
 ACTOR_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 PRIVATE_OBJECT_STORE_BYTES = 256 * 1024**2  # weights and chunks are small; keep /dev/shm free
 
