@@ -1,31 +1,39 @@
-"""Actors: threads that collect experience with a CPU copy of the policy.
+"""Actors: the loop that collects experience with a CPU copy of the policy.
 
-An actor owns ``envs_per_actor`` gymnax envs. Per chunk it (1) drains its
-broadcast queue without blocking and keeps the newest `PolicyBroadcast`,
-(2) asks its `ActorThrottle` whether the chunk would run too far ahead of the
-learner, waiting on the broadcast queue if so, (3) runs the jitted ``lax.scan``
-rollout of ``num_steps`` steps, and (4) puts one `Experience` on the shared
-experience queue. An exception inside an actor is sent to the learner as an
-`ActorFailure` so that the run stops at once instead of starving.
+An actor owns ``envs_per_actor`` envs (its `ActorProgram`). Per chunk it (1)
+takes the newest `PolicyBroadcast` waiting for it without blocking, (2) asks
+its `ActorThrottle` whether the chunk would run too far ahead of the learner,
+waiting for a broadcast if so, (3) runs the rollout of ``num_steps`` steps,
+and (4) sends one `Experience` to the learner. An exception inside an actor is
+sent to the learner as an `ActorFailure` so that the run stops at once
+instead of starving.
+
+The loop (`actor_thread`) is written once and talks to an `ActorEndpoint`:
+how messages move is a transport's business. `ActorChannels` is the endpoint
+of an actor thread (queues in the learner's process, `spawn_actor`);
+`ppo_async.ray_transport` gives the same loop an endpoint in a process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
 
+from ppo_async.actor_program import ActorProgram, Carry
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.env_registry import GYMNAX, split_env_id
 from ppo_async.envs import BatchedEnv, EnvCarry, Trajectory, make_rollout
-from ppo_async.networks import ActorCritic, is_recurrent, make_network, params_template
+from ppo_async.host_envs import make_host_actor_program
+from ppo_async.networks import is_recurrent, make_network, params_template
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
 # How often a waiting actor looks at the stop signal.
@@ -54,13 +62,15 @@ class ActorFailure(NamedTuple):
 
 
 EVALUATOR_ID = -1  # the actor_id an evaluator thread's failure is reported under
+PUBLISHER_ID = -2  # the actor_id a publisher thread's failure is reported under
 
 
 class ActorError(RuntimeError):
     """An actor (or the evaluator thread) raised; the original exception is the ``__cause__``."""
 
     def __init__(self, actor_id: int, formatted_traceback: str):
-        who = "evaluator thread" if actor_id == EVALUATOR_ID else f"actor {actor_id}"
+        who = {EVALUATOR_ID: "evaluator thread", PUBLISHER_ID: "publisher thread"}.get(
+            actor_id, f"actor {actor_id}")
         super().__init__(f"{who} failed:\n{formatted_traceback}")
         self.actor_id = actor_id
 
@@ -75,9 +85,12 @@ class ActorStats:
     rollouts_sent: int = 0  # Experience messages sent
     broadcasts_received: int = 0  # PolicyBroadcast messages taken off the queue
     pause_s: float = 0.0  # time spent held back by the staleness valve
-    restarts: int = 0  # times the supervisor restarted this actor after it raised
+    restarts: int = 0  # times the supervisor restarted this actor (after it raised, died or hung)
     active_s: float = 0.0  # time spent collecting (rollout and sending), first chunk excluded
     first_chunk_s: float = 0.0  # the first chunk's time, which includes compiling the rollout
+    cpu_s: float = 0.0  # CPU time of the actor's thread while collecting (the GIL caps threads' sum)
+    pid: int = 0  # the process the actor runs in (the learner's, for threads)
+    node_id: str = ""  # the Ray node it runs on; "" for threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,37 +119,47 @@ class ActorThrottle:
         return produced_steps + self.num_steps - consumed <= self.max_lead_steps
 
 
+class ActorEndpoint(Protocol):
+    """What the actor loop needs from a transport: the actor's end of its channels.
+
+    Every method returns promptly (``wait_broadcast`` within its timeout), so
+    the loop sees a stop signal within one poll.
+    """
+
+    def send(self, item: Experience | ActorFailure) -> None:
+        """Deliver ``item`` to the learner, after every item sent before it."""
+
+    def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
+        """The newest broadcast waiting (None if none), and how many were taken; never blocks."""
+
+    def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
+        """The next broadcast, waiting up to ``timeout_s``; None if none came."""
+
+    def stopped(self) -> bool:
+        """Whether the run has asked this actor to end."""
+
+
 class ActorChannels(NamedTuple):
-    """The queue ends and stop signal one actor thread owns."""
+    """The `ActorEndpoint` of an actor thread: queue ends and stop signal in the learner's process."""
 
     experience_queue: queue.Queue  # shared by all actors -> learner (Experience | ActorFailure)
     broadcast_queue: queue.Queue  # learner -> this actor (PolicyBroadcast)
     stop: threading.Event  # set by train() to end the run
 
+    def send(self, item: Experience | ActorFailure) -> None:
+        self.experience_queue.put(item)
 
-Carry = Any  # whatever an ActorProgram's envs carry between chunks
+    def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
+        return _drain(self.broadcast_queue)
 
+    def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
+        try:
+            return self.broadcast_queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
 
-class ActorProgram(NamedTuple):
-    """How actors of a run collect: built once and shared, so the rollout compiles once.
-
-    An env backend provides ``reset`` and ``rollout``; the actor loop does not
-    care whether the envs are jitted gymnax envs or host simulators.
-    """
-
-    observation_shape: tuple[int, ...]  # one observation
-    network: ActorCritic
-    params_template: Any  # host params with the network's structure, for from_bytes
-    # reset(key, device) -> carry: fresh episodes in every env of one actor
-    reset: Callable[[jax.Array, jax.Device], Carry]
-    # rollout(params, carry) -> (carry, trajectory [T, E, ...], bootstrap_obs [E, ...],
-    #                            bootstrap_value [E]); arrays may live on the device
-    rollout: Callable[[Any, Carry], tuple[Carry, Trajectory, Any, Any]]
-    # (trajectory, bootstrap_obs, bootstrap_value) of one chunk as jax.ShapeDtypeStructs,
-    # where the rollout can be traced (gymnax); None where it steps host envs
-    chunk_spec: Any = None
-    # close(carry): release what a carry holds (host simulators); None: nothing to release
-    close: Callable[[Carry], None] | None = None
+    def stopped(self) -> bool:
+        return self.stop.is_set()
 
 
 def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
@@ -146,9 +169,6 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     ``lax.scan``; ``gymnasium:``, ``envpool:`` and ``host:`` ids by
     `ppo_async.host_envs.make_host_actor_program`.
     """
-    # Imported here: host_envs builds on this module's ActorProgram.
-    from ppo_async.host_envs import GYMNAX, make_host_actor_program, split_env_id
-
     backend, env_name = split_env_id(config.env_id)
     if backend != GYMNAX:
         return make_host_actor_program(config)
@@ -189,10 +209,14 @@ def _drain(broadcast_queue: queue.Queue) -> tuple[PolicyBroadcast | None, int]:
     newest, taken = None, 0
     while True:
         try:
-            newest = broadcast_queue.get_nowait()
+            message = broadcast_queue.get_nowait()
         except queue.Empty:
             return newest, taken
         taken += 1
+        # Newest by version, not by arrival: a restarted actor's re-delivered
+        # broadcast may land behind a newer one.
+        if newest is None or message.version >= newest.version:
+            newest = message
 
 
 class ActorStart(NamedTuple):
@@ -207,16 +231,17 @@ def actor_thread(
     actor_id: int,
     config: AsyncActorLearnerConfig,
     program: ActorProgram,
-    channels: ActorChannels,
+    channels: ActorEndpoint,
     device: jax.Device,
     stats: ActorStats | None = None,
     start: ActorStart = ActorStart(),
 ) -> ActorStats:
-    """Body of one actor thread; returns its `ActorStats` when ``channels.stop`` is set.
+    """The actor loop; returns its `ActorStats` once ``channels.stopped()``.
 
-    The first `PolicyBroadcast` must already be on (or arrive on) the broadcast
-    queue: the actor never acts with params the learner did not send. Raises
-    whatever the env, rollout or loading raises; `spawn_actor` reports it.
+    ``channels`` is any `ActorEndpoint` (`ActorChannels` for a thread). The
+    first `PolicyBroadcast` must already wait there (or arrive): the actor
+    never acts with params the learner did not send. Raises whatever the env,
+    rollout or loading raises; the transport reports it (`spawn_actor`).
     """
     stats = stats if stats is not None else ActorStats(actor_id)
     key = jax.random.fold_in(jax.random.key(config.seed), actor_id)
@@ -234,43 +259,42 @@ def actor_thread(
 
 
 def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
-             channels: ActorChannels, device: jax.Device, stats: ActorStats,
+             channels: ActorEndpoint, device: jax.Device, stats: ActorStats,
              start: ActorStart, carry: Carry) -> None:
     """The actor loop of `actor_thread`, until the stop signal."""
     throttle = ActorThrottle.from_config(config)
     params, learner_updates, policy_version = None, 0, -1
     produced = start.produced_steps
 
-    while not channels.stop.is_set():
-        newest, taken = _drain(channels.broadcast_queue)
+    while not channels.stopped():
+        newest, taken = channels.take_newest()
         stats.broadcasts_received += taken
         if newest is None and (
             params is None or not throttle.may_start_chunk(produced, learner_updates)
         ):
-            # Held back (or not yet given params): block on the broadcast queue,
-            # in short waits so that a stop is seen promptly.
+            # Held back (or not yet given params): wait for a broadcast, in
+            # short waits so that a stop is seen promptly.
             pause_start = time.perf_counter()
-            try:
-                newest = channels.broadcast_queue.get(timeout=_POLL_S)
-                stats.broadcasts_received += 1
-            except queue.Empty:
-                pass
+            newest = channels.wait_broadcast(_POLL_S)
+            stats.broadcasts_received += newest is not None
             stats.pause_s += time.perf_counter() - pause_start
             if newest is None:
                 continue
+        if newest is not None and newest.version <= policy_version:
+            continue  # never step back to older params
         if newest is not None:
             params = load_policy_from_broadcast(newest, program.params_template, device)
             learner_updates, policy_version = newest.learner_updates, newest.version
             continue  # look again: more may have arrived, and the valve may now open
 
-        chunk_start = time.perf_counter()
+        chunk_start, chunk_cpu_start = time.perf_counter(), time.thread_time()
         carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
         # device_get blocks until the rollout is done and copies to numpy, so the
         # learner never touches an actor-device buffer.
         trajectory, bootstrap_obs, bootstrap_value = jax.device_get(
             (trajectory, bootstrap_obs, bootstrap_value)
         )
-        channels.experience_queue.put(
+        channels.send(
             Experience(
                 actor_id, policy_version, trajectory, bootstrap_obs, bootstrap_value, carry
             )
@@ -280,6 +304,7 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
         stats.episodes += int(np.count_nonzero(trajectory.episode_length))
         stats.rollouts_sent += 1
         elapsed = time.perf_counter() - chunk_start
+        stats.cpu_s += time.thread_time() - chunk_cpu_start
         if stats.first_chunk_s == 0.0:
             stats.first_chunk_s = elapsed
         else:
@@ -317,6 +342,7 @@ def spawn_actor(
     over from an actor this one replaces.
     """
     stats = stats if stats is not None else ActorStats(actor_id)
+    stats.pid, stats.node_id = os.getpid(), ""
     handle = ActorHandle(actor_id, None, stats)  # type: ignore[arg-type]
 
     def run() -> None:
@@ -324,9 +350,7 @@ def spawn_actor(
             actor_thread(actor_id, config, program, channels, device, handle.stats, start)
         except BaseException as error:  # noqa: BLE001 - reported, never swallowed
             handle.error = error
-            channels.experience_queue.put(
-                ActorFailure(actor_id, error, traceback.format_exc())
-            )
+            channels.send(ActorFailure(actor_id, error, traceback.format_exc()))
 
     handle.thread = threading.Thread(target=run, name=f"ppo-actor-{actor_id}", daemon=True)
     handle.thread.start()

@@ -8,8 +8,9 @@ after parsing. Sweeps use ``dataclasses.replace``.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
-from typing import Any
+from typing import Any, Literal
 
 
 NETWORKS = ("mlp", "lstm", "gru")  # the values of AsyncActorLearnerConfig.network
@@ -43,7 +44,7 @@ class AsyncActorLearnerConfig:
 
     # --- topology ---
     num_actors: int = 2
-    """Actor threads, each with its own batch of environments."""
+    """Actors (threads or processes, see actor_backend), each with its own batch of environments."""
     envs_per_actor: int = 4
     """Environments stepped together by one actor."""
     num_steps: int = 64
@@ -56,6 +57,18 @@ class AsyncActorLearnerConfig:
     """The run fails, naming the actor, if an actor the learner waits on sends nothing for this long."""
     shutdown_timeout_s: float = 30.0
     """How long the end of a run waits for each thread (actors, evaluator, compile) to stop before reporting it as stuck."""
+
+    # --- transport ---
+    actor_backend: Literal["threads", "ray"] = "threads"
+    """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs), or 'ray' processes (host envs written in Python, a hung env that must be killed, several machines; pip install 'ppo-async[ray]')."""
+    ray_address: str | None = None
+    """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
+    ray_num_cpus_per_actor: float = 1.0
+    """With actor_backend='ray': CPUs Ray reserves for each actor process (its JAX runs one intra-op thread)."""
+    ray_start_timeout_s: float = 120.0
+    """With actor_backend='ray': how long the run waits for actor processes to start (a process, JAX's import, the envs) before the learner's hang clock starts; an actor not up by then is named in LearnerTimeoutError."""
+    ray_actor_resources: tuple[tuple[str, float], ...] = ()
+    """With actor_backend='ray': custom Ray resources each actor requests, as (name, amount) pairs, e.g. to place actors on nodes started with --resources='{"actor_node": 4}'."""
 
     # --- V-trace ---
     use_vtrace: bool = False
@@ -122,6 +135,12 @@ class AsyncActorLearnerConfig:
     """Persistent compilation cache: a later run of the same config loads its compiled programs from this directory instead of compiling them. 'default': ~/.cache/ppo_async/jax (under $XDG_CACHE_HOME if set). None: off."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.ray_actor_resources, (list, tuple)) and all(
+            isinstance(pair, (list, tuple)) for pair in self.ray_actor_resources
+        ):
+            # config.json stores the pairs as lists; the field is a tuple of tuples.
+            object.__setattr__(self, "ray_actor_resources",
+                               tuple(tuple(pair) for pair in self.ray_actor_resources))
         _validate(self)
         if self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead):
             lead = _DerivedLead(2 * self.num_steps * self.broadcast_every)
@@ -198,7 +217,7 @@ def _is_number(value: Any) -> bool:
 def _validate(cfg: AsyncActorLearnerConfig) -> None:
     # Imported here so that a bad env id is reported as a config error without
     # making the config module depend on gymnax (or any env backend) at import time.
-    from ppo_async.host_envs import env_id_problem
+    from ppo_async.env_registry import env_id_problem
 
     env_problem = env_id_problem(cfg.env_id)
     _require(env_problem is None, "env_id", cfg.env_id, env_problem)
@@ -243,7 +262,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     )
     _validate_network(cfg)
     if cfg.eval_every_updates:
-        from ppo_async.host_envs import GYMNAX, split_env_id
+        from ppo_async.env_registry import GYMNAX, split_env_id
 
         _require(split_env_id(cfg.env_id)[0] == GYMNAX, "eval_every_updates",
                  cfg.eval_every_updates,
@@ -273,6 +292,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         _require(not resolve_cache_dir(cfg.compilation_cache_dir).is_file(),
                  "compilation_cache_dir", cfg.compilation_cache_dir,
                  "is a file; name a directory (it is created if missing)")
+    _validate_transport(cfg)
     for name in ("learner_device", "actor_device"):
         value = getattr(cfg, name)
         if value is None and name == "learner_device":
@@ -294,6 +314,35 @@ def _validate_network(cfg: AsyncActorLearnerConfig) -> None:
     _require(num_envs % cfg.num_minibatches == 0, "num_minibatches", cfg.num_minibatches,
              f"with network={cfg.network!r} minibatches are whole env sequences, so it "
              f"must divide num_actors * envs_per_actor = {num_envs}")
+
+
+def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
+    _require(cfg.actor_backend in ("threads", "ray"), "actor_backend", cfg.actor_backend,
+             "must be 'threads' or 'ray'")
+    _require(cfg.ray_address is None or (isinstance(cfg.ray_address, str) and cfg.ray_address),
+             "ray_address", cfg.ray_address,
+             "must be None (a private local Ray instance), 'auto' or 'host:port' of a cluster")
+    _require(_is_number(cfg.ray_start_timeout_s) and cfg.ray_start_timeout_s > 0,
+             "ray_start_timeout_s", cfg.ray_start_timeout_s, "must be a number > 0")
+    _require(_is_number(cfg.ray_num_cpus_per_actor) and cfg.ray_num_cpus_per_actor >= 0,
+             "ray_num_cpus_per_actor", cfg.ray_num_cpus_per_actor, "must be a number >= 0")
+    _require(
+        isinstance(cfg.ray_actor_resources, tuple) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and pair[0]
+            and _is_number(pair[1]) and pair[1] > 0
+            for pair in cfg.ray_actor_resources
+        ),
+        "ray_actor_resources", cfg.ray_actor_resources,
+        "must be (name, amount) pairs with a non-empty name and an amount > 0, "
+        "e.g. (('actor_node', 1),)",
+    )
+    if cfg.actor_backend != "ray":
+        return
+    _require(importlib.util.find_spec("ray") is not None, "actor_backend", cfg.actor_backend,
+             "Ray is not installed; pip install 'ppo-async[ray]' (or use actor_backend='threads')")
+    _require(_parse_device_spec(cfg.actor_device) in (("cpu", 0),), "actor_device",
+             cfg.actor_device,
+             "with actor_backend='ray' each actor process has one CPU device; use 'cpu'")
 
 
 def _parse_device_spec(spec: str) -> tuple[str, int] | None:

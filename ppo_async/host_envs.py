@@ -52,29 +52,37 @@ Plugging in your own simulator::
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.actor import ActorProgram
+from ppo_async.actor_program import ActorProgram
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.env_registry import (  # noqa: F401 - re-exported: their historical home
+    _REGISTRY,
+    ENV_BACKENDS,
+    ENVPOOL,
+    GYMNASIUM,
+    GYMNAX,
+    HOST,
+    BackendNotInstalledError,
+    HostEnvFactory,
+    _import_envpool,
+    env_id_problem,
+    is_host_env_id,
+    register_host_env,
+    registered_host_envs,
+    split_env_id,
+)
 from ppo_async.envs import Trajectory, UnknownEnvError
 from ppo_async.networks import is_recurrent, make_network, params_template, reset_hidden
 
-GYMNAX, GYMNASIUM, ENVPOOL, HOST = "gymnax", "gymnasium", "envpool", "host"
-ENV_BACKENDS = (GYMNAX, GYMNASIUM, ENVPOOL, HOST)  # env id prefixes, in the order docs list them
 
 
 class HostEnvError(RuntimeError):
     """A host env broke the `HostVectorEnv` contract (a wrong shape, a missing attribute)."""
-
-
-class BackendNotInstalledError(ImportError):
-    """The env id names a backend whose package is not installed."""
 
 
 # --------------------------------------------------------------------------
@@ -118,116 +126,6 @@ class HostVectorEnv(Protocol):
     def step(self, actions: np.ndarray) -> HostStep:
         """One step of every env: ``(obs, reward, terminated, truncated, final_obs)``."""
         ...
-
-
-HostEnvFactory = Callable[[int], HostVectorEnv]  # factory(num_envs) -> a batch of num_envs envs
-
-_REGISTRY: dict[str, HostEnvFactory] = {}
-
-
-def register_host_env(name: str, factory: HostEnvFactory) -> None:
-    """Make ``host:<name>`` an env id: ``factory(num_envs)`` returns a `HostVectorEnv`.
-
-    Each actor calls the factory once, so every actor owns its own envs.
-    Registering a name again replaces its factory (re-running a notebook cell
-    that defines the simulator should just work).
-    """
-    if not isinstance(name, str) or not name or ":" in name:
-        raise ValueError(f"host env name {name!r}: must be a non-empty string without ':'")
-    if not callable(factory):
-        raise TypeError(f"host env {name!r}: factory {factory!r} is not callable")
-    _REGISTRY[name] = factory
-
-
-def registered_host_envs() -> tuple[str, ...]:
-    """Names registered with `register_host_env`, sorted."""
-    return tuple(sorted(_REGISTRY))
-
-
-# --------------------------------------------------------------------------
-# Env ids.
-# --------------------------------------------------------------------------
-
-
-def split_env_id(env_id: str) -> tuple[str, str]:
-    """``(backend, name)`` of an env id; no prefix means gymnax.
-
-    Only the first ``:`` separates, so gymnasium's own ``module:Name-v0``
-    syntax survives: ``gymnasium:ale_py:ALE/Pong-v5``.
-    """
-    backend, sep, name = env_id.partition(":")
-    if not sep:
-        return GYMNAX, env_id
-    if backend not in ENV_BACKENDS:
-        raise UnknownEnvError(
-            f"env id {env_id!r}: unknown backend prefix {backend!r}; valid prefixes: "
-            + ", ".join(f"{b}:" for b in ENV_BACKENDS)
-            + " (no prefix means gymnax:)"
-        )
-    return backend, name
-
-
-def is_host_env_id(env_id: str) -> bool:
-    """Whether ``env_id`` names a host backend (anything but gymnax)."""
-    return split_env_id(env_id)[0] != GYMNAX
-
-
-def env_id_problem(env_id: Any) -> str | None:
-    """Why ``env_id`` cannot run here, as a fix for the user; None if it can.
-
-    Used by the config's validation, so it only looks names up: it builds no env.
-    """
-    if not isinstance(env_id, str):
-        return "must be a string such as 'CartPole-v1' or 'gymnasium:CartPole-v1'"
-    try:
-        backend, name = split_env_id(env_id)
-    except UnknownEnvError:
-        return (
-            "unknown backend prefix; valid prefixes: "
-            + ", ".join(f"{b}:" for b in ENV_BACKENDS) + " (no prefix means gymnax:)"
-        )
-    if backend == GYMNAX:
-        import gymnax
-
-        if name not in gymnax.registered_envs:
-            return (
-                "unknown environment; choose one of " + ", ".join(gymnax.registered_envs)
-                + " (or a host env: " + ", ".join(f"{b}:NAME" for b in ENV_BACKENDS[1:]) + ")"
-            )
-        return None
-    if backend == GYMNASIUM:
-        import gymnasium
-
-        try:
-            gymnasium.spec(name)  # imports the module of a 'module:Name-v0' id
-        except (gymnasium.error.Error, ModuleNotFoundError) as error:
-            return f"not a registered gymnasium environment ({error})"
-        return None
-    if backend == ENVPOOL:
-        try:
-            envpool = _import_envpool()
-        except BackendNotInstalledError as error:
-            return str(error)
-        if name not in envpool.list_all_envs():
-            return "not an envpool environment (envpool.list_all_envs() lists them)"
-        return None
-    if name not in _REGISTRY:
-        registered = ", ".join(registered_host_envs()) or "none yet"
-        return (
-            f"no host env registered as {name!r} (registered: {registered}); call "
-            "ppo_async.host_envs.register_host_env(name, factory) before building the config"
-        )
-    return None
-
-
-def _import_envpool():
-    try:
-        return importlib.import_module("envpool")
-    except ImportError as error:
-        raise BackendNotInstalledError(
-            "envpool is not installed; install it with pip install 'ppo-async[gym]' "
-            f"(wheels exist for Linux x86_64) or pip install envpool ({error})"
-        ) from error
 
 
 # --------------------------------------------------------------------------

@@ -8,7 +8,9 @@ values, or V-trace re-evaluated under the current params), then
 ``num_epochs x num_minibatches`` PPO steps with optax. A recurrent network is
 re-unrolled from each chunk's stored initial state (`reevaluate_recurrent`)
 and trained on minibatches of whole env sequences (`recurrent_sequences`). Every
-``broadcast_every`` updates it sends the params to every actor as bytes.
+``broadcast_every`` updates it hands the params to its transport's publisher,
+which sends them to every actor as bytes. Which transport carries the
+messages (threads, Ray processes) the loop does not know.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import functools
 import queue
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import chex
 import jax
@@ -39,6 +41,9 @@ from ppo_async.networks import (
     unroll,
 )
 from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
+
+if TYPE_CHECKING:  # the transport module builds on this one's callers, not on it
+    from ppo_async.transport import LearnerTransport
 
 
 class LearnerTimeoutError(TimeoutError):
@@ -461,24 +466,17 @@ class LearnerReport:
 
 
 class LearnerChannels(NamedTuple):
-    """The learner's queue ends."""
+    """The learner's ends: the actors' transport and the evaluator's queues."""
 
-    experience_queue: queue.Queue  # from all actors (and failures of any thread)
-    broadcast_queues: Sequence[queue.Queue]  # one per actor, in actor order
+    transport: LearnerTransport  # experience (and failures of any thread) in, broadcasts out
     evaluator_queue: queue.Queue | None = None  # PolicyBroadcasts to evaluate
     eval_results: queue.Queue | None = None  # (policy version, EvalResult) back
 
 
-def broadcast(channels: LearnerChannels, params: Any, learner_updates: int) -> PolicyBroadcast:
-    """Send ``params`` to every actor as one `PolicyBroadcast`; returns it."""
-    message = PolicyBroadcast(learner_updates, learner_updates, serialize_policy(params))
-    for broadcast_queue in channels.broadcast_queues:
-        broadcast_queue.put(message)
-    return message
-
-
-# on_actor_failure(failure, produced_steps, latest_broadcast) -> restarted?
-ActorFailureHandler = Callable[[ActorFailure, int, PolicyBroadcast], bool]
+# on_actor_failure(failure, produced_steps) -> restarted?
+ActorFailureHandler = Callable[[ActorFailure, int], bool]
+# on_stuck_actors(actor_ids, produced_steps) -> every one of them killed and restarted?
+StuckActorHandler = Callable[[list[int], int], bool]
 
 
 def _check_finite(metrics: dict[str, float], update: int) -> None:
@@ -528,7 +526,7 @@ def learner_loop(
     device: jax.Device,
     on_update: Callable[[dict[str, float]], None] | None = None,
     on_actor_failure: ActorFailureHandler | None = None,
-    latest_broadcast: PolicyBroadcast | None = None,
+    on_stuck_actors: StuckActorHandler | None = None,
     after_update: AfterUpdate | None = None,
     report: LearnerReport | None = None,
     update: UpdateFn | None = None,
@@ -536,11 +534,13 @@ def learner_loop(
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
-    ``state`` must already be on ``device`` and its params already broadcast
-    as ``latest_broadcast``. ``on_update`` receives each update's flat
+    ``state`` must already be on ``device`` and its params already published
+    on ``channels.transport``. ``on_update`` receives each update's flat
     metrics dict (host floats). When an actor fails, ``on_actor_failure`` may
     restart it (returning True): it is told how many rows the learner counts as
-    produced by that actor (consumed plus buffered), and the newest broadcast.
+    produced by that actor (consumed plus buffered). When actors the learner
+    waits on send nothing for ``learner_timeout_s``, ``on_stuck_actors`` may
+    kill and restart them (returning True; only a transport of processes can).
     ``after_update`` is called after every update with the good state (see
     `AfterUpdate`; `train` checkpoints from it). ``on_update`` may raise
     `StopTraining` to end the run there. A resumed run passes the saved
@@ -559,7 +559,8 @@ def learner_loop(
     report = report if report is not None else LearnerReport()
     start, start_env_steps = time.perf_counter(), report.env_steps
     report.start_update = report.updates
-    # When each actor last delivered a chunk (or started): the hang detector.
+    # When each actor last delivered a chunk, started, or was last given a
+    # chance to (an update): the hang detector.
     last_chunk_at = [time.monotonic()] * config.num_actors
     timeout_s = config.learner_timeout_s
     end_update = config.num_updates if end_update is None else end_update
@@ -568,6 +569,12 @@ def learner_loop(
         while not buffer.ready():
             now = time.monotonic()
             stuck = _stuck_actors(buffer, last_chunk_at, timeout_s, now)
+            if stuck and on_stuck_actors is not None and on_stuck_actors(
+                stuck, report.updates * config.num_steps  # their columns are empty
+            ):
+                for actor_id in stuck:
+                    last_chunk_at[actor_id] = time.monotonic()  # fresh actors
+                continue
             if stuck:
                 names = ", ".join(f"actor {i}" for i in stuck)
                 others = [i for i in range(config.num_actors) if i not in stuck]
@@ -581,21 +588,17 @@ def learner_loop(
             waited_on = [last_chunk_at[i] for i, column in enumerate(buffer.columns) if not column]
             wait_s = max(0.0, min(waited_on) + timeout_s - now)
             wait_start = time.perf_counter()
-            try:
-                item = channels.experience_queue.get(timeout=max(wait_s, 1e-3))
-            except queue.Empty:
+            item = channels.transport.receive(max(wait_s, 1e-3))
+            report.learner_wait_s += time.perf_counter() - wait_start
+            if item is None:
                 continue  # the check above names the actor
-            finally:
-                report.learner_wait_s += time.perf_counter() - wait_start
             if isinstance(item, ActorFailure):
                 # Chunks the actor sent before failing were queued before this
                 # message, so they are in the buffer and are kept. (The
                 # evaluator thread reports under a negative id and owns no column.)
                 buffered = len(buffer.columns[item.actor_id]) if item.actor_id >= 0 else 0
                 produced = (report.updates + buffered) * config.num_steps
-                if on_actor_failure is None or not on_actor_failure(
-                    item, produced, latest_broadcast
-                ):
+                if on_actor_failure is None or not on_actor_failure(item, produced):
                     raise ActorError(item.actor_id, item.formatted_traceback) from item.error
                 if item.actor_id >= 0:
                     last_chunk_at[item.actor_id] = time.monotonic()  # a fresh actor
@@ -604,6 +607,9 @@ def learner_loop(
             buffer.add(item)
 
         experiences = buffer.pop_batch()
+        # An actor held back by the valve could not send until this update (and
+        # the broadcast after it), so every actor's silence counts from here.
+        last_chunk_at = [time.monotonic()] * config.num_actors
         lags = [report.updates - e.policy_version for e in experiences]
         batch = place(stack_experiences(experiences), device)
         new_state, metrics = update(state, batch)
@@ -618,18 +624,18 @@ def learner_loop(
 
         broadcast_s = 0.0
         if report.updates % config.broadcast_every == 0 and report.updates < end_update:
+            # Only params that passed the finiteness check above are published; the
+            # publisher thread serializes and delivers, so this is a hand-over.
             broadcast_start = time.perf_counter()
-            latest_broadcast = broadcast(channels, state.params, report.updates)
+            channels.transport.publish(state.params, report.updates)
             broadcast_s = time.perf_counter() - broadcast_start
         if channels.evaluator_queue is not None and config.eval_every_updates and (
             report.updates % config.eval_every_updates == 0
         ):
-            eval_message = latest_broadcast
-            if eval_message is None or eval_message.version != report.updates:
-                # Not a broadcast update: serialize for the evaluator alone.
-                eval_message = PolicyBroadcast(
-                    report.updates, report.updates, serialize_policy(state.params)
-                )
+            # Serialized here, apart from the publisher's bytes: evaluations are rare.
+            eval_message = PolicyBroadcast(
+                report.updates, report.updates, serialize_policy(state.params)
+            )
             report.eval_requests_skipped += _request_evaluation(channels, eval_message)
         eval_metrics = {}
         while channels.eval_results is not None and not channels.eval_results.empty():
@@ -638,10 +644,11 @@ def learner_loop(
             eval_metrics = {"eval_return_mean": result.mean_return,
                             "eval_return_std": result.std_return,
                             "eval_policy_version": version}
-        if after_update is not None:
-            after_update(state, report, [e.env_carry for e in experiences])
-
-        if on_update is not None:
+        carries = [e.env_carry for e in experiences]
+        if on_update is None:
+            if after_update is not None:
+                after_update(state, report, carries)
+        else:
             host_metrics.update(
                 update=report.updates,
                 env_steps=report.env_steps,
@@ -649,13 +656,18 @@ def learner_loop(
                 episode_return=report.episode_return_mean,
                 policy_lag_mean=float(np.mean(lags)),
                 policy_lag_max=max(lags),
-                queue_depth=channels.experience_queue.qsize(),
+                queue_depth=channels.transport.queue_depth(),
                 learner_wait_s=report.learner_wait_s,
                 broadcast_s=broadcast_s,
                 **eval_metrics,
             )
             try:
-                on_update(host_metrics)
+                on_update(host_metrics)  # writes this update's metrics line...
             except StopTraining:
                 break
+            finally:
+                # ...before a checkpoint of it, so a run directory never holds a
+                # checkpoint past its metrics; also when on_update stops the run.
+                if after_update is not None:
+                    after_update(state, report, carries)
     return state, report

@@ -1,13 +1,16 @@
-"""`train(config)`: wire queues, actor threads and the learner; always shut down.
+"""`train(config)`: wire the transport, the actors and the learner; always shut down.
 
 The learner runs in the calling thread (so Ctrl-C reaches it directly); the
-actors run in daemon threads. Whatever ends the run -- its last update, an
-actor's exception, a stuck actor, KeyboardInterrupt -- the stop signal is set,
-every thread is joined within ``config.shutdown_timeout_s``, and, with a run
-directory, the newest good state is checkpointed before `train` returns or
+actors run where ``config.actor_backend`` puts them: daemon threads of this
+process (`ppo_async.transport.ThreadTransport`) or Ray processes
+(`ppo_async.ray_transport.RayTransport`). Whatever ends the run -- its last
+update, an actor's exception, a stuck actor, KeyboardInterrupt -- the
+transport stops every actor within ``config.shutdown_timeout_s``, and, with a
+run directory, the newest good state is checkpointed before `train` returns or
 raises. A finished run writes its final params and summary before it reports
 any thread that would not stop. A thread stuck inside an env cannot be killed:
-it is named in the error (with where it is stuck) and left behind as a daemon.
+it is named in the error (with where it is stuck) and left behind as a daemon;
+a process is killed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import dataclasses
 import logging
 import pathlib
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -30,15 +32,12 @@ import numpy as np
 
 from ppo_async.actor import (
     EVALUATOR_ID,
-    ActorChannels,
     ActorError,
     ActorFailure,
-    ActorHandle,
     ActorProgram,
     ActorStart,
     Experience,
     make_actor_program,
-    spawn_actor,
 )
 from ppo_async.checkpoint import save_checkpoint
 from ppo_async.compile_cache import enable_compilation_cache
@@ -50,7 +49,6 @@ from ppo_async.learner import (
     LearnerState,
     LearningRateSchedule,
     UpdateFn,
-    broadcast,
     default_schedule,
     init_learner_state,
     learner_loop,
@@ -58,7 +56,7 @@ from ppo_async.learner import (
     stack_experiences,
 )
 from ppo_async.networks import init_params
-from ppo_async.policy_io import PolicyBroadcast, place
+from ppo_async.policy_io import place
 from ppo_async.resume import CheckpointPolicy, ResumePoint, checkpoint_contents, load_resume_point
 from ppo_async.run_dir import (
     PARAMS_FILE,
@@ -71,6 +69,8 @@ from ppo_async.run_dir import (
 )
 from ppo_async.run_log import RunLog
 from ppo_async.wandb_log import WandbSettings
+from ppo_async.supervisor import Supervisor
+from ppo_async.transport import LearnerTransport, ThreadTransport, stop_threads
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,16 @@ class ShutdownTimeoutError(RuntimeError):
         self.threads, self.result = threads, result
 
 
+def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
+                    actor_device: jax.Device) -> LearnerTransport:
+    """The transport ``config.actor_backend`` names (Ray is imported only when asked for)."""
+    if config.actor_backend == "ray":
+        from ppo_async.ray_transport import RayTransport
+
+        return RayTransport(config, program)
+    return ThreadTransport(config, program, actor_device)
+
+
 def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
                      stop: threading.Event) -> threading.Thread:
     """A thread that evaluates each `PolicyBroadcast` put on ``channels.evaluator_queue``.
@@ -138,7 +148,7 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
                 result = evaluator.evaluate_broadcast(message, seed=config.seed + 1_000_003)
                 channels.eval_results.put((message.version, result))
         except BaseException as error:  # noqa: BLE001 - reported, never swallowed
-            channels.experience_queue.put(
+            channels.transport.report_failure(
                 ActorFailure(EVALUATOR_ID, error, traceback.format_exc())
             )
 
@@ -232,43 +242,6 @@ def _summary(report: LearnerReport) -> dict[str, Any]:
     summary = dataclasses.asdict(report)
     summary["policy_lag_counts"] = {str(k): v for k, v in report.policy_lag_counts.items()}
     return summary
-
-
-def _where(thread: threading.Thread) -> str:
-    """The innermost frames a live thread is executing, to say where it is stuck."""
-    frame = sys._current_frames().get(thread.ident)
-    if frame is None:
-        return "not started"
-    frames = traceback.extract_stack(frame)[-3:]
-    return " <- ".join(
-        f"{pathlib.Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames)
-    )
-
-
-def _stop_threads(threads: list[threading.Thread], timeout_s: float,
-                  known_stuck: set[str]) -> list[str]:
-    """Join ``threads`` within ``timeout_s`` overall; each one still alive, with where it is.
-
-    Threads in ``known_stuck`` (actors the learner already found hung) are not
-    waited for: nothing will end them.
-    """
-    deadline = time.monotonic() + timeout_s
-    for thread in threads:
-        if thread.name not in known_stuck:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    return [f"{t.name} (at {_where(t)})" for t in threads if t.is_alive()]
-
-
-def _late_failures(experience_queue: queue.Queue) -> list[ActorFailure]:
-    """Failures that threads reported after the learner stopped reading."""
-    failures = []
-    while True:
-        try:
-            item = experience_queue.get_nowait()
-        except queue.Empty:
-            return failures
-        if isinstance(item, ActorFailure):
-            failures.append(item)
 
 
 class _Checkpoints:
@@ -402,65 +375,36 @@ def train(
         raise
 
     start_updates = report.updates
-    experience_queue: queue.Queue = queue.Queue()
-    broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
-    stop = threading.Event()
+    stop = threading.Event()  # the evaluator's
     evaluating = config.eval_every_updates > 0
-    channels = LearnerChannels(
-        experience_queue, broadcast_queues,
-        queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
-    )
     checkpoints = _Checkpoints(config, run_dir, schedule)
-    handles: list[ActorHandle] = []
-
-    def record(metrics: dict[str, float]) -> None:
-        run_log(metrics)
-        if on_update is not None:
-            on_update(metrics)
-
-    def channels_of(actor_id: int) -> ActorChannels:
-        return ActorChannels(experience_queue, broadcast_queues[actor_id], stop)
-
-    def restart_actor(failure: ActorFailure, produced_steps: int,
-                      latest: PolicyBroadcast) -> bool:
-        """The supervisor: replace a failed actor while its restart budget lasts."""
-        if failure.actor_id == EVALUATOR_ID:
-            return False
-        old = handles[failure.actor_id]
-        if old.stats.restarts >= config.max_actor_restarts:
-            return False
-        logger.warning(
-            "actor %d failed; restarting it (restart %d of %d):\n%s", failure.actor_id,
-            old.stats.restarts + 1, config.max_actor_restarts, failure.formatted_traceback,
-        )
-        old.join(config.shutdown_timeout_s)  # it ended right after sending its failure
-        old.stats.restarts += 1
-        # The dead actor may have drained every broadcast; give its successor the newest.
-        broadcast_queues[failure.actor_id].put(latest)
-        start = ActorStart(restart=old.stats.restarts, produced_steps=produced_steps)
-        handles[failure.actor_id] = spawn_actor(
-            failure.actor_id, config, program, channels_of(failure.actor_id),
-            actor_device, old.stats, start,
-        )
-        return True
-
+    transport: LearnerTransport | None = None
     evaluator_thread = None
     error: BaseException | None = None
     try:
-        first_broadcast = broadcast(channels, state.params, start_updates)
+        transport = _make_transport(config, program, actor_device)
+        channels = LearnerChannels(
+            transport, queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
+        )
+        supervisor = Supervisor(config, transport)
+
+        def record(metrics: dict[str, float]) -> None:
+            run_log(metrics)
+            if on_update is not None:
+                on_update(metrics)
+
+        transport.publish(state.params, start_updates)
         if evaluating:
             evaluator_thread = _spawn_evaluator(config, channels, stop)
         for actor_id, carry in enumerate(carries):
-            start = ActorStart(
+            transport.start_actor(actor_id, ActorStart(
                 produced_steps=start_updates * config.num_steps,
                 carry=jax.device_put(carry, actor_device) if carry is not None else None,
-            )
-            handles.append(spawn_actor(
-                actor_id, config, program, channels_of(actor_id), actor_device, None, start
             ))
+        transport.wait_started()  # processes take seconds to start; threads none
         state, report = learner_loop(
             config, program.network, state, channels, learner_device, record,
-            on_actor_failure=restart_actor, latest_broadcast=first_broadcast,
+            on_actor_failure=supervisor.on_failure, on_stuck_actors=supervisor.on_stuck,
             after_update=checkpoints.after_update, report=report,
             update=warm_up.before(update), end_update=end_update,
         )
@@ -471,13 +415,18 @@ def train(
     except BaseException as caught:  # noqa: BLE001 - re-raised below, after the shutdown
         error = caught
 
-    # Shutdown, on every path: stop and join the threads, then keep the newest good state.
+    # Shutdown, on every path: stop the actors and threads, then keep the newest good state.
     stop.set()
-    hung = {f"ppo-actor-{i}" for i in getattr(error, "actor_ids", ())}
-    threads = [t for t in (warm_up.thread, evaluator_thread, *(h.thread for h in handles)) if t]
-    stragglers = _stop_threads(threads, config.shutdown_timeout_s, hung)
+    deadline = time.monotonic() + config.shutdown_timeout_s
+    stragglers = stop_threads([t for t in (warm_up.thread, evaluator_thread) if t],
+                              config.shutdown_timeout_s)
+    late: list[ActorFailure] = []
+    if transport is not None:
+        stragglers += transport.stop(max(0.0, deadline - time.monotonic()),
+                                     known_stuck=getattr(error, "actor_ids", ()))
+        late = transport.late_failures()
+        supervisor.annotate(error)
     run_log.close(failed=error is not None)
-    late = _late_failures(experience_queue)
     saved = checkpoints.save_latest() if run_dir is not None else None
 
     if error is not None:
@@ -490,7 +439,7 @@ def train(
                                       run_dir, saved) from error
         raise error
 
-    report.actor_stats = [handle.stats for handle in handles]
+    report.actor_stats = transport.actor_stats()
     report.actor_restarts = sum(stats.restarts for stats in report.actor_stats)
     while evaluating and not channels.eval_results.empty():
         version, result = channels.eval_results.get_nowait()

@@ -212,3 +212,30 @@ def test_startup_timeline_lists_the_programs_compiled_before_the_first_update(
     assert alone["update"] > 0 and alone["total"] >= alone["update"]
     assert "programs compiled (or loaded) before the first update" in capsys.readouterr().out
     assert json.loads((tmp_path / "results.json").read_text())["programs"]
+
+
+def test_bench_backends_compares_threads_and_ray_and_times_broadcasts(tmp_path, monkeypatch,
+                                                                      capsys):
+    pytest.importorskip("ray")
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
+    bench = load_script("bench_backends")
+    result = bench.main(["--envs", "host:busy-python", "--total-env-steps", "3072",
+                         "--warmup", "1", "--python-step-ms", "0.05", "--widths", "16",
+                         "--repeats", "5", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    (run,) = saved["runs"]
+    assert run["env_id"] == "host:busy-python"
+    for backend in ("threads", "ray"):
+        assert run[backend]["env_steps_per_s"] > 0 and run[backend]["updates"] == 6
+    assert run["ray_over_threads"] == result["runs"][0]["ray_over_threads"] > 0
+    assert saved["transport_costs"]["chunk_bytes"] > 1000
+    (broadcast,) = saved["broadcasts"]
+    assert broadcast["hidden_sizes"] == [16, 16]
+    for key in ("update_alone_s", "learner_hand_over_s", "publisher_serialize_s",
+                "publisher_put_s", "actor_load_s"):
+        assert broadcast[key] > 0.0, key
+    out = capsys.readouterr().out
+    assert "load average" in out and "python experiments/bench_backends.py" in out
+    import ray
+
+    assert not ray.is_initialized()
