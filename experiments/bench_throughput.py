@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,12 +46,19 @@ def _twin(total_env_steps: int, seed: int) -> dict:
     start = time.perf_counter()
     compiled = jax.jit(make_train(config)).lower(jax.random.key(seed)).compile()
     compile_s = time.perf_counter() - start
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), _cpu_s()
     result = jax.block_until_ready(compiled(jax.random.key(seed)))
-    run_s = time.perf_counter() - start
+    run_s, cpu_s = time.perf_counter() - start, _cpu_s() - cpu_start
     steps = config.num_updates * config.batch_size
     return {"env_steps_per_s": steps / run_s, "compile_s": compile_s, "run_s": run_s,
+            "cpu_s_per_100k_steps": cpu_s / steps * 1e5, "cores_busy": cpu_s / run_s,
             "final_return": recent_return_mean(jax.device_get(result.metrics))}
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process so far, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _async(total_env_steps: int, seed: int) -> dict:
@@ -59,12 +67,13 @@ def _async(total_env_steps: int, seed: int) -> dict:
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
     marks = []
     start = time.perf_counter()
-    report = train(config, progress=False,
-                   on_update=lambda m: marks.append((time.perf_counter(), m["env_steps"]))).report
+    report = train(config, progress=False, on_update=lambda m: marks.append(
+        (time.perf_counter(), m["env_steps"], _cpu_s()))).report
     wall_s = time.perf_counter() - start
-    quarter = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps / 4)
-    (t0, s0), (t1, s1) = marks[quarter], marks[-1]
+    quarter = next(i for i, (_, steps, _) in enumerate(marks) if steps >= total_env_steps / 4)
+    (t0, s0, c0), (t1, s1, c1) = marks[quarter], marks[-1]
     return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "wall_s": wall_s,
+            "cpu_s_per_100k_steps": (c1 - c0) / (s1 - s0) * 1e5, "cores_busy": (c1 - c0) / (t1 - t0),
             "first_update_s": marks[0][0] - start, "final_return": report.episode_return_mean,
             "learner_wait_s": report.learner_wait_s}
 
@@ -109,9 +118,10 @@ def main(argv: list[str] | None = None) -> dict:
             row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0],
                    **_one_in_a_fresh_process(mode, seed, args.total_env_steps)}
             rows.append(row)
-            print(f"{mode:8s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s "
-                  f"(final return {row['final_return']:.1f}, load {row['load_average_1_min']:.1f})",
-                  flush=True)
+            print(f"{mode:8s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s, "
+                  f"{row['cpu_s_per_100k_steps']:.2f} CPU s per 100k steps on "
+                  f"{row['cores_busy']:.2f} cores (final return {row['final_return']:.1f}, "
+                  f"load {row['load_average_1_min']:.1f})", flush=True)
     medians = {mode: statistics.median(r["env_steps_per_s"] for r in rows if r["mode"] == mode)
                for mode in args.modes}
     print("\nmedian steady-state env steps/s:")
