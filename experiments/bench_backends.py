@@ -72,6 +72,8 @@ class BusyPythonEnv:
         return obs, np.ones(self.num_envs, np.float32), terminated, np.zeros(self.num_envs, bool), obs
 
 
+# Not common.median_time: the Ray actors below take this function by value, and
+# `common` is not importable in their worker processes.
 def _median_time(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):

@@ -107,6 +107,19 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def median_time(fn, repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn``."""
+    import statistics
+    import time
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def save_result(
     name: str, out_override: str | os.PathLike | None, script: str, argv: Sequence[str],
     result: dict[str, Any], filename: str = "results.json",

@@ -28,13 +28,13 @@ from ppo_async.policy_io import (
     load_policy_from_broadcast,
     serialize_policy,
 )
-from ppo_async.train import TrainResult, train
+from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted, TrainResult, train
 
 __all__ = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
     "AsyncActorLearnerConfig", "ConfigError", "Experience", "LearnerReport",
     "LearnerTimeoutError", "NonFiniteError", "PolicyBroadcast", "PolicyLoadError", "RolloutBuffer", "StopTraining",
-    "TrainResult", "VTraceOutput", "actor_thread", "gae", "learner_loop",
+    "ShutdownTimeoutError", "TrainResult", "TrainingInterrupted", "VTraceOutput", "actor_thread", "gae", "learner_loop",
     "load_policy_from_broadcast", "ppo_loss", "serialize_policy", "spawn_actor",
     "train", "vtrace",
 ]
