@@ -28,6 +28,29 @@ import time
 import common
 
 
+def _checkpoint_cost(config, program, state, device) -> tuple[float, int]:
+    """Median seconds to write one checkpoint of ``config``'s run, and its size in bytes."""
+    import tempfile
+
+    import jax
+
+    from ppo_async.checkpoint import list_checkpoints, save_checkpoint
+    from ppo_async.learner import LearnerReport, default_schedule
+    from ppo_async.resume import checkpoint_contents
+
+    carries = [program.reset(jax.random.key(i), device) for i in range(config.num_actors)]
+    report = LearnerReport(updates=1, env_steps=config.batch_size, policy_lag_counts={0: 1})
+    tree, counters = checkpoint_contents(state, report, carries, default_schedule(config))
+    with tempfile.TemporaryDirectory() as directory:
+        def write() -> None:
+            save_checkpoint(directory, step=1, state=tree, counters=counters,
+                            config_dict=config.to_dict(), keep=1)
+
+        seconds = common.median_time(write, 20)
+        size = list_checkpoints(directory)[-1].stat().st_size
+    return seconds, size
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -95,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
                 lambda t=tree: jax.block_until_ready(jax.device_put(t, cpu)), 300),
         }
 
+    checkpoint_s, checkpoint_bytes = _checkpoint_cost(config, program, state, cpu)
+
     broadcast_fraction = broadcast_s / update_s  # the learner thread's share
     off_thread_fraction = (serialize_s + load_s) / update_s
     result = {
@@ -111,6 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
         "payload_bytes": len(message.payload),
         "placement": placement,
         "env_steps_per_s": report.env_steps_per_s,
+        "checkpoint_write_s": checkpoint_s,
+        "checkpoint_bytes": checkpoint_bytes,
     }
     print(f"learner idle (waiting for experience) in the steady state: {idle:.1%} (target < 10%)")
     print(f"the update's call returns after {dispatch_s * 1e3:.2f} ms (dispatch), "
@@ -127,6 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"placing the {name} on the device: place {times['place_s'] * 1e3:.3f} ms, "
               f"jax.device_put {times['device_put_s'] * 1e3:.3f} ms "
               f"({times['device_put_s'] / times['place_s']:.1f}x)")
+    print(f"one checkpoint (state, every actor's env carry, counters): {checkpoint_bytes} bytes, "
+          f"written atomically in {checkpoint_s * 1e3:.1f} ms (median of 20)")
     common.save_result("bench_learner", args.out, __file__, argv, result)
     return result
 
