@@ -31,3 +31,27 @@ def no_thread_leaks():
     """Every test leaves no actor or evaluator thread running."""
     yield
     assert run_threads_alive() == []
+
+
+@pytest.fixture
+def recorded_updates(monkeypatch):
+    """``(updates, calls)``: every jitted update `train` builds, and the batch
+    shapes and dtypes of every call to it (the warm-up's included)."""
+    import importlib
+
+    train_module = importlib.import_module("ppo_async.train")  # shadowed by train()
+    original = train_module.make_update_fn
+    updates, calls = [], []
+
+    def make_update_fn(config, network, *schedule):
+        update = original(config, network, *schedule)
+        updates.append(update)
+
+        def counted(state, batch):
+            calls.append(jax.tree.map(lambda x: (x.shape, x.dtype), batch))
+            return update(state, batch)
+
+        return counted
+
+    monkeypatch.setattr(train_module, "make_update_fn", make_update_fn)
+    return updates, calls

@@ -372,26 +372,10 @@ def test_lock_step_recurrent_async_reproduces_the_twin_byte_for_byte():
     assert first.report.episodes > 0
 
 
-def test_the_recurrent_update_compiles_once_before_the_first_batch(monkeypatch):
+def test_the_recurrent_update_compiles_once_before_the_first_batch(recorded_updates):
     """The warm-up batch (from the traced chunk) has the real batches' reset
     flags and initial states, so the update does not compile again."""
-    import importlib
-
-    train_module = importlib.import_module("ppo_async.train")
-    original = train_module.make_update_fn
-    updates, calls = [], []
-
-    def make_update_fn(config, network, *schedule):
-        update = original(config, network, *schedule)
-        updates.append(update)
-
-        def counted(state, batch):
-            calls.append(jax.tree.map(lambda x: (x.shape, x.dtype), batch))
-            return update(state, batch)
-
-        return counted
-
-    monkeypatch.setattr(train_module, "make_update_fn", make_update_fn)
+    updates, calls = recorded_updates
     config = dataclasses.replace(LOCK_STEP, total_env_steps=4 * 8 * 3, use_vtrace=True)
     train(config, progress=False)
     assert len(calls) == config.num_updates + 1

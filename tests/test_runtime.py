@@ -172,22 +172,8 @@ def test_two_actors_run_a_few_updates_and_stop_cleanly(tmp_path):
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_the_update_compiles_once_before_the_first_batch(monkeypatch, env_id):
-    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
-    original = train_module.make_update_fn
-    updates, calls = [], []
-
-    def make_update_fn(config, network, *schedule):
-        update = original(config, network, *schedule)
-        updates.append(update)
-
-        def counted(state, batch):
-            calls.append(jax.tree.map(lambda x: (x.shape, x.dtype), batch))
-            return update(state, batch)
-
-        return counted
-
-    monkeypatch.setattr(train_module, "make_update_fn", make_update_fn)
+def test_the_update_compiles_once_before_the_first_batch(recorded_updates, env_id):
+    updates, calls = recorded_updates
     config = dataclasses.replace(TINY, env_id=env_id)
     train(config, progress=False)
     # One warm-up call on zeros (in its own thread, while the initializers and the
