@@ -181,7 +181,8 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     # built, as in IMPALA) and is checkpointed with the carry.
     recurrent = is_recurrent(network)
     scan_rollout = make_rollout(env, network.apply, config.num_steps, config.gamma,
-                                recurrent=recurrent)
+                                recurrent=recurrent,
+                                keep_final_obs=config.learner_bootstraps_truncation)
     state_size = network.state_size if recurrent else None
 
     # One compiled program: run eagerly, the reset's key splits, gymnax reset,

@@ -4,8 +4,10 @@ Pure, jittable functions over time-major arrays. Every array is ``[T, B]``
 (time, batch) except ``bootstrap_value``, which is ``[B]``: the value of the
 observation that follows the last step. ``discounts[t] = gamma * (1 - done[t])``
 where ``done`` marks the end of an episode at step ``t``. Truncated episodes are
-not special here: the runtime folds ``gamma * V(final_obs)`` into the reward of
-a truncated step and sets its discount to 0 (see ``ppo_async.envs``).
+not special here: the caller folds ``gamma * V(final_obs)`` into the reward of
+a truncated step and sets its discount to 0 (the actors do, with the behaviour
+critic; in V-trace mode the learner does, with its current critic: see
+``ppo_async.envs`` and ``ppo_async.learner``).
 
 Both estimators run a reverse ``jax.lax.scan`` over time, so their cost under
 ``jit`` does not grow with a Python loop, and both return targets with
@@ -133,9 +135,14 @@ def vtrace(
     _check_trajectory(rewards, values, discounts, bootstrap_value, log_rhos)
     if pg_rho_bar is None:
         pg_rho_bar = rho_bar
-    rhos = jnp.exp(log_rhos)
-    clipped_rhos = jnp.minimum(rho_bar, rhos)
-    cs = lambda_ * jnp.minimum(c_bar, rhos)
+    # Clipped in log space before exponentiating: a log-rho of +1000 (a
+    # behaviour action the target policy finds far likelier) gives the bar,
+    # never inf, and inf * 0 never turns into NaN further down.
+    def clipped(bar):
+        return jnp.exp(jnp.minimum(log_rhos, jnp.log(jnp.float32(bar))))
+
+    clipped_rhos = clipped(rho_bar)
+    cs = lambda_ * clipped(c_bar)
     next_values = _next_values(values, bootstrap_value)
 
     deltas = clipped_rhos * (rewards + discounts * next_values - values)
@@ -146,7 +153,7 @@ def vtrace(
     q_values = rewards + discounts * (
         lambda_ * next_value_targets + (1.0 - lambda_) * next_values
     )
-    pg_advantages = jnp.minimum(pg_rho_bar, rhos) * (q_values - values)
+    pg_advantages = clipped(pg_rho_bar) * (q_values - values)
     return VTraceOutput(
         value_targets=jax.lax.stop_gradient(value_targets),
         pg_advantages=jax.lax.stop_gradient(pg_advantages),

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 NETWORKS = ("mlp", "lstm", "gru")  # the values of AsyncActorLearnerConfig.network
 RECURRENT_NETWORKS = ("lstm", "gru")
+PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.ppo_ratio_anchor
 
 
 class ConfigError(ValueError):
@@ -70,15 +71,25 @@ class AsyncActorLearnerConfig:
     ray_actor_resources: tuple[tuple[str, float], ...] = ()
     """With actor_backend='ray': custom Ray resources each actor requests, as (name, amount) pairs, e.g. to place actors on nodes started with --resources='{"actor_node": 4}'."""
 
-    # --- V-trace ---
+    # --- off-policy correction ---
     use_vtrace: bool = False
-    """Correct stale experience with V-trace, re-evaluated under the learner's current params."""
+    """Advantages and value targets by V-trace under the learner's current critic (True), or GAE on the behaviour values (False)."""
+    ppo_ratio_anchor: Literal["behaviour", "learner", "ewma"] = "behaviour"
+    """The proximal policy the clipped ratio is centred on: 'behaviour' (the policy that collected the data; standard PPO), 'learner' (the learner's params at the update's start), or 'ewma' (a moving average of the learner's params); the last two weight the surrogate by pi_prox / mu."""
+    proximal_ewma_decay: float = 0.9
+    """With ppo_ratio_anchor='ewma': decay of the params' moving average per optimizer step (bias-corrected)."""
+    is_weight_max: float = 100.0
+    """With ppo_ratio_anchor 'learner' or 'ewma': cap on the importance weight pi_prox / mu of each sample."""
+    max_policy_lag: int | None = None
+    """Samples collected more than this many learner updates ago are left out of the loss (counted as dropped_fraction). None: keep every sample."""
     vtrace_rho_bar: float = 1.0
-    """V-trace clip on the importance weight in the TD errors (and the policy-gradient advantage)."""
+    """V-trace clip on the importance weight in the TD errors."""
     vtrace_c_bar: float = 1.0
     """V-trace clip on the trace-cutting coefficients."""
-    vtrace_lambda: float = 0.95
-    """V-trace lambda; equal to gae_lambda, on-policy V-trace is exactly GAE."""
+    vtrace_pg_rho_bar: float = 1.0
+    """V-trace clip on the importance weight of the policy-gradient advantage."""
+    vtrace_lambda: float = 1.0
+    """V-trace lambda (1: the paper's V-trace; on-policy V-trace equals GAE with the same lambda)."""
 
     # --- PPO ---
     learning_rate: float = 5e-4
@@ -184,6 +195,16 @@ class AsyncActorLearnerConfig:
         return self.network in RECURRENT_NETWORKS
 
     @property
+    def learner_bootstraps_truncation(self) -> bool:
+        """Truncated episodes are bootstrapped by the learner's current critic (V-trace, feed-forward).
+
+        Then the actors send each truncated step's final observation instead of
+        folding ``gamma * V_mu(final_obs)`` into its reward; a recurrent
+        policy's final value needs the state the actor had, so it keeps the fold.
+        """
+        return self.use_vtrace and not self.recurrent
+
+    @property
     def lock_step(self) -> bool:
         """Actors never run ahead: every chunk is collected under the newest params."""
         return self.max_lead_steps == self.num_steps and self.broadcast_every == 1
@@ -244,7 +265,15 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     for name in ("use_vtrace", "anneal_lr"):
         _require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name),
                  "must be True or False")
-    for name in ("vtrace_rho_bar", "vtrace_c_bar", "learning_rate", "clip_eps",
+    _require(cfg.ppo_ratio_anchor in PPO_RATIO_ANCHORS, "ppo_ratio_anchor",
+             cfg.ppo_ratio_anchor, f"must be one of {', '.join(PPO_RATIO_ANCHORS)}")
+    _require(_is_number(cfg.proximal_ewma_decay) and 0 <= cfg.proximal_ewma_decay < 1,
+             "proximal_ewma_decay", cfg.proximal_ewma_decay, "must be a number in [0, 1)")
+    _require(_is_number(cfg.is_weight_max) and cfg.is_weight_max >= 1, "is_weight_max",
+             cfg.is_weight_max, "must be a number >= 1")
+    _require(cfg.max_policy_lag is None or (_is_int(cfg.max_policy_lag) and cfg.max_policy_lag >= 0),
+             "max_policy_lag", cfg.max_policy_lag, "must be None or an integer >= 0")
+    for name in ("vtrace_rho_bar", "vtrace_c_bar", "vtrace_pg_rho_bar", "learning_rate", "clip_eps",
                  "max_grad_norm"):
         value = getattr(cfg, name)
         _require(_is_number(value) and value > 0, name, value, "must be a number > 0")

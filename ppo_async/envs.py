@@ -11,7 +11,9 @@ under fixed policy parameters with ``lax.scan`` and returns a time-major
 was truncated (and not terminated) the rollout adds ``gamma * V(final_obs)``
 to the stored reward, and ``done`` is set, so the learner's
 ``discount = gamma * (1 - done)`` is 0 and no value leaks from the next
-episode's first observation into this one.
+episode's first observation into this one. In V-trace mode the learner
+bootstraps instead, with its current critic: the rollout then keeps the final
+observations and folds nothing (``keep_final_obs``).
 
 Recurrent policies (``make_rollout(..., recurrent=True)``) carry their hidden
 state in `EnvCarry.hidden`, across chunks and across policy updates. The state
@@ -77,6 +79,10 @@ class Trajectory(NamedTuple):
     # Recurrent policies only (None otherwise):
     reset: jax.Array | None = None  # [T, E] bool, an episode starts here: the state was zeroed before acting
     hidden: jax.Array | None = None  # [T, E, state_size] float32, the state the step acted with (after its reset)
+    # Only when the learner bootstraps truncations (None otherwise): the
+    # observation each truncated episode reached (rows where truncated; others
+    # unspecified), and then ``reward`` has nothing folded in.
+    final_obs: jax.Array | None = None  # [T, E, *obs_shape] float32
 
     @property
     def done(self) -> jax.Array:
@@ -142,7 +148,7 @@ PolicyApply = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
 
 def make_rollout(
     env: BatchedEnv, apply_fn: PolicyApply, num_steps: int, gamma: float,
-    *, recurrent: bool = False,
+    *, recurrent: bool = False, keep_final_obs: bool = False,
 ) -> Callable[[Any, EnvCarry], tuple[EnvCarry, Trajectory, jax.Array]]:
     """A jitted ``rollout(params, carry) -> (carry, trajectory, bootstrap_value)``.
 
@@ -152,7 +158,10 @@ def make_rollout(
     distribution, value)`` (a `RecurrentActorCritic`'s), the carry must hold a
     ``hidden`` state, and the trajectory gets ``reset`` and ``hidden``.
     ``bootstrap_value`` ``[E]`` is V of the observation after the last step,
-    under the same params. The function is compiled once per params structure
+    under the same params. With ``keep_final_obs`` (the learner bootstraps
+    truncations with its own critic, ``config.learner_bootstraps_truncation``)
+    the trajectory keeps each step's ``final_obs`` and folds nothing into the
+    reward. The function is compiled once per params structure
     and batch shape; later calls reuse it.
     """
 
@@ -169,17 +178,20 @@ def make_rollout(
         next_obs, env_state, reward, terminated, truncated, final_obs = env.step(
             step_key, carry.env_state, action
         )
-        # Only evaluate the final observations when some episode was truncated:
-        # on most steps none is, and the conv critic is not free.
-        final_value = jax.lax.cond(
-            jnp.any(truncated),
-            # The final observation continues the ended episode: its state is
-            # the one this step produced.
-            (lambda: apply_fn(params, next_hidden, final_obs)[2]) if recurrent
-            else (lambda: apply_fn(params, final_obs)[1]),
-            lambda: jnp.zeros_like(value),
-        )
-        learn_reward = reward + gamma * jnp.where(truncated, final_value, 0.0)
+        if keep_final_obs:
+            learn_reward = reward  # the learner adds gamma * V(final_obs)
+        else:
+            # Only evaluate the final observations when some episode was truncated:
+            # on most steps none is, and the conv critic is not free.
+            final_value = jax.lax.cond(
+                jnp.any(truncated),
+                # The final observation continues the ended episode: its state is
+                # the one this step produced.
+                (lambda: apply_fn(params, next_hidden, final_obs)[2]) if recurrent
+                else (lambda: apply_fn(params, final_obs)[1]),
+                lambda: jnp.zeros_like(value),
+            )
+            learn_reward = reward + gamma * jnp.where(truncated, final_value, 0.0)
 
         done = terminated | truncated
         episode_return = carry.episode_return + reward
@@ -196,6 +208,7 @@ def make_rollout(
             episode_length=jnp.where(done, episode_length, 0),
             reset=reset if recurrent else None,
             hidden=hidden if recurrent else None,
+            final_obs=final_obs if keep_final_obs else None,
         )
         carry = EnvCarry(
             env_state=env_state,

@@ -298,6 +298,7 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     low = np.asarray(getattr(action_space, "low", -np.inf), np.float32)
     high = np.asarray(getattr(action_space, "high", np.inf), np.float32)
     gamma = np.float32(config.gamma)
+    keep_final_obs = config.learner_bootstraps_truncation
     obs_batch_shape = (num_envs, *observation_shape)
 
     action_dim = action_shape[0] if continuous else 1
@@ -377,6 +378,8 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             episode_length=np.empty((num_steps, num_envs), np.int32),
             reset=np.empty((num_steps, num_envs), bool) if recurrent else None,
             hidden=np.empty((num_steps, num_envs, state_size), np.float32) if recurrent else None,
+            final_obs=np.zeros((num_steps, *obs_batch_shape), np.float32)
+            if keep_final_obs else None,
         )
         for t in range(num_steps):
             if recurrent:
@@ -404,7 +407,11 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             truncated = _batch(env_id, "truncated", step[3], (num_envs,), bool) & ~terminated
 
             learn_reward = reward
-            if truncated.any():
+            if truncated.any() and keep_final_obs:
+                # The learner values it with its own critic (V-trace mode).
+                trajectory.final_obs[t] = _batch(
+                    env_id, "final_obs", step[4], obs_batch_shape, np.float32)
+            elif truncated.any():
                 # As in envs.make_rollout: a time limit is not a terminal, so the
                 # episode's tail value V(final_obs) goes into its last reward.
                 final_obs = _batch(env_id, "final_obs", step[4], obs_batch_shape, np.float32)

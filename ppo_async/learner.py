@@ -4,8 +4,9 @@
 ``num_steps`` rows, `learner_loop` takes one chunk per actor in fixed actor
 order (so a lock-step run is reproducible), stacks them along the env axis,
 and runs one jitted `make_update_fn` step: advantages (GAE on the behaviour
-values, or V-trace re-evaluated under the current params), then
-``num_epochs x num_minibatches`` PPO steps with optax. A recurrent network is
+values, or V-trace re-evaluated under the current params; `batch_targets`),
+then ``num_epochs x num_minibatches`` PPO steps with optax, the ratio centred
+on the anchor ``config.ppo_ratio_anchor`` names. A recurrent network is
 re-unrolled from each chunk's stored initial state (`reevaluate_recurrent`)
 and trained on minibatches of whole env sequences (`recurrent_sequences`). Every
 ``broadcast_every`` updates it hands the params to its transport's publisher,
@@ -80,6 +81,13 @@ class Batch(NamedTuple):
     # Recurrent policies only (None otherwise):
     reset: jax.Array | None = None  # [T, B] bool, the state was zeroed before this step
     initial_hidden: jax.Array | None = None  # [B, state_size] the state row 0 acted with
+    # Learner updates since each env's chunk was collected (None: all fresh):
+    policy_lag: jax.Array | None = None  # [B] int32
+    # When the learner bootstraps truncations (config.learner_bootstraps_truncation;
+    # None otherwise): ``reward`` has nothing folded in, and at truncated steps
+    # the learner adds gamma * V(final_obs) under its current critic.
+    truncated: jax.Array | None = None  # [T, B] bool, the time limit ended the episode
+    final_obs: jax.Array | None = None  # [T, B, *obs_shape] the observation it reached
 
 
 class RolloutBuffer:
@@ -104,14 +112,20 @@ class RolloutBuffer:
         return [column.popleft() for column in self.columns]
 
 
-def stack_experiences(experiences: Sequence[Experience]) -> Batch:
-    """Concatenate chunks along the env axis, in the order given (numpy)."""
+def stack_experiences(experiences: Sequence[Experience], lags: Sequence[int] | None = None) -> Batch:
+    """Concatenate chunks along the env axis, in the order given (numpy).
+
+    ``lags``: each chunk's policy lag in learner updates (default 0), copied
+    to every env of its chunk.
+    """
 
     def cat(arrays, axis):
         return np.concatenate(arrays, axis=axis)
 
     trajectories = [e.trajectory for e in experiences]
     recurrent = trajectories[0].hidden is not None
+    final_obs = trajectories[0].final_obs is not None
+    lags = [0] * len(experiences) if lags is None else lags
     return Batch(
         obs=cat([t.obs for t in trajectories], 1),
         action=cat([t.action for t in trajectories], 1),
@@ -125,6 +139,33 @@ def stack_experiences(experiences: Sequence[Experience]) -> Batch:
         # re-unrolls the rest under its own params.
         reset=cat([t.reset for t in trajectories], 1) if recurrent else None,
         initial_hidden=cat([t.hidden[0] for t in trajectories], 0) if recurrent else None,
+        policy_lag=cat([np.full(t.reward.shape[1], lag, np.int32)
+                        for t, lag in zip(trajectories, lags, strict=True)], 0),
+        truncated=cat([t.truncated for t in trajectories], 1) if final_obs else None,
+        final_obs=cat([t.final_obs for t in trajectories], 1) if final_obs else None,
+    )
+
+
+class ProximalAverage(NamedTuple):
+    """The bias-corrected moving average of the learner's params (``ppo_ratio_anchor='ewma'``).
+
+    With decay ``beta``, ``m_t = beta * m_{t-1} + (1 - beta) * theta_t`` from
+    ``m_0 = 0``, and the average is ``m_t / (1 - beta^t)`` (Adam's bias
+    correction; Hilton et al. 2021). ``theta_1`` is the initial params and
+    every optimizer step adds the next; ``params`` holds the corrected
+    average itself, updated as ``avg += (1 - beta) / (1 - beta^t) * (theta_t - avg)``.
+    """
+
+    params: Any
+    count: jax.Array  # int32 t, the params averaged so far
+
+
+def average_in(average: ProximalAverage, params: Any, decay: float) -> ProximalAverage:
+    """``average`` after one more params ``theta_{t+1}`` (see `ProximalAverage`)."""
+    count = average.count + 1
+    step = (1.0 - decay) / (1.0 - jnp.power(jnp.float32(decay), count.astype(jnp.float32)))
+    return ProximalAverage(
+        jax.tree.map(lambda a, p: a + step * (p - a), average.params, params), count
     )
 
 
@@ -134,6 +175,7 @@ class LearnerState(NamedTuple):
     params: Any  # network params on the learner device
     opt_state: Any  # optax state
     key: jax.Array  # PRNG key for minibatch shuffling
+    proximal: ProximalAverage | None = None  # with ppo_ratio_anchor='ewma' only
 
 
 class LearningRateSchedule(NamedTuple):
@@ -214,10 +256,96 @@ def _optimizer_init(config: AsyncActorLearnerConfig) -> Callable[[Any], Any]:
 def init_learner_state(
     config: AsyncActorLearnerConfig, params: Any, key: jax.Array
 ) -> LearnerState:
-    return LearnerState(params, _optimizer_init(config)(params), key)
+    proximal = None
+    if config.ppo_ratio_anchor == "ewma":
+        # t = 1: the average of the initial params alone is those params.
+        proximal = ProximalAverage(jax.tree.map(jnp.array, params), jnp.ones((), jnp.int32))
+    return LearnerState(params, _optimizer_init(config)(params), key, proximal)
 
 
 UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
+
+
+class Targets(NamedTuple):
+    """What the PPO epochs train towards, for every sample of a batch (`batch_targets`)."""
+
+    advantages: jax.Array  # [T, B]
+    value_targets: jax.Array  # [T, B]
+    old_values: jax.Array  # [T, B] the values the estimate started from
+    # log pi_prox(a|x) of a fixed anchor ('behaviour' or 'learner'); None for
+    # 'ewma', whose anchor moves with every optimizer step.
+    proximal_logp: jax.Array | None
+    mask: jax.Array | None  # [T, B] float32, 0 where max_policy_lag drops the sample
+    metrics: dict[str, jax.Array]
+
+
+def batch_targets(
+    config: AsyncActorLearnerConfig, network: ActorCritic | RecurrentActorCritic,
+    params: Any, batch: Batch,
+) -> Targets:
+    """Advantages, value targets, the ratio's anchor and the lag mask of ``batch``.
+
+    Without V-trace: GAE on the behaviour values, with the truncation
+    bootstrap the actors folded into the rewards. With V-trace: the batch is
+    re-evaluated under ``params`` (the learner's current policy pi and critic
+    V), truncated steps get ``gamma * V(final_obs)`` added to their reward
+    (`AsyncActorLearnerConfig.learner_bootstraps_truncation`), and V-trace
+    runs with ``log_rho = log pi(a|x) - log mu(a|x)``. The anchor is mu
+    (``'behaviour'``) or pi at the update's start (``'learner'``). Pure and
+    jittable; `make_update_fn` calls it first.
+    """
+    anchor = config.ppo_ratio_anchor
+    metrics: dict[str, jax.Array] = {}
+    learner_logp = learner_values = learner_bootstrap = None
+    if config.use_vtrace or anchor == "learner":
+        if is_recurrent(network):
+            learner_logp, learner_values, learner_bootstrap = reevaluate_recurrent(
+                network, params, batch
+            )
+        else:
+            dist, learner_values = network.apply(params, batch.obs)
+            learner_logp = dist.log_prob(batch.action)
+            _, learner_bootstrap = network.apply(params, batch.bootstrap_obs)
+    reward = batch.reward
+    if batch.final_obs is not None:
+        _, final_values = network.apply(params, batch.final_obs)
+        reward = reward + config.gamma * jnp.where(batch.truncated, final_values, 0.0)
+    discounts = config.gamma * (1.0 - batch.done.astype(jnp.float32))
+    if config.use_vtrace:
+        out = vtrace(
+            reward, learner_values, discounts, learner_bootstrap,
+            learner_logp - batch.behaviour_logp,
+            lambda_=config.vtrace_lambda, rho_bar=config.vtrace_rho_bar,
+            c_bar=config.vtrace_c_bar, pg_rho_bar=config.vtrace_pg_rho_bar,
+        )
+        advantages, value_targets, old_values = out.pg_advantages, out.value_targets, learner_values
+        metrics["vtrace_clipped_rho_mean"] = jnp.mean(out.clipped_rhos)
+    else:
+        advantages, value_targets = gae(
+            reward, batch.behaviour_value, discounts, batch.bootstrap_value,
+            lambda_=config.gae_lambda,
+        )
+        old_values = batch.behaviour_value
+    proximal_logp = {"behaviour": batch.behaviour_logp, "learner": learner_logp}.get(anchor)
+    mask = None
+    if config.max_policy_lag is not None:
+        fresh = batch.policy_lag <= config.max_policy_lag  # [B]
+        mask = jnp.broadcast_to(fresh, batch.reward.shape).astype(jnp.float32)
+        metrics["dropped_fraction"] = 1.0 - jnp.mean(mask)
+    return Targets(advantages, value_targets, old_values, proximal_logp, mask, metrics)
+
+
+class Samples(NamedTuple):
+    """Flat ``[N]`` samples a feed-forward minibatch trains on (None: not used by this config)."""
+
+    obs: jax.Array
+    action: jax.Array
+    proximal_logp: jax.Array | None
+    behaviour_logp: jax.Array | None
+    advantages: jax.Array
+    old_values: jax.Array
+    value_targets: jax.Array
+    mask: jax.Array | None
 
 
 def make_update_fn(
@@ -225,6 +353,13 @@ def make_update_fn(
     schedule: LearningRateSchedule | None = None,
 ) -> UpdateFn:
     """A jitted ``update(state, batch) -> (state, metrics)``: one learner update.
+
+    `batch_targets` first, then ``num_epochs x num_minibatches`` steps of
+    `ppo_loss` with the ratio centred on ``config.ppo_ratio_anchor``: the
+    behaviour log-probs, the learner's at the update's start, or (``'ewma'``)
+    those of `ProximalAverage`'s params, re-evaluated on every minibatch and
+    averaged forward after every optimizer step. For the last two, each
+    sample's surrogate is weighted by ``min(pi_prox / mu, is_weight_max)``.
 
     ``schedule``: the learning-rate schedule with ``anneal_lr`` (default: a
     fresh run's, `default_schedule`). A recurrent ``network`` re-unrolls every
@@ -235,6 +370,8 @@ def make_update_fn(
     """
     optimizer = make_optimizer(config, schedule)
     recurrent = is_recurrent(network)
+    anchor = config.ppo_ratio_anchor
+    weighted = anchor != "behaviour"  # the surrogate carries pi_prox / mu
 
     def learning_rate_at(opt_state) -> jax.Array:
         """The rate of the update's first optimizer step (what the curves show)."""
@@ -244,82 +381,70 @@ def make_update_fn(
         rate = _linear(schedule if schedule is not None else default_schedule(config))
         return jnp.asarray(rate(steps), jnp.float32)
 
-    def evaluate(params, obs, action):
-        dist, value = network.apply(params, obs)
-        return dist.log_prob(action), value, dist.entropy()
-
-    def advantages_and_targets(params, batch: Batch):
-        discounts = config.gamma * (1.0 - batch.done.astype(jnp.float32))
-        if not config.use_vtrace:
-            advantages, targets = gae(
-                batch.reward, batch.behaviour_value, discounts, batch.bootstrap_value,
-                lambda_=config.gae_lambda,
-            )
-            return advantages, targets, batch.behaviour_logp, batch.behaviour_value, {}
-        # Decoupled PPO with V-trace: the learner's current policy is both the
-        # V-trace target and the proximal policy of the clipped ratio, so the
-        # surrogate stays centred at ratio 1 however stale the behaviour was.
-        if recurrent:
-            target_logp, values, bootstrap_value = reevaluate_recurrent(
-                network, params, batch
-            )
-        else:
-            target_logp, values, _ = evaluate(params, batch.obs, batch.action)
-            _, bootstrap_value = network.apply(params, batch.bootstrap_obs)
-        out = vtrace(
-            batch.reward, values, discounts, bootstrap_value,
-            target_logp - batch.behaviour_logp,
-            lambda_=config.vtrace_lambda, rho_bar=config.vtrace_rho_bar,
-            c_bar=config.vtrace_c_bar,
-        )
-        extra = {"vtrace_clipped_rho_mean": jnp.mean(out.clipped_rhos)}
-        return out.pg_advantages, out.value_targets, target_logp, values, extra
-
-    def minibatch_loss(params, minibatch):
-        obs, action, old_logp, advantages, old_values, targets = minibatch
-        logp, values, entropy = evaluate(params, obs, action)
+    def loss(logp, values, entropy, proximal_logp, minibatch):
         return ppo_loss(
-            logp, old_logp, advantages, values, old_values, targets, entropy,
+            logp, proximal_logp, minibatch.advantages, values, minibatch.old_values,
+            minibatch.value_targets, entropy,
             clip_eps=config.clip_eps, vf_coef=config.vf_coef, ent_coef=config.ent_coef,
+            behaviour_logp=minibatch.behaviour_logp, is_weight_max=config.is_weight_max,
+            mask=minibatch.mask,
         )
 
-    def recurrent_minibatch_loss(params, minibatch: Sequences):
+    def minibatch_loss(params, proximal, minibatch: Samples):
+        dist, values = network.apply(params, minibatch.obs)
+        proximal_logp = minibatch.proximal_logp
+        if proximal_logp is None:  # 'ewma': the average as it stands now
+            proximal_logp = network.apply(proximal.params, minibatch.obs)[0].log_prob(
+                minibatch.action)
+        return loss(dist.log_prob(minibatch.action), values, dist.entropy(), proximal_logp,
+                    minibatch)
+
+    def recurrent_minibatch_loss(params, proximal, minibatch: Sequences):
         unrolled = unroll(network, params, minibatch.initial_hidden, minibatch.obs,
                           minibatch.reset)
-        flat = [x.reshape(-1) for x in (
-            unrolled.distribution.log_prob(minibatch.action), minibatch.old_logp,
-            minibatch.advantages, unrolled.value, minibatch.old_values,
-            minibatch.value_targets, unrolled.distribution.entropy(),
-        )]
-        return ppo_loss(
-            *flat, clip_eps=config.clip_eps, vf_coef=config.vf_coef,
-            ent_coef=config.ent_coef,
+        proximal_logp = minibatch.old_logp
+        if proximal_logp is None:
+            proximal_logp = unroll(
+                network, proximal.params, minibatch.initial_hidden, minibatch.obs,
+                minibatch.reset,
+            ).distribution.log_prob(minibatch.action)
+        per_step = Samples(None, None, None, minibatch.behaviour_logp, minibatch.advantages,
+                           minibatch.old_values, minibatch.value_targets, minibatch.mask)
+        flat = jax.tree.map(lambda x: x.reshape(-1), per_step)
+        return loss(
+            unrolled.distribution.log_prob(minibatch.action).reshape(-1),
+            unrolled.value.reshape(-1), unrolled.distribution.entropy().reshape(-1),
+            proximal_logp.reshape(-1), flat,
         )
 
     loss_fn = recurrent_minibatch_loss if recurrent else minibatch_loss
 
     def sgd_step(carry, minibatch):
-        params, opt_state = carry
+        params, opt_state, proximal = carry
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, minibatch
+            params, proximal, minibatch
         )
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
+        if proximal is not None:
+            proximal = average_in(proximal, params, config.proximal_ewma_decay)
         metrics["grad_norm"] = optax.tree.norm(grads)
-        return (params, opt_state), metrics
+        return (params, opt_state, proximal), metrics
 
     @jax.jit
     def update(state: LearnerState, batch: Batch):
-        advantages, targets, old_logp, old_values, extra = advantages_and_targets(
-            state.params, batch
-        )
+        targets = batch_targets(config, network, state.params, batch)
+        behaviour_logp = batch.behaviour_logp if weighted else None
         if recurrent:
             flat = Sequences(batch.initial_hidden, batch.obs, batch.action, batch.reset,
-                             old_logp, advantages, old_values, targets)
+                             targets.proximal_logp, targets.advantages, targets.old_values,
+                             targets.value_targets, behaviour_logp, targets.mask)
         else:
             flat = jax.tree.map(
                 lambda x: x.reshape(config.batch_size, *x.shape[2:]),
-                (batch.obs, batch.action, old_logp, advantages, old_values, targets),
+                Samples(batch.obs, batch.action, targets.proximal_logp, behaviour_logp,
+                        targets.advantages, targets.old_values, targets.value_targets,
+                        targets.mask),
             )
 
         def epoch(carry, key):
@@ -336,19 +461,19 @@ def make_update_fn(
             return jax.lax.scan(sgd_step, carry, minibatches)
 
         key, epoch_key = jax.random.split(state.key)
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (state.params, state.opt_state),
+        (params, opt_state, proximal), metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state, state.proximal),
             jax.random.split(epoch_key, config.num_epochs),
         )
         metrics = jax.tree.map(jnp.mean, metrics)
-        metrics.update(extra)
-        metrics["advantage_mean"] = jnp.mean(advantages)
-        metrics["value_target_mean"] = jnp.mean(targets)
+        metrics.update(targets.metrics)
+        metrics["advantage_mean"] = jnp.mean(targets.advantages)
+        metrics["value_target_mean"] = jnp.mean(targets.value_targets)
         metrics["learning_rate"] = learning_rate_at(state.opt_state)
         metrics["params_finite"] = jnp.all(
             jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(params)])
         ).astype(jnp.float32)
-        return LearnerState(params, opt_state, key), metrics
+        return LearnerState(params, opt_state, key, proximal), metrics
 
     return update
 
@@ -380,10 +505,12 @@ class Sequences(NamedTuple):
     obs: jax.Array  # [T, B, *obs_shape]
     action: jax.Array  # [T, B] or [T, B, action_dim]
     reset: jax.Array  # [T, B] bool, zero the state before this step
-    old_logp: jax.Array  # [T, B] the ratio's denominator
+    old_logp: jax.Array | None  # [T, B] the ratio's anchor (None: 'ewma', evaluated per minibatch)
     advantages: jax.Array  # [T, B]
     old_values: jax.Array  # [T, B]
     value_targets: jax.Array  # [T, B]
+    behaviour_logp: jax.Array | None = None  # [T, B] when the surrogate is weighted by pi_prox / mu
+    mask: jax.Array | None = None  # [T, B] 0 where max_policy_lag drops the sample
 
 
 def recurrent_sequences(key: jax.Array, sequences: Sequences, num_minibatches: int) -> Sequences:
@@ -395,19 +522,19 @@ def recurrent_sequences(key: jax.Array, sequences: Sequences, num_minibatches: i
     started with, so a sequence must arrive whole.
     """
     num_envs = sequences.initial_hidden.shape[0]
-    time_major = sequences[1:]
-    chex.assert_equal_shape_prefix(time_major, 2)
-    chex.assert_equal(time_major[0].shape[1], num_envs)
+    time_major = sequences._replace(initial_hidden=None)
+    chex.assert_equal_shape_prefix(jax.tree.leaves(time_major), 2)
+    chex.assert_equal(time_major.obs.shape[1], num_envs)
     permutation = jax.random.permutation(key, num_envs)
     size = num_envs // num_minibatches
     hidden = sequences.initial_hidden[permutation].reshape(num_minibatches, size, -1)
-    split = [
-        jnp.moveaxis(
+    split = jax.tree.map(
+        lambda x: jnp.moveaxis(
             x[:, permutation].reshape(x.shape[0], num_minibatches, size, *x.shape[2:]), 1, 0
-        )
-        for x in time_major
-    ]
-    return Sequences(hidden, *split)
+        ),
+        time_major,
+    )
+    return split._replace(initial_hidden=hidden)
 
 
 RECENT_EPISODES = 100  # episode_return_mean averages this many latest episodes
@@ -611,7 +738,7 @@ def learner_loop(
         # the broadcast after it), so every actor's silence counts from here.
         last_chunk_at = [time.monotonic()] * config.num_actors
         lags = [report.updates - e.policy_version for e in experiences]
-        batch = place(stack_experiences(experiences), device)
+        batch = place(stack_experiences(experiences, lags), device)
         new_state, metrics = update(state, batch)
         # Fetching the metrics waits for the update; the broadcast below would wait anyway.
         host_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -41,6 +41,12 @@ class SyncCarry(NamedTuple):
 
     learner: LearnerState
     env: EnvCarry
+    # With a simulated policy lag k > 0 (None otherwise): the k params before
+    # the current ones, oldest first (the initial params until k updates are
+    # done), their versions, and the updates done.
+    stale_params: Any = None  # every leaf [k, ...]
+    stale_versions: jax.Array | None = None  # [k] int32
+    updates: jax.Array | None = None  # int32
 
 
 class SyncTwin(NamedTuple):
@@ -50,8 +56,18 @@ class SyncTwin(NamedTuple):
     step: Callable[[SyncCarry], tuple[SyncCarry, dict[str, jax.Array]]]  # one update
 
 
-def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
-    """``init(key)`` and ``step(carry)``: one rollout and one update per step."""
+def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> SyncTwin:
+    """``init(key)`` and ``step(carry)``: one rollout and one update per step.
+
+    ``policy_lag`` = k > 0 simulates, deterministically, what one actor with a
+    valve lead of k + 1 chunks does when the learner keeps up: the rollout for
+    update u + 1 acts with the params of update max(0, u - k), so every
+    batch after the first k is exactly k updates stale (``Batch.policy_lag``
+    says so, for ``max_policy_lag``). The off-policy study uses it to compare
+    corrections at a fixed lag, free of thread timing.
+    """
+    if not isinstance(policy_lag, int) or policy_lag < 0:
+        raise ValueError(f"policy_lag={policy_lag!r}: must be an integer >= 0")
     enable_compilation_cache(config.compilation_cache_dir)  # the twin's jit compiles later
     backend, env_name = split_env_id(config.env_id)
     if backend != GYMNAX:
@@ -64,7 +80,8 @@ def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
                            config.network, config.rnn_hidden_size)
     recurrent = is_recurrent(network)
     rollout = make_rollout(env, network.apply, config.num_steps, config.gamma,
-                           recurrent=recurrent)
+                           recurrent=recurrent,
+                           keep_final_obs=config.learner_bootstraps_truncation)
     update = make_update_fn(config, network)
     state_size = network.state_size if recurrent else None
 
@@ -73,13 +90,25 @@ def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
         # asynchronous runtime reproduces this loop bit for bit.
         params_key, learner_key = jax.random.split(key)
         params = init_params(network, params_key, env.observation_shape)
-        return SyncCarry(
+        carry = SyncCarry(
             init_learner_state(config, params, learner_key),
             env.reset(jax.random.fold_in(key, 0), state_size),
         )
+        if policy_lag:
+            carry = carry._replace(
+                stale_params=jax.tree.map(
+                    lambda p: jnp.broadcast_to(p, (policy_lag, *p.shape)), params),
+                stale_versions=jnp.zeros((policy_lag,), jnp.int32),
+                updates=jnp.zeros((), jnp.int32),
+            )
+        return carry
 
     def step(carry: SyncCarry) -> tuple[SyncCarry, dict[str, jax.Array]]:
-        env_carry, trajectory, bootstrap_value = rollout(carry.learner.params, carry.env)
+        acting, lag = carry.learner.params, jnp.zeros((), jnp.int32)
+        if policy_lag:
+            acting = jax.tree.map(lambda p: p[0], carry.stale_params)
+            lag = carry.updates - carry.stale_versions[0]
+        env_carry, trajectory, bootstrap_value = rollout(acting, carry.env)
         batch = Batch(
             obs=trajectory.obs,
             action=trajectory.action,
@@ -91,18 +120,39 @@ def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
             bootstrap_value=bootstrap_value,
             reset=trajectory.reset,
             initial_hidden=None if trajectory.hidden is None else trajectory.hidden[0],
+            policy_lag=jnp.full((config.num_envs,), lag, jnp.int32),
+            truncated=None if trajectory.final_obs is None else trajectory.truncated,
+            final_obs=trajectory.final_obs,
         )
         learner, metrics = update(carry.learner, batch)
         metrics["episode_return_sum"] = jnp.sum(trajectory.episode_return)
         metrics["episodes"] = jnp.sum(trajectory.episode_length > 0)
-        return SyncCarry(learner, env_carry), metrics
+        if not policy_lag:
+            return SyncCarry(learner, env_carry), metrics
+
+        def push(history, newest):  # drop the oldest, append the newest
+            return jnp.concatenate([history[1:], newest[None]], axis=0)
+
+        # The params this update started from (version ``updates``) join the
+        # history; the current ones stay in the learner state.
+        return SyncCarry(
+            learner, env_carry,
+            stale_params=jax.tree.map(push, carry.stale_params, carry.learner.params),
+            stale_versions=push(carry.stale_versions, carry.updates),
+            updates=carry.updates + 1,
+        ), metrics
 
     return SyncTwin(init, step)
 
 
-def make_train(config: AsyncActorLearnerConfig) -> Callable[[jax.Array], SyncResult]:
-    """A pure, jittable ``train_fn(key)`` running ``config.num_updates`` synchronous updates."""
-    twin = make_sync_twin(config)
+def make_train(
+    config: AsyncActorLearnerConfig, policy_lag: int = 0
+) -> Callable[[jax.Array], SyncResult]:
+    """A pure, jittable ``train_fn(key)`` running ``config.num_updates`` synchronous updates.
+
+    ``policy_lag``: act with params this many updates old (see `make_sync_twin`).
+    """
+    twin = make_sync_twin(config, policy_lag)
 
     def train_fn(key: jax.Array) -> SyncResult:
         carry, metrics = jax.lax.scan(

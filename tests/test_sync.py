@@ -86,13 +86,14 @@ def test_vmapped_twin_with_one_update_does_not_hang():
 
 
 def test_on_policy_vtrace_updates_equal_gae_updates():
-    # With no lag the V-trace path (re-evaluated values, ratio against the
-    # learner's own policy) must train exactly like GAE with the same lambda.
+    # With no lag the V-trace path (re-evaluated values and truncation
+    # bootstraps) must train exactly like GAE with the same lambda.
     from ppo_async.sync import make_sync_twin
 
     params = {}
     for use_vtrace in (False, True):
-        twin = make_sync_twin(dataclasses.replace(TINY, use_vtrace=use_vtrace))
+        twin = make_sync_twin(dataclasses.replace(
+            TINY, use_vtrace=use_vtrace, vtrace_lambda=TINY.gae_lambda))
         carry, step = twin.init(jax.random.key(0)), jax.jit(twin.step)
         for _ in range(3):
             carry, _ = step(carry)

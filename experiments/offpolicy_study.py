@@ -1,0 +1,333 @@
+"""Off-policy study: which correction keeps PPO's return as the policy lag grows?
+
+Every cell trains the synchronous twin (`ppo_async.sync.make_train`) with a
+simulated policy lag k: each rollout acts with the params of k updates ago,
+exactly what one actor with a valve lead of k + 1 chunks does when the learner
+keeps up, but deterministic and free of thread timing, so all seeds of a cell
+run at once under ``jax.jit(jax.vmap(...))``. ``--validate`` checks the
+simulation against the asynchronous runtime itself (one actor, lead k + 1).
+
+Variants (`VARIANTS`): the advantage estimator (GAE on the behaviour values,
+or V-trace under the learner's current critic) x the ratio's anchor
+(``ppo_ratio_anchor``: behaviour, learner, ewma). Envs: each preset of
+`ppo_async.presets` with ``--total-env-steps`` (per env, `BUDGETS`).
+
+Score of a run: the mean return of its last 100 training episodes
+(`ppo_async.sync.recent_return_mean`). Per cell: the interquartile mean over
+seeds with a 95% stratified-bootstrap interval (`ppo_async.analysis`), and the
+normalized score ``(IQM - random) / (IQM at lag 0 - random)`` against the same
+variant's lag 0 and against plain PPO's (GAE, behaviour anchor) lag 0, where
+``random`` is the mean return of a uniformly random policy (measured here).
+
+Writes, under ``experiments/out/offpolicy_study/`` (or ``--out``):
+``results.csv`` (one row per env, lag, variant and seed; resumable: cells
+already there are skipped), ``curves.npz`` (each run's smoothed return per
+update), ``summary.json`` and ``summary.md`` (the IQM tables),
+``return_vs_lag.png`` and ``curves_<env>.png``.
+
+    python experiments/offpolicy_study.py --dry-run
+    python experiments/offpolicy_study.py --envs acrobot pendulum --seeds 5
+    python experiments/offpolicy_study.py --envs breakout-minatar --seeds 3 --lags 0 7 15
+    python experiments/offpolicy_study.py --report-only          # tables and figures from results.csv
+    python experiments/offpolicy_study.py --validate --envs acrobot --lags 7 --seeds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import (  # noqa: E402
+    append_csv_row,
+    avoid_vmapped_qr_deadlock,
+    configure_jax,
+    machine_info,
+    markdown_table,
+    out_dir,
+    print_reproduce,
+    pyplot,
+    read_csv,
+    write_json,
+)
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "gae+behaviour": dict(use_vtrace=False, ppo_ratio_anchor="behaviour"),
+    "vtrace+behaviour": dict(use_vtrace=True, ppo_ratio_anchor="behaviour"),
+    "vtrace+learner": dict(use_vtrace=True, ppo_ratio_anchor="learner"),
+    "vtrace+ewma": dict(use_vtrace=True, ppo_ratio_anchor="ewma"),
+}
+PLAIN_PPO = "gae+behaviour"
+LAGS = (0, 1, 3, 7, 15)
+# Env steps per run: what the 2-core CPU allows for 5 seeds x 5 lags x 4 variants.
+BUDGETS = {"cartpole": 200_000, "acrobot": 300_000, "pendulum": 300_000,
+           "breakout-minatar": 200_000}
+FIELDS = ("env", "lag", "variant", "seed", "total_env_steps", "final_return", "nonfinite",
+          "approx_kl_mean", "is_weight_mean", "clipped_rho_mean", "cell_wall_s")
+
+
+def random_policy_return(preset_name: str, episodes: int = 64, seed: int = 0) -> float:
+    """Mean return of uniformly random actions over ``episodes`` full episodes of the preset's env."""
+    import jax
+    import jax.numpy as jnp
+
+    from ppo_async.envs import BatchedEnv
+    from ppo_async.presets import preset
+
+    env = BatchedEnv(preset(preset_name).env_id, episodes)
+    carry = env.reset(jax.random.key(seed))
+
+    def step(state, key):
+        env_state, returns, total, done_before = state
+        action_key, step_key = jax.random.split(key)
+        action = jax.vmap(lambda k: env.action_space.sample(k))(
+            jax.random.split(action_key, episodes))
+        _, env_state, reward, terminated, truncated, _ = env.step(step_key, env_state, action)
+        returns = returns + jnp.where(done_before, 0.0, reward)
+        return (env_state, returns, total, done_before | terminated | truncated), None
+
+    init = (carry.env_state, jnp.zeros(episodes), 0.0, jnp.zeros(episodes, bool))
+    (_, returns, _, done), _ = jax.lax.scan(
+        step, init, jax.random.split(jax.random.key(seed + 1), env.max_episode_steps))
+    assert bool(done.all()), "every random episode ends within max_episode_steps"
+    return float(jnp.mean(returns))
+
+
+def run_cell(preset_name: str, lag: int, variant: str, seeds: int, total_env_steps: int):
+    """Train ``seeds`` seeds of one cell at once; per seed (final return, curve, metric means)."""
+    import jax
+    import numpy as np
+
+    from ppo_async.presets import preset
+    from ppo_async.sync import make_train, recent_return_mean
+
+    config = preset(preset_name, total_env_steps=total_env_steps, **VARIANTS[variant])
+    train = jax.jit(jax.vmap(make_train(config, lag)))
+    metrics = jax.device_get(train(jax.random.split(jax.random.key(0), seeds)).metrics)
+    out = []
+    for i in range(seeds):
+        seed_metrics = {k: np.asarray(v[i]) for k, v in metrics.items()}
+        nonfinite = bool(
+            np.min(seed_metrics["params_finite"]) < 1.0
+            or any(not np.all(np.isfinite(v)) for v in seed_metrics.values())
+        )
+        curve = np.array([
+            recent_return_mean({k: v[: u + 1] for k, v in seed_metrics.items()}, 100)
+            for u in range(len(seed_metrics["episodes"]))
+        ])
+
+        def mean_of(name):
+            return float(np.mean(seed_metrics[name])) if name in seed_metrics else float("nan")
+
+        out.append(dict(
+            final_return=recent_return_mean(seed_metrics), nonfinite=int(nonfinite),
+            approx_kl_mean=mean_of("approx_kl"), is_weight_mean=mean_of("is_weight_mean"),
+            clipped_rho_mean=mean_of("vtrace_clipped_rho_mean"), curve=curve,
+        ))
+    return out
+
+
+def validate(args) -> None:
+    """The simulated lag against the asynchronous runtime: one actor, valve lead lag + 1 chunks."""
+    import numpy as np
+
+    from ppo_async import train
+    from ppo_async.presets import preset
+
+    rows = []
+    for env in args.envs:
+        for lag in args.lags:
+            for variant in args.variants:
+                steps = args.total_env_steps or BUDGETS[env]
+                simulated = [r["final_return"] for r in run_cell(env, lag, variant, args.seeds, steps)]
+                real, lags = [], []
+                for seed in range(args.seeds):
+                    base = preset(env, total_env_steps=steps, seed=seed, **VARIANTS[variant])
+                    config = dataclasses.replace(
+                        base, num_actors=1, envs_per_actor=base.num_envs,
+                        max_lead_steps=(lag + 1) * base.num_steps)
+                    report = train(config, progress=False).report
+                    real.append(report.episode_return_mean)
+                    lags.append(report.policy_lag_mean)
+                rows.append([env, lag, variant, f"{np.mean(simulated):.1f} ± {np.std(simulated):.1f}",
+                             f"{np.mean(real):.1f} ± {np.std(real):.1f}", f"{np.mean(lags):.2f}"])
+                print(rows[-1], flush=True)
+    print(markdown_table(["env", "lag", "variant", "twin, simulated lag", "train(), 1 actor",
+                          "observed lag"], rows))
+
+
+def report(path, out, random_returns: dict[str, float]) -> dict[str, Any]:
+    """IQM tables and figures from ``results.csv``."""
+    import numpy as np
+
+    from ppo_async.analysis import iqm, stratified_bootstrap_ci
+
+    rows = read_csv(path)
+    cells: dict[tuple[str, int, str], list[float]] = {}
+    nonfinite: dict[tuple[str, int, str], int] = {}
+    for row in rows:
+        key = (row["env"], int(row["lag"]), row["variant"])
+        cells.setdefault(key, []).append(float(row["final_return"]))
+        nonfinite[key] = nonfinite.get(key, 0) + int(row["nonfinite"])
+    envs = sorted({k[0] for k in cells}, key=list(BUDGETS).index)
+    lags = sorted({k[1] for k in cells})
+    variants = [v for v in VARIANTS if any(k[2] == v for k in cells)]
+    summary: dict[str, Any] = {"random_return": random_returns, "cells": []}
+    estimates = {}
+    for key, scores in cells.items():
+        scores = np.nan_to_num(np.array(scores), nan=random_returns.get(key[0], 0.0))
+        estimates[key] = stratified_bootstrap_ci(scores, iqm)
+
+    def normalized(env, value, reference):
+        if reference is None:
+            return float("nan")
+        random = random_returns[env]
+        return (value - random) / (reference - random)
+
+    tables = []
+    for env in envs:
+        table = []
+        for lag in lags:
+            line = [lag]
+            for variant in variants:
+                est = estimates.get((env, lag, variant))
+                if est is None:
+                    line.append("")
+                    continue
+                own = estimates.get((env, 0, variant))
+                plain = estimates.get((env, 0, PLAIN_PPO))
+                own_ratio = normalized(env, est.point, own.point if own else None)
+                plain_ratio = normalized(env, est.point, plain.point if plain else None)
+                bad = nonfinite[(env, lag, variant)]
+                line.append(f"{est.point:.1f} [{est.low:.1f}, {est.high:.1f}] "
+                            f"({own_ratio:.2f} / {plain_ratio:.2f})"
+                            + (f" {bad} non-finite" if bad else ""))
+                summary["cells"].append(dict(
+                    env=env, lag=lag, variant=variant, iqm=est.point, ci=[est.low, est.high],
+                    seeds=len(cells[(env, lag, variant)]), nonfinite_runs=bad,
+                    normalized_own_lag0=own_ratio, normalized_plain_ppo_lag0=plain_ratio))
+            table.append(line)
+        seeds = max(len(cells[k]) for k in cells if k[0] == env)
+        tables.append(
+            f"**{env}** ({int(rows[[r['env'] for r in rows].index(env)]['total_env_steps']):,} env "
+            f"steps, {seeds} seeds, random policy {random_returns[env]:.1f}); IQM [95% CI] "
+            "(normalized to the variant's lag 0 / to plain PPO's lag 0):\n\n"
+            + markdown_table(["lag"] + variants, table))
+    text = "\n\n".join(tables)
+    (out / "summary.md").write_text(text + "\n")
+    print(text)
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 3.6), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        for variant in variants:
+            points = [(lag, estimates[(env, lag, variant)]) for lag in lags
+                      if (env, lag, variant) in estimates]
+            x = np.array([p[0] for p in points])
+            y = np.array([p[1].point for p in points])
+            err = np.array([[p[1].point - p[1].low for p in points],
+                            [p[1].high - p[1].point for p in points]])
+            ax.errorbar(x + 1, y, yerr=err, marker="o", capsize=3, label=variant)
+        ax.axhline(random_returns[env], color="grey", linestyle=":", label="random policy")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([lag + 1 for lag in lags], [str(lag) for lag in lags])
+        ax.set_xlabel("policy lag (updates)")
+        ax.set_ylabel("final return (IQM, 95% CI)")
+        ax.set_title(env)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "return_vs_lag.png", dpi=110)
+    plt.close(fig)
+
+    curves = dict(np.load(out / "curves.npz")) if (out / "curves.npz").exists() else {}
+    for env in envs:
+        shown = [lag for lag in (0, max(lags)) if lag in lags]
+        fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.6), squeeze=False)
+        for ax, lag in zip(axes[0], shown):
+            for variant in variants:
+                name = f"{env}|{lag}|{variant}"
+                if name not in curves:
+                    continue
+                runs = curves[name]  # [seeds, updates]
+                steps = np.arange(1, runs.shape[1] + 1) * (
+                    int(rows[[r["env"] for r in rows].index(env)]["total_env_steps"]) / runs.shape[1])
+                ax.plot(steps, iqm(runs, axis=0), label=variant)
+            ax.set_title(f"{env}, lag {lag}")
+            ax.set_xlabel("env steps")
+            ax.set_ylabel("return (IQM over seeds)")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"curves_{env}.png", dpi=110)
+        plt.close(fig)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=["acrobot", "pendulum"], choices=list(BUDGETS))
+    parser.add_argument("--lags", nargs="+", type=int, default=list(LAGS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--total-env-steps", type=int, default=None,
+                        help="override every env's budget (default: BUDGETS)")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--dry-run", action="store_true", help="list the cells and which are done")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--validate", action="store_true",
+                        help="compare the simulated lag with train() at one actor")
+    args = parser.parse_args(argv)
+    avoid_vmapped_qr_deadlock()
+    configure_jax()
+    import numpy as np
+
+    if args.validate:
+        validate(args)
+        return
+    out = out_dir("offpolicy_study", args.out)
+    path = out / "results.csv"
+    done = {(r["env"], int(r["lag"]), r["variant"], int(r["total_env_steps"]))
+            for r in (read_csv(path) if path.exists() else [])}
+    cells = [(env, lag, variant) for env in args.envs for lag in args.lags
+             for variant in args.variants]
+    if args.dry_run:
+        for env, lag, variant in cells:
+            steps = args.total_env_steps or BUDGETS[env]
+            print(f"{env:17s} lag {lag:2d} {variant:17s} {steps:>9,} steps "
+                  f"{'done' if (env, lag, variant, steps) in done else 'todo'}")
+        return
+    curves_path = out / "curves.npz"
+    if not args.report_only:
+        print(f"machine: {machine_info()}", flush=True)
+        for env, lag, variant in cells:
+            steps = args.total_env_steps or BUDGETS[env]
+            if (env, lag, variant, steps) in done:
+                continue
+            start = time.perf_counter()
+            results = run_cell(env, lag, variant, args.seeds, steps)
+            wall = time.perf_counter() - start
+            curves = dict(np.load(curves_path)) if curves_path.exists() else {}
+            curves[f"{env}|{lag}|{variant}"] = np.stack([r["curve"] for r in results])
+            np.savez(curves_path, **curves)
+            for seed, r in enumerate(results):
+                row = dict(env=env, lag=lag, variant=variant, seed=seed, total_env_steps=steps,
+                           cell_wall_s=round(wall, 1),
+                           **{k: v for k, v in r.items() if k != "curve"})
+                append_csv_row(path, row, FIELDS)
+            print(f"{env} lag {lag} {variant}: "
+                  f"{[round(r['final_return'], 1) for r in results]} ({wall:.0f} s)", flush=True)
+    envs_done = sorted({r["env"] for r in read_csv(path)}, key=list(BUDGETS).index)
+    random_returns = {env: random_policy_return(env) for env in envs_done}
+    summary = report(path, out, random_returns)
+    summary["machine"] = machine_info()
+    summary["command"] = print_reproduce(__file__, argv)
+    write_json(out / "summary.json", summary)
+
+
+if __name__ == "__main__":
+    main()
