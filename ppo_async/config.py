@@ -80,6 +80,16 @@ class AsyncActorLearnerConfig:
     vtrace_lambda: float = 0.95
     """V-trace lambda; equal to gae_lambda, on-policy V-trace is exactly GAE."""
 
+    # --- normalization (ppo_async.normalization) ---
+    normalize_observations: bool = False
+    """Normalize observations by running statistics: clip((obs - mean) / sqrt(var + 1e-8), -obs_clip, obs_clip); the learner folds every batch it consumes into mean and var and broadcasts them with the params, which actors, evaluation and checkpoints then carry."""
+    normalize_rewards: bool = False
+    """Scale rewards by the spread of a running discounted return (cleanrl's NormalizeReward): R_t = r_t + gamma * R_{t-1} (0 after an episode ends), reward clip(r_t / sqrt(var(R) + 1e-8), -reward_clip, reward_clip); the learner owns var(R) and broadcasts it."""
+    obs_clip: float = 10.0
+    """With normalize_observations: normalized observations are clipped to [-obs_clip, obs_clip]."""
+    reward_clip: float = 10.0
+    """With normalize_rewards: scaled rewards are clipped to [-reward_clip, reward_clip]."""
+
     # --- PPO ---
     learning_rate: float = 5e-4
     """Adam learning rate."""
@@ -241,11 +251,11 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
     _require(_is_number(cfg.checkpoint_every_s) and cfg.checkpoint_every_s >= 0,
              "checkpoint_every_s", cfg.checkpoint_every_s, "must be a number >= 0 (0: off)")
-    for name in ("use_vtrace", "anneal_lr"):
+    for name in ("use_vtrace", "anneal_lr", "normalize_observations", "normalize_rewards"):
         _require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name),
                  "must be True or False")
     for name in ("vtrace_rho_bar", "vtrace_c_bar", "learning_rate", "clip_eps",
-                 "max_grad_norm"):
+                 "max_grad_norm", "obs_clip", "reward_clip"):
         value = getattr(cfg, name)
         _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
     for name in ("vf_coef", "ent_coef"):

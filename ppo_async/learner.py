@@ -40,6 +40,12 @@ from ppo_async.networks import (
     reset_hidden,
     unroll,
 )
+from ppo_async.normalization import (
+    NormalizationOptions,
+    network_params,
+    normalize_observation,
+    update_statistics,
+)
 from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
 
 if TYPE_CHECKING:  # the transport module builds on this one's callers, not on it
@@ -80,6 +86,8 @@ class Batch(NamedTuple):
     # Recurrent policies only (None otherwise):
     reset: jax.Array | None = None  # [T, B] bool, the state was zeroed before this step
     initial_hidden: jax.Array | None = None  # [B, state_size] the state row 0 acted with
+    # Reward scaling only (None otherwise):
+    discounted_return: jax.Array | None = None  # [T, B] R_t of the raw rewards
 
 
 class RolloutBuffer:
@@ -125,13 +133,17 @@ def stack_experiences(experiences: Sequence[Experience]) -> Batch:
         # re-unrolls the rest under its own params.
         reset=cat([t.reset for t in trajectories], 1) if recurrent else None,
         initial_hidden=cat([t.hidden[0] for t in trajectories], 0) if recurrent else None,
+        discounted_return=(cat([t.discounted_return for t in trajectories], 1)
+                           if trajectories[0].discounted_return is not None else None),
     )
 
 
 class LearnerState(NamedTuple):
     """What the update step carries from one update to the next."""
 
-    params: Any  # network params on the learner device
+    # network params on the learner device; with normalization, a
+    # `ppo_async.normalization.NormalizedPolicy` (params and statistics)
+    params: Any
     opt_state: Any  # optax state
     key: jax.Array  # PRNG key for minibatch shuffling
 
@@ -214,7 +226,7 @@ def _optimizer_init(config: AsyncActorLearnerConfig) -> Callable[[Any], Any]:
 def init_learner_state(
     config: AsyncActorLearnerConfig, params: Any, key: jax.Array
 ) -> LearnerState:
-    return LearnerState(params, _optimizer_init(config)(params), key)
+    return LearnerState(params, _optimizer_init(config)(network_params(params)), key)
 
 
 UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
@@ -351,6 +363,37 @@ def make_update_fn(
         return LearnerState(params, opt_state, key), metrics
 
     return update
+
+
+def with_normalization(update: UpdateFn, options: NormalizationOptions) -> UpdateFn:
+    """``update`` for a learner whose params are a `NormalizedPolicy` (``update`` itself if off).
+
+    The statistics take the batch first (raw observations; with reward
+    scaling, the actors' discounted returns), in consumption order; then
+    ``update`` trains the network params on the batch with its observations
+    (and bootstrap observations) normalized by the new statistics, and the
+    new statistics travel with the new params. Rewards arrive scaled: the
+    actors scale them with the statistics they acted under.
+    """
+    if not options.enabled:
+        return update
+
+    @jax.jit
+    def normalized_update(state: LearnerState, batch: Batch):
+        policy = update_statistics(state.params, batch.obs, batch.discounted_return)
+        if policy.obs_stats is not None:
+            batch = batch._replace(
+                obs=normalize_observation(policy.obs_stats, batch.obs, clip=options.obs_clip),
+                bootstrap_obs=normalize_observation(
+                    policy.obs_stats, batch.bootstrap_obs, clip=options.obs_clip),
+            )
+        inner, metrics = update(LearnerState(policy.params, state.opt_state, state.key), batch)
+        if policy.return_stats is not None:
+            metrics["return_std"] = jnp.sqrt(policy.return_stats.var)
+        return LearnerState(policy._replace(params=inner.params), inner.opt_state,
+                            inner.key), metrics
+
+    return normalized_update
 
 
 def reevaluate_recurrent(
