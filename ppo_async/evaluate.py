@@ -262,7 +262,10 @@ def evaluate(
       config: the run's config (``env_id``, ``hidden_sizes`` and
         ``actor_device`` are used).
       params: the network's params pytree, or its flax msgpack bytes (a run's
-        ``params.msgpack``, a `PolicyBroadcast`'s ``payload``).
+        ``params.msgpack``, a `PolicyBroadcast`'s ``payload``); with
+        ``normalize_observations`` / ``normalize_rewards`` the run's
+        `ppo_async.normalization.NormalizedPolicy`, whose observation
+        statistics the actors' transform applies.
       num_episodes: how many episodes to average over.
       seed: seeds the env resets (and the actions if not greedy).
       greedy: act with the mode of the policy (argmax, or the Gaussian mean);

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig, train
-from ppo_async.checkpoint import load_latest_checkpoint  # noqa: F401 - the format under test
 from ppo_async.evaluate import Evaluator
 from ppo_async.networks import init_params
 from ppo_async.normalization import (
@@ -25,6 +24,7 @@ from ppo_async.normalization import (
     wrap_params,
 )
 from ppo_async.sync import make_train
+from test_resume import _interrupt_at
 
 # Pendulum: continuous control, where normalization is meant to be used.
 NORMALIZED = AsyncActorLearnerConfig(
@@ -134,14 +134,9 @@ def test_normalization_changes_the_run_and_off_carries_plain_params():
 def test_statistics_survive_checkpoint_and_resume(tmp_path):
     config = dataclasses.replace(NORMALIZED, total_env_steps=4 * 8 * 6, checkpoint_every_updates=2)
     whole = train(config, run_dir=tmp_path / "whole", progress=False)
-
-    def stop_at_3(metrics):
-        if metrics["update"] == 3:
-            raise KeyboardInterrupt
-
     run_dir = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
-        train(config, run_dir=run_dir, progress=False, on_update=stop_at_3)
+        train(config, run_dir=run_dir, progress=False, on_update=_interrupt_at(3))
     from ppo_async.actor import make_actor_program
     from ppo_async.resume import load_resume_point
     from ppo_async.run_dir import checkpoint_dir
@@ -183,3 +178,17 @@ def test_normalization_fields_are_validated():
         AsyncActorLearnerConfig(normalize_rewards=1)
     chex.assert_trees_all_equal(NormalizationOptions.from_config(NORMALIZED),
                                 NormalizationOptions(True, True, 10.0, 10.0))
+
+
+def test_host_env_actors_and_evaluation_normalize_too():
+    from ppo_async.evaluate import evaluate_host_env
+
+    config = dataclasses.replace(NORMALIZED, env_id="gymnasium:Pendulum-v1",
+                                 total_env_steps=4 * 8 * 2)
+    result = train(config, progress=False)
+    assert float(result.params.obs_stats.count) == 2 * config.batch_size
+    assert float(result.params.return_stats.var) > 0
+    chex.assert_tree_all_finite(result.params)
+    outcome = evaluate_host_env(config, flax.serialization.to_bytes(result.params),
+                                num_episodes=1)
+    assert np.isfinite(outcome.mean_return)
