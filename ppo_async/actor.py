@@ -34,6 +34,7 @@ from ppo_async.env_registry import GYMNAX, split_env_id
 from ppo_async.envs import BatchedEnv, EnvCarry, Trajectory, make_rollout
 from ppo_async.host_envs import make_host_actor_program
 from ppo_async.networks import is_recurrent, make_network, params_template
+from ppo_async.normalization import NormalizationOptions, acting_apply, wrap_params
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
 # How often a waiting actor looks at the stop signal.
@@ -175,20 +176,24 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     env = BatchedEnv(env_name, config.envs_per_actor)
     network = make_network(env.observation_shape, env.action_space, config.hidden_sizes,
                            config.network, config.rnn_hidden_size)
-    template = params_template(network, env.observation_shape)
+    options = NormalizationOptions.from_config(config)
+    template = wrap_params(params_template(network, env.observation_shape),
+                           env.observation_shape, options)
     # A recurrent actor's hidden state lives in its EnvCarry: it crosses chunk
     # boundaries and policy updates (new params meet the state the old ones
     # built, as in IMPALA) and is checkpointed with the carry.
     recurrent = is_recurrent(network)
-    scan_rollout = make_rollout(env, network.apply, config.num_steps, config.gamma,
-                                recurrent=recurrent,
+    scan_rollout = make_rollout(env, acting_apply(network.apply, options), config.num_steps,
+                                config.gamma, recurrent=recurrent,
+                                reward_clip=options.reward_clip if options.rewards else None,
                                 keep_final_obs=config.learner_bootstraps_truncation)
     state_size = network.state_size if recurrent else None
 
     # One compiled program: run eagerly, the reset's key splits, gymnax reset,
     # dtype fixes and zeros are each compiled (and cached) on their own, a
     # dozen small compiles on every actor's way to its first chunk.
-    jitted_reset = jax.jit(functools.partial(env.reset, state_size=state_size))
+    jitted_reset = jax.jit(functools.partial(env.reset, state_size=state_size,
+                                             track_return=options.rewards))
 
     def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
         return jax.device_put(jitted_reset(key), device)
@@ -198,7 +203,7 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
         return carry, trajectory, carry.obs, bootstrap_value
 
     # Traced, not run: the shapes and dtypes the learner's batches will have.
-    carry_spec = jax.eval_shape(lambda key: env.reset(key, state_size), jax.random.key(0))
+    carry_spec = jax.eval_shape(jitted_reset, jax.random.key(0))
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
         env.observation_shape, network, template, reset, rollout, tuple(chunk_spec)

@@ -28,7 +28,9 @@ class ActorProgram(NamedTuple):
 
     observation_shape: tuple[int, ...]  # one observation
     network: ActorCritic
-    params_template: Any  # host params with the network's structure, for from_bytes
+    # host params with the network's structure, for from_bytes (a NormalizedPolicy
+    # of params and statistics when the run normalizes)
+    params_template: Any
     # reset(key, device) -> carry: fresh episodes in every env of one actor
     reset: Callable[[jax.Array, jax.Device], Carry]
     # rollout(params, carry) -> (carry, trajectory [T, E, ...], bootstrap_obs [E, ...],

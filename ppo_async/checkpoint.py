@@ -54,16 +54,26 @@ _NAME = re.compile(r"ckpt_(\d{9,})\.msgpack")
 #   network, rnn_hidden_size -- the params (a recurrent cell or none) and the
 #                   hidden state each actor's carry holds;
 #   anneal_lr    -- the optax state's structure (a schedule adds a counter).
+#   normalize_observations, normalize_rewards -- the params' structure (their
+#                   statistics travel in them) and the actors' env carries.
+#   ppo_ratio_anchor -- 'ewma' adds the proximal average to the learner state.
 # Everything else (total_env_steps, learning_rate, timeouts, topology...) may
 # change: the params and optimizer state still fit. (With anneal_lr, a new
 # total_env_steps continues the schedule from the rate reached: see
 # ppo_async.resume.)
 RESUME_LOCKED_FIELDS: tuple[str, ...] = (
-    "env_id", "hidden_sizes", "anneal_lr", "network", "rnn_hidden_size")
+    "env_id", "hidden_sizes", "anneal_lr", "network", "rnn_hidden_size",
+    "normalize_observations", "normalize_rewards", "ppo_ratio_anchor")
 
 # Locked fields that checkpoints written before them do not record: such a
 # checkpoint was written with this value (a feed-forward network).
-LOCKED_FIELD_DEFAULTS: dict[str, Any] = {"network": "mlp", "rnn_hidden_size": 128}
+LOCKED_FIELD_DEFAULTS: dict[str, Any] = {
+    "network": "mlp", "rnn_hidden_size": 128,
+    # ...and without normalization (its statistics travel in the params).
+    "normalize_observations": False, "normalize_rewards": False,
+    # ...and with no moving average in the learner state.
+    "ppo_ratio_anchor": "behaviour",
+}
 
 
 class CheckpointError(RuntimeError):

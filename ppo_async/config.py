@@ -91,6 +91,16 @@ class AsyncActorLearnerConfig:
     vtrace_lambda: float = 1.0
     """V-trace lambda (1: the paper's V-trace; on-policy V-trace equals GAE with the same lambda)."""
 
+    # --- normalization (ppo_async.normalization) ---
+    normalize_observations: bool = False
+    """Normalize observations by running statistics: clip((obs - mean) / sqrt(var + 1e-8), -obs_clip, obs_clip); the learner folds every batch it consumes into mean and var and broadcasts them with the params, which actors, evaluation and checkpoints then carry."""
+    normalize_rewards: bool = False
+    """Scale rewards by the spread of a running discounted return (cleanrl's NormalizeReward): R_t = r_t + gamma * R_{t-1} (0 after an episode ends), reward clip(r_t / sqrt(var(R) + 1e-8), -reward_clip, reward_clip); the learner owns var(R) and broadcasts it."""
+    obs_clip: float = 10.0
+    """With normalize_observations: normalized observations are clipped to [-obs_clip, obs_clip]."""
+    reward_clip: float = 10.0
+    """With normalize_rewards: scaled rewards are clipped to [-reward_clip, reward_clip]."""
+
     # --- PPO ---
     learning_rate: float = 5e-4
     """Adam learning rate."""
@@ -262,7 +272,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
     _require(_is_number(cfg.checkpoint_every_s) and cfg.checkpoint_every_s >= 0,
              "checkpoint_every_s", cfg.checkpoint_every_s, "must be a number >= 0 (0: off)")
-    for name in ("use_vtrace", "anneal_lr"):
+    for name in ("use_vtrace", "anneal_lr", "normalize_observations", "normalize_rewards"):
         _require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name),
                  "must be True or False")
     _require(cfg.ppo_ratio_anchor in PPO_RATIO_ANCHORS, "ppo_ratio_anchor",
@@ -274,7 +284,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     _require(cfg.max_policy_lag is None or (_is_int(cfg.max_policy_lag) and cfg.max_policy_lag >= 0),
              "max_policy_lag", cfg.max_policy_lag, "must be None or an integer >= 0")
     for name in ("vtrace_rho_bar", "vtrace_c_bar", "vtrace_pg_rho_bar", "learning_rate", "clip_eps",
-                 "max_grad_norm"):
+                 "max_grad_norm", "obs_clip", "reward_clip"):
         value = getattr(cfg, name)
         _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
     for name in ("vf_coef", "ent_coef"):

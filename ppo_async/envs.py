@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from ppo_async.networks import reset_hidden
+from ppo_async.normalization import NormalizedPolicy, accumulate_return, scale_reward
 
 class UnknownEnvError(ValueError):
     """An env id that gymnax does not know."""
@@ -62,6 +63,9 @@ class EnvCarry(NamedTuple):
     # Recurrent policies only (None otherwise): the state after the last step
     # acted, before any reset for the next one.
     hidden: jax.Array | None = None  # [E, state_size] float32
+    # Reward scaling only (None otherwise): the discounted return R_{t-1}, 0
+    # after an episode ended (`ppo_async.normalization.accumulate_return`).
+    discounted_return: jax.Array | None = None  # [E] float32
 
 
 class Trajectory(NamedTuple):
@@ -83,6 +87,8 @@ class Trajectory(NamedTuple):
     # observation each truncated episode reached (rows where truncated; others
     # unspecified), and then ``reward`` has nothing folded in.
     final_obs: jax.Array | None = None  # [T, E, *obs_shape] float32
+    # Reward scaling only (None otherwise): the learner's return statistics take these.
+    discounted_return: jax.Array | None = None  # [T, E] float32, R_t of the raw env rewards
 
     @property
     def done(self) -> jax.Array:
@@ -102,8 +108,12 @@ class BatchedEnv:
         self.continuous = not hasattr(self.action_space, "n")
         self.max_episode_steps = int(self.env_params.max_steps_in_episode)
 
-    def reset(self, key: jax.Array, state_size: int | None = None) -> EnvCarry:
-        """Fresh episodes in every env (and, given ``state_size``, a zero hidden state)."""
+    def reset(self, key: jax.Array, state_size: int | None = None, *,
+              track_return: bool = False) -> EnvCarry:
+        """Fresh episodes in every env (and, given ``state_size``, a zero hidden state).
+
+        ``track_return``: the carry holds a zero discounted return (reward scaling).
+        """
         reset_key, carry_key = jax.random.split(key)
         obs, env_state = jax.vmap(self.env.reset, in_axes=(0, None))(
             jax.random.split(reset_key, self.num_envs), self.env_params
@@ -120,6 +130,7 @@ class BatchedEnv:
             hidden=None if state_size is None else jnp.zeros(
                 (self.num_envs, state_size), jnp.float32
             ),
+            discounted_return=jnp.zeros((self.num_envs,), jnp.float32) if track_return else None,
         )
 
     def step(self, key: jax.Array, env_state: Any, action: jax.Array):
@@ -148,7 +159,8 @@ PolicyApply = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
 
 def make_rollout(
     env: BatchedEnv, apply_fn: PolicyApply, num_steps: int, gamma: float,
-    *, recurrent: bool = False, keep_final_obs: bool = False,
+    *, recurrent: bool = False, reward_clip: float | None = None,
+    keep_final_obs: bool = False,
 ) -> Callable[[Any, EnvCarry], tuple[EnvCarry, Trajectory, jax.Array]]:
     """A jitted ``rollout(params, carry) -> (carry, trajectory, bootstrap_value)``.
 
@@ -163,6 +175,14 @@ def make_rollout(
     the trajectory keeps each step's ``final_obs`` and folds nothing into the
     reward. The function is compiled once per params structure
     and batch shape; later calls reuse it.
+
+    ``reward_clip`` turns on reward scaling: ``params`` is then a
+    `NormalizedPolicy` (``apply_fn`` one of
+    `ppo_async.normalization.acting_apply`), the carry holds a
+    ``discounted_return``, each env reward becomes ``scale_reward(
+    params.return_stats, r, clip=reward_clip)`` before the truncation
+    bootstrap (in the value's scaled units) is added, and the trajectory
+    records every ``R_t`` of the raw rewards for the learner's statistics.
     """
 
     def env_step(params, carry: EnvCarry, _):
@@ -179,7 +199,7 @@ def make_rollout(
             step_key, carry.env_state, action
         )
         if keep_final_obs:
-            learn_reward = reward  # the learner adds gamma * V(final_obs)
+            final_value = None  # the learner adds gamma * V(final_obs) itself
         else:
             # Only evaluate the final observations when some episode was truncated:
             # on most steps none is, and the conv critic is not free.
@@ -191,9 +211,18 @@ def make_rollout(
                 else (lambda: apply_fn(params, final_obs)[1]),
                 lambda: jnp.zeros_like(value),
             )
-            learn_reward = reward + gamma * jnp.where(truncated, final_value, 0.0)
-
         done = terminated | truncated
+        discounted_return, carried_return = None, None
+        if reward_clip is not None:
+            discounted_return, carried_return = accumulate_return(
+                carry.discounted_return, reward, done, gamma=gamma)
+            assert isinstance(params, NormalizedPolicy)
+            learn_reward = scale_reward(params.return_stats, reward, clip=reward_clip)
+        else:
+            learn_reward = reward
+        if final_value is not None:
+            learn_reward = learn_reward + gamma * jnp.where(truncated, final_value, 0.0)
+
         episode_return = carry.episode_return + reward
         episode_length = carry.episode_length + 1
         step = Trajectory(
@@ -209,6 +238,7 @@ def make_rollout(
             reset=reset if recurrent else None,
             hidden=hidden if recurrent else None,
             final_obs=final_obs if keep_final_obs else None,
+            discounted_return=discounted_return,
         )
         carry = EnvCarry(
             env_state=env_state,
@@ -217,6 +247,7 @@ def make_rollout(
             episode_length=jnp.where(done, 0, episode_length),
             key=key,
             hidden=next_hidden if recurrent else None,
+            discounted_return=carried_return,
         )
         return carry, step
 

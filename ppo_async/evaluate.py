@@ -26,6 +26,7 @@ import numpy as np
 from ppo_async.config import AsyncActorLearnerConfig, resolve_device
 from ppo_async.envs import BatchedEnv
 from ppo_async.networks import is_recurrent, make_network, params_template, reset_hidden
+from ppo_async.normalization import NormalizationOptions, acting_apply, wrap_params
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds
@@ -112,8 +113,13 @@ class Evaluator:
             config.network, config.rnn_hidden_size,
         )
         self.recurrent = is_recurrent(self.network)
+        # The actors' observation transform, with the statistics the params carry.
+        options = NormalizationOptions.from_config(config)
+        self.apply = acting_apply(self.network.apply, options)
         # Host params with the network's structure, for decoding bytes.
-        self.params_template = params_template(self.network, self.env.observation_shape)
+        self.params_template = wrap_params(
+            params_template(self.network, self.env.observation_shape),
+            self.env.observation_shape, options)
         share = np.full(self.num_envs, num_episodes // self.num_envs, np.int32)
         share[: num_episodes % self.num_envs] += 1
         self.episodes_per_env = share  # [B] episodes each env contributes
@@ -126,7 +132,7 @@ class Evaluator:
 
     def _loop(self, params: Any, key: jax.Array) -> _Outcome:
         self.traces += 1
-        env, network = self.env, self.network
+        env, apply = self.env, self.apply
         share = jnp.asarray(self.episodes_per_env)
         first_slot = jnp.asarray(self.first_slot_of_env)
         n = self.num_episodes
@@ -138,9 +144,9 @@ class Evaluator:
                 # The state is carried within an episode and zeroed at its
                 # first step, exactly as the actors' rollout does.
                 hidden = reset_hidden(loop.hidden, loop.episode_length == 0)
-                hidden, dist, _ = network.apply(params, hidden, loop.obs)
+                hidden, dist, _ = apply(params, hidden, loop.obs)
             else:
-                dist, _ = network.apply(params, loop.obs)
+                dist, _ = apply(params, loop.obs)
             action = dist.mode() if self.greedy else dist.sample(action_key)
             obs, env_state, reward, terminated, truncated, _ = env.step(
                 step_key, loop.env_state, action
@@ -168,7 +174,7 @@ class Evaluator:
             return jnp.any(loop.episodes_done < share) & (loop.steps < self.max_steps)
 
         reset_key, loop_key = jax.random.split(key)
-        carry = env.reset(reset_key, network.state_size if self.recurrent else None)
+        carry = env.reset(reset_key, self.network.state_size if self.recurrent else None)
         start = _Loop(
             env_state=carry.env_state,
             obs=carry.obs,
@@ -231,7 +237,8 @@ _MAX_CACHED_EVALUATORS = 8
 def _cached_evaluator(config: AsyncActorLearnerConfig, num_episodes: int,
                       greedy: bool) -> Evaluator:
     cache_key = (config.env_id, tuple(config.hidden_sizes), config.actor_device,
-                 num_episodes, bool(greedy), config.network, config.rnn_hidden_size)
+                 num_episodes, bool(greedy), config.network, config.rnn_hidden_size,
+                 NormalizationOptions.from_config(config))
     with _EVALUATORS_LOCK:
         evaluator = _EVALUATORS.get(cache_key)
         if evaluator is None:
@@ -255,7 +262,10 @@ def evaluate(
       config: the run's config (``env_id``, ``hidden_sizes`` and
         ``actor_device`` are used).
       params: the network's params pytree, or its flax msgpack bytes (a run's
-        ``params.msgpack``, a `PolicyBroadcast`'s ``payload``).
+        ``params.msgpack``, a `PolicyBroadcast`'s ``payload``); with
+        ``normalize_observations`` / ``normalize_rewards`` the run's
+        `ppo_async.normalization.NormalizedPolicy`, whose observation
+        statistics the actors' transform applies.
       num_episodes: how many episodes to average over.
       seed: seeds the env resets (and the actions if not greedy).
       greedy: act with the mode of the policy (argmax, or the Gaussian mean);
@@ -300,7 +310,10 @@ def evaluate_host_env(
         network = make_network(observation_shape, envs.action_space, config.hidden_sizes,
                                config.network, config.rnn_hidden_size)
         recurrent = is_recurrent(network)
-        template = params_template(network, observation_shape)
+        options = NormalizationOptions.from_config(config)
+        apply = acting_apply(network.apply, options)
+        template = wrap_params(params_template(network, observation_shape), observation_shape,
+                               options)
         device = resolve_device(config.actor_device)
         if isinstance(params, (bytes, bytearray)):
             params = load_policy_from_broadcast(PolicyBroadcast(-1, -1, bytes(params)), template)
@@ -314,9 +327,9 @@ def evaluate_host_env(
             key, action_key = jax.random.split(key)
             if recurrent:
                 # Carried within an episode, zeroed at its first step, as the actors do.
-                hidden, dist, _ = network.apply(params, reset_hidden(hidden, episode_start), obs)
+                hidden, dist, _ = apply(params, reset_hidden(hidden, episode_start), obs)
             else:
-                dist, _ = network.apply(params, obs)
+                dist, _ = apply(params, obs)
             return key, dist.mode() if greedy else dist.sample(action_key), hidden
 
         share = np.full(num_envs, num_episodes // num_envs, np.int32)

@@ -78,6 +78,13 @@ from ppo_async.env_registry import (  # noqa: F401 - re-exported: their historic
 )
 from ppo_async.envs import Trajectory, UnknownEnvError
 from ppo_async.networks import is_recurrent, make_network, params_template, reset_hidden
+from ppo_async.normalization import (
+    NormalizationOptions,
+    accumulate_return,
+    acting_apply,
+    scale_reward,
+    wrap_params,
+)
 
 
 
@@ -257,6 +264,7 @@ class HostCarry(NamedTuple):
     episode_length: np.ndarray  # [E] int32, steps so far in the episode
     key: jax.Array  # PRNG key for actions, on the actor device
     hidden: np.ndarray | None = None  # [E, state_size] float32, recurrent networks only
+    discounted_return: np.ndarray | None = None  # [E] float32, reward scaling only (as EnvCarry's)
 
 
 def _batch(env_id: str, field: str, value: Any, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -288,7 +296,11 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     _close_envs(probe)
     network = make_network(observation_shape, action_space, config.hidden_sizes,
                            config.network, config.rnn_hidden_size)
-    template = params_template(network, observation_shape)
+    options = NormalizationOptions.from_config(config)
+    template = wrap_params(params_template(network, observation_shape), observation_shape,
+                           options)
+    apply = acting_apply(network.apply, options)
+    scale_rewards = options.rewards
     recurrent = is_recurrent(network)
     state_size = network.state_size if recurrent else 0
 
@@ -307,7 +319,7 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     def act(params, obs, key):
         """``(key, [E, action_dim + 2] float32)``: action, log-prob and value side by side."""
         key, action_key = jax.random.split(key)
-        dist, value = network.apply(params, obs)
+        dist, value = apply(params, obs)
         action = dist.sample(action_key)
         # One array, so one device->host copy per step (each copy costs tens of
         # microseconds); int32 actions are exact in float32.
@@ -320,7 +332,7 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
 
     @jax.jit
     def value_of(params, obs):
-        return network.apply(params, obs)[1]
+        return apply(params, obs)[1]
 
     @jax.jit
     def act_recurrent(params, hidden, obs, reset, key):
@@ -331,7 +343,7 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
         """
         key, action_key = jax.random.split(key)
         hidden = reset_hidden(hidden, reset)
-        next_hidden, dist, value = network.apply(params, hidden, obs)
+        next_hidden, dist, value = apply(params, hidden, obs)
         action = dist.sample(action_key)
         packed = jnp.concatenate(
             [action.reshape(num_envs, action_dim).astype(jnp.float32),
@@ -342,7 +354,7 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
 
     @jax.jit
     def value_of_recurrent(params, hidden, obs):
-        return network.apply(params, hidden, obs)[2]
+        return apply(params, hidden, obs)[2]
 
     def reset(key: jax.Array, device: jax.Device) -> HostCarry:
         env_key, action_key = jax.random.split(key)
@@ -360,11 +372,12 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             episode_length=np.zeros((num_envs,), np.int32),
             key=jax.device_put(action_key, device),
             hidden=np.zeros((num_envs, state_size), np.float32) if recurrent else None,
+            discounted_return=np.zeros((num_envs,), np.float32) if scale_rewards else None,
         )
 
     def rollout(params, carry: HostCarry):
         envs, obs, episode_return, episode_length, key = carry[:5]
-        hidden = carry.hidden
+        hidden, carried_return = carry.hidden, carry.discounted_return
         # Fresh arrays every chunk: the learner keeps the ones it was sent.
         trajectory = Trajectory(
             obs=np.empty((num_steps, *obs_batch_shape), np.float32),
@@ -380,6 +393,8 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             hidden=np.empty((num_steps, num_envs, state_size), np.float32) if recurrent else None,
             final_obs=np.zeros((num_steps, *obs_batch_shape), np.float32)
             if keep_final_obs else None,
+            discounted_return=(np.empty((num_steps, num_envs), np.float32) if scale_rewards
+                               else None),
         )
         for t in range(num_steps):
             if recurrent:
@@ -406,7 +421,16 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
             terminated = _batch(env_id, "terminated", step[2], (num_envs,), bool)
             truncated = _batch(env_id, "truncated", step[3], (num_envs,), bool) & ~terminated
 
+            done = terminated | truncated
             learn_reward = reward
+            if scale_rewards:
+                # As in envs.make_rollout, with the same pure functions.
+                discounted_return, carried_return = accumulate_return(
+                    carried_return, reward, done, gamma=config.gamma)
+                trajectory.discounted_return[t] = discounted_return
+                carried_return = np.asarray(carried_return)
+                learn_reward = np.asarray(scale_reward(
+                    params.return_stats, reward, clip=options.reward_clip))
             if truncated.any() and keep_final_obs:
                 # The learner values it with its own critic (V-trace mode).
                 trajectory.final_obs[t] = _batch(
@@ -420,9 +444,9 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
                     value_of_recurrent(params, hidden, final_obs) if recurrent
                     else value_of(params, final_obs)
                 ))
-                learn_reward = reward + gamma * np.where(truncated, final_value, np.float32(0))
+                learn_reward = learn_reward + gamma * np.where(truncated, final_value,
+                                                               np.float32(0))
 
-            done = terminated | truncated
             episode_return = episode_return + reward
             episode_length = episode_length + np.int32(1)
             trajectory.obs[t] = obs
@@ -443,7 +467,8 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
                 params, np.where(start, np.float32(0), hidden), obs)
         else:
             bootstrap_value = value_of(params, obs)
-        carry = HostCarry(envs, obs, episode_return, episode_length, key, hidden)
+        carry = HostCarry(envs, obs, episode_return, episode_length, key, hidden,
+                          carried_return)
         return carry, trajectory, obs, bootstrap_value
 
     def close(carry: HostCarry) -> None:

@@ -41,6 +41,12 @@ from ppo_async.networks import (
     reset_hidden,
     unroll,
 )
+from ppo_async.normalization import (
+    NormalizationOptions,
+    network_params,
+    normalize_observation,
+    update_statistics,
+)
 from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
 
 if TYPE_CHECKING:  # the transport module builds on this one's callers, not on it
@@ -88,6 +94,8 @@ class Batch(NamedTuple):
     # the learner adds gamma * V(final_obs) under its current critic.
     truncated: jax.Array | None = None  # [T, B] bool, the time limit ended the episode
     final_obs: jax.Array | None = None  # [T, B, *obs_shape] the observation it reached
+    # Reward scaling only (None otherwise):
+    discounted_return: jax.Array | None = None  # [T, B] R_t of the raw rewards
 
 
 class RolloutBuffer:
@@ -143,6 +151,8 @@ def stack_experiences(experiences: Sequence[Experience], lags: Sequence[int] | N
                         for t, lag in zip(trajectories, lags, strict=True)], 0),
         truncated=cat([t.truncated for t in trajectories], 1) if final_obs else None,
         final_obs=cat([t.final_obs for t in trajectories], 1) if final_obs else None,
+        discounted_return=(cat([t.discounted_return for t in trajectories], 1)
+                           if trajectories[0].discounted_return is not None else None),
     )
 
 
@@ -172,7 +182,9 @@ def average_in(average: ProximalAverage, params: Any, decay: float) -> ProximalA
 class LearnerState(NamedTuple):
     """What the update step carries from one update to the next."""
 
-    params: Any  # network params on the learner device
+    # network params on the learner device; with normalization, a
+    # `ppo_async.normalization.NormalizedPolicy` (params and statistics)
+    params: Any
     opt_state: Any  # optax state
     key: jax.Array  # PRNG key for minibatch shuffling
     proximal: ProximalAverage | None = None  # with ppo_ratio_anchor='ewma' only
@@ -259,8 +271,9 @@ def init_learner_state(
     proximal = None
     if config.ppo_ratio_anchor == "ewma":
         # t = 1: the average of the initial params alone is those params.
-        proximal = ProximalAverage(jax.tree.map(jnp.array, params), jnp.ones((), jnp.int32))
-    return LearnerState(params, _optimizer_init(config)(params), key, proximal)
+        proximal = ProximalAverage(jax.tree.map(jnp.array, network_params(params)),
+                                   jnp.ones((), jnp.int32))
+    return LearnerState(params, _optimizer_init(config)(network_params(params)), key, proximal)
 
 
 UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
@@ -476,6 +489,38 @@ def make_update_fn(
         return LearnerState(params, opt_state, key, proximal), metrics
 
     return update
+
+
+def with_normalization(update: UpdateFn, options: NormalizationOptions) -> UpdateFn:
+    """``update`` for a learner whose params are a `NormalizedPolicy` (``update`` itself if off).
+
+    The statistics take the batch first (raw observations; with reward
+    scaling, the actors' discounted returns), in consumption order; then
+    ``update`` trains the network params on the batch with its observations
+    (and bootstrap observations) normalized by the new statistics, and the
+    new statistics travel with the new params. Rewards arrive scaled: the
+    actors scale them with the statistics they acted under.
+    """
+    if not options.enabled:
+        return update
+
+    @jax.jit
+    def normalized_update(state: LearnerState, batch: Batch):
+        policy = update_statistics(state.params, batch.obs, batch.discounted_return)
+        if policy.obs_stats is not None:
+            def normalize(obs):
+                return normalize_observation(policy.obs_stats, obs, clip=options.obs_clip)
+
+            batch = batch._replace(
+                obs=normalize(batch.obs), bootstrap_obs=normalize(batch.bootstrap_obs),
+                final_obs=None if batch.final_obs is None else normalize(batch.final_obs),
+            )
+        inner, metrics = update(state._replace(params=policy.params), batch)
+        if policy.return_stats is not None:
+            metrics["return_std"] = jnp.sqrt(policy.return_stats.var)
+        return inner._replace(params=policy._replace(params=inner.params)), metrics
+
+    return normalized_update
 
 
 def reevaluate_recurrent(

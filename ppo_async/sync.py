@@ -24,12 +24,19 @@ from ppo_async.compile_cache import enable_compilation_cache
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs import BatchedEnv, EnvCarry, make_rollout
 from ppo_async.host_envs import GYMNAX, split_env_id
-from ppo_async.learner import Batch, LearnerState, init_learner_state, make_update_fn
+from ppo_async.learner import (
+    Batch,
+    LearnerState,
+    init_learner_state,
+    make_update_fn,
+    with_normalization,
+)
 from ppo_async.networks import init_params, is_recurrent, make_network
+from ppo_async.normalization import NormalizationOptions, acting_apply, wrap_params
 
 
 class SyncResult(NamedTuple):
-    params: Any  # final params (with a leading seed axis under vmap)
+    params: Any  # final params (with a leading seed axis under vmap); a NormalizedPolicy with normalization
     # Each metric is [num_updates] (or [seeds, num_updates] under vmap): the
     # learner's losses plus ``episode_return_sum`` and ``episodes`` of the
     # episodes that finished in each update's rollout.
@@ -79,20 +86,24 @@ def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> Sync
     network = make_network(env.observation_shape, env.action_space, config.hidden_sizes,
                            config.network, config.rnn_hidden_size)
     recurrent = is_recurrent(network)
-    rollout = make_rollout(env, network.apply, config.num_steps, config.gamma,
-                           recurrent=recurrent,
+    # The actors' transforms: the same rollout acts on the same statistics.
+    options = NormalizationOptions.from_config(config)
+    rollout = make_rollout(env, acting_apply(network.apply, options), config.num_steps,
+                           config.gamma, recurrent=recurrent,
+                           reward_clip=options.reward_clip if options.rewards else None,
                            keep_final_obs=config.learner_bootstraps_truncation)
-    update = make_update_fn(config, network)
+    update = with_normalization(make_update_fn(config, network), options)
     state_size = network.state_size if recurrent else None
 
     def init(key: jax.Array) -> SyncCarry:
         # The same key derivation as train(): with one actor in lock-step the
         # asynchronous runtime reproduces this loop bit for bit.
         params_key, learner_key = jax.random.split(key)
-        params = init_params(network, params_key, env.observation_shape)
+        params = wrap_params(init_params(network, params_key, env.observation_shape),
+                             env.observation_shape, options)
         carry = SyncCarry(
             init_learner_state(config, params, learner_key),
-            env.reset(jax.random.fold_in(key, 0), state_size),
+            env.reset(jax.random.fold_in(key, 0), state_size, track_return=options.rewards),
         )
         if policy_lag:
             carry = carry._replace(
@@ -123,6 +134,7 @@ def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> Sync
             policy_lag=jnp.full((config.num_envs,), lag, jnp.int32),
             truncated=None if trajectory.final_obs is None else trajectory.truncated,
             final_obs=trajectory.final_obs,
+            discounted_return=trajectory.discounted_return,
         )
         learner, metrics = update(carry.learner, batch)
         metrics["episode_return_sum"] = jnp.sum(trajectory.episode_return)

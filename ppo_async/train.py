@@ -53,9 +53,11 @@ from ppo_async.learner import (
     init_learner_state,
     learner_loop,
     make_update_fn,
+    with_normalization,
     stack_experiences,
 )
 from ppo_async.networks import init_params
+from ppo_async.normalization import NormalizationOptions, wrap_params
 from ppo_async.policy_io import place
 from ppo_async.resume import CheckpointPolicy, ResumePoint, checkpoint_contents, load_resume_point
 from ppo_async.run_dir import (
@@ -78,7 +80,9 @@ _WARM_UP_TIMEOUT_S = 600.0  # compiling the update takes seconds; this means it 
 
 
 class TrainResult(NamedTuple):
-    params: Any  # host (numpy) flax params pytree of the final policy
+    # host (numpy) flax params pytree of the final policy; with normalization, a
+    # NormalizedPolicy: its .params and the statistics the policy acts on
+    params: Any
     report: LearnerReport
 
 
@@ -352,12 +356,15 @@ def train(
     if resume_from is not None:
         resume = load_resume_point(config, program, checkpoint_dir(resume_from))
     schedule = resume.schedule if resume is not None else default_schedule(config)
-    update = make_update_fn(config, program.network, schedule)
+    update = with_normalization(make_update_fn(config, program.network, schedule),
+                                NormalizationOptions.from_config(config))
     warm_up = _UpdateWarmUp(config, program, update, learner_device)
     try:  # until the shutdown below, which joins it on every path
         if resume is None:
             params_key, learner_key = jax.random.split(jax.random.key(config.seed))
-            params = init_params(program.network, params_key, program.observation_shape)
+            params = wrap_params(
+                init_params(program.network, params_key, program.observation_shape),
+                program.observation_shape, NormalizationOptions.from_config(config))
             state, report = init_learner_state(config, params, learner_key), LearnerReport()
             carries = (None,) * config.num_actors
         else:
