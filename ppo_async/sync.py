@@ -63,7 +63,9 @@ class SyncTwin(NamedTuple):
     step: Callable[[SyncCarry], tuple[SyncCarry, dict[str, jax.Array]]]  # one update
 
 
-def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> SyncTwin:
+def make_sync_twin(
+    config: AsyncActorLearnerConfig, policy_lag: int | tuple[int, ...] = 0
+) -> SyncTwin:
     """``init(key)`` and ``step(carry)``: one rollout and one update per step.
 
     ``policy_lag`` = k > 0 simulates, deterministically, what one actor with a
@@ -71,10 +73,26 @@ def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> Sync
     update u + 1 acts with the params of update max(0, u - k), so every
     batch after the first k is exactly k updates stale (``Batch.policy_lag``
     says so, for ``max_policy_lag``). The off-policy study uses it to compare
-    corrections at a fixed lag, free of thread timing.
+    corrections at a fixed lag, free of thread timing. A tuple of
+    ``num_actors`` lags gives each actor's ``envs_per_actor`` envs their own
+    (a straggler among fresh actors, say; feed-forward networks only: every
+    env then acts with its own copy of the params).
     """
-    if not isinstance(policy_lag, int) or policy_lag < 0:
-        raise ValueError(f"policy_lag={policy_lag!r}: must be an integer >= 0")
+    per_actor = isinstance(policy_lag, tuple)
+    lags = policy_lag if per_actor else (policy_lag,)
+    if not lags or not all(isinstance(k, int) and k >= 0 for k in lags) or (
+        per_actor and len(lags) != config.num_actors
+    ):
+        raise ValueError(
+            f"policy_lag={policy_lag!r}: must be an integer >= 0, or a tuple of "
+            f"num_actors={config.num_actors} of them"
+        )
+    if per_actor and config.recurrent:
+        raise ConfigError(f"network={config.network!r}: per-actor lags need a feed-forward network")
+    history_size = max(lags)
+    # Each env's index into the history of params plus the current ones (last).
+    env_index = np.repeat([history_size - k for k in lags],
+                          config.envs_per_actor if per_actor else config.num_envs)
     enable_compilation_cache(config.compilation_cache_dir)  # the twin's jit compiles later
     backend, env_name = split_env_id(config.env_id)
     if backend != GYMNAX:
@@ -88,7 +106,10 @@ def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> Sync
     recurrent = is_recurrent(network)
     # The actors' transforms: the same rollout acts on the same statistics.
     options = NormalizationOptions.from_config(config)
-    rollout = make_rollout(env, acting_apply(network.apply, options), config.num_steps,
+    acting_fn = acting_apply(network.apply, options)
+    if per_actor:
+        acting_fn = jax.vmap(acting_fn)  # params and observations of one env each
+    rollout = make_rollout(env, acting_fn, config.num_steps,
                            config.gamma, recurrent=recurrent,
                            reward_clip=options.reward_clip if options.rewards else None,
                            keep_final_obs=config.learner_bootstraps_truncation)
@@ -105,20 +126,26 @@ def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> Sync
             init_learner_state(config, params, learner_key),
             env.reset(jax.random.fold_in(key, 0), state_size, track_return=options.rewards),
         )
-        if policy_lag:
+        if history_size:
             carry = carry._replace(
                 stale_params=jax.tree.map(
-                    lambda p: jnp.broadcast_to(p, (policy_lag, *p.shape)), params),
-                stale_versions=jnp.zeros((policy_lag,), jnp.int32),
+                    lambda p: jnp.broadcast_to(p, (history_size, *p.shape)), params),
+                stale_versions=jnp.zeros((history_size,), jnp.int32),
                 updates=jnp.zeros((), jnp.int32),
             )
         return carry
 
     def step(carry: SyncCarry) -> tuple[SyncCarry, dict[str, jax.Array]]:
-        acting, lag = carry.learner.params, jnp.zeros((), jnp.int32)
-        if policy_lag:
-            acting = jax.tree.map(lambda p: p[0], carry.stale_params)
-            lag = carry.updates - carry.stale_versions[0]
+        acting, lag = carry.learner.params, jnp.zeros((config.num_envs,), jnp.int32)
+        if history_size:
+            versions = jnp.append(carry.stale_versions, carry.updates)
+            lag = carry.updates - versions[env_index]
+            if per_actor:  # every env its own params: [E, ...]
+                acting = jax.tree.map(
+                    lambda h, p: jnp.concatenate([h, p[None]])[env_index],
+                    carry.stale_params, carry.learner.params)
+            else:
+                acting = jax.tree.map(lambda p: p[0], carry.stale_params)
         env_carry, trajectory, bootstrap_value = rollout(acting, carry.env)
         batch = Batch(
             obs=trajectory.obs,
@@ -131,7 +158,7 @@ def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> Sync
             bootstrap_value=bootstrap_value,
             reset=trajectory.reset,
             initial_hidden=None if trajectory.hidden is None else trajectory.hidden[0],
-            policy_lag=jnp.full((config.num_envs,), lag, jnp.int32),
+            policy_lag=lag,
             truncated=None if trajectory.final_obs is None else trajectory.truncated,
             final_obs=trajectory.final_obs,
             discounted_return=trajectory.discounted_return,
@@ -139,7 +166,7 @@ def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> Sync
         learner, metrics = update(carry.learner, batch)
         metrics["episode_return_sum"] = jnp.sum(trajectory.episode_return)
         metrics["episodes"] = jnp.sum(trajectory.episode_length > 0)
-        if not policy_lag:
+        if not history_size:
             return SyncCarry(learner, env_carry), metrics
 
         def push(history, newest):  # drop the oldest, append the newest
@@ -158,11 +185,12 @@ def make_sync_twin(config: AsyncActorLearnerConfig, policy_lag: int = 0) -> Sync
 
 
 def make_train(
-    config: AsyncActorLearnerConfig, policy_lag: int = 0
+    config: AsyncActorLearnerConfig, policy_lag: int | tuple[int, ...] = 0
 ) -> Callable[[jax.Array], SyncResult]:
     """A pure, jittable ``train_fn(key)`` running ``config.num_updates`` synchronous updates.
 
-    ``policy_lag``: act with params this many updates old (see `make_sync_twin`).
+    ``policy_lag``: act with params this many updates old, or a lag per actor
+    (see `make_sync_twin`).
     """
     twin = make_sync_twin(config, policy_lag)
 

@@ -303,3 +303,29 @@ def test_twin_simulates_the_policy_lag():
         dropped.append(float(metrics["dropped_fraction"]))
     # Lags 0, 1, 2, 2: the cap of 1 drops the last two batches whole.
     assert dropped == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_twin_per_actor_lags():
+    from ppo_async.sync import make_sync_twin
+
+    config = dataclasses.replace(CONFIG, env_id="CartPole-v1", num_actors=2, envs_per_actor=2,
+                                 max_policy_lag=1)
+
+    def run(policy_lag, updates=4):
+        twin = make_sync_twin(config, policy_lag=policy_lag)
+        carry, step = twin.init(jax.random.key(0)), jax.jit(twin.step)
+        out = []
+        for _ in range(updates):
+            carry, metrics = step(carry)
+            out.append(jax.device_get(metrics))
+        return out
+
+    # Actor 1 straggles two updates behind: half the batch goes stale from update 3 on.
+    assert [float(m["dropped_fraction"]) for m in run((0, 2))] == [0.0, 0.0, 0.5, 0.5]
+    # Every actor at lag 2 acts as the single-lag twin does (per-env params, same values).
+    per_actor, single = run((2, 2)), run(2)
+    for a, b in zip(per_actor, single):
+        np.testing.assert_allclose(a["policy_loss"], b["policy_loss"], rtol=1e-4, atol=1e-6)
+        assert float(a["episode_return_sum"]) == float(b["episode_return_sum"])
+    with pytest.raises(ValueError, match="num_actors=2"):
+        make_sync_twin(config, policy_lag=(1, 2, 3))
