@@ -23,13 +23,15 @@ Writes, under ``experiments/out/offpolicy_study/`` (or ``--out``):
 ``results.csv`` (one row per env, lag, variant and seed; resumable: cells
 already there are skipped), ``curves.npz`` (each run's smoothed return per
 update), ``summary.json`` and ``summary.md`` (the IQM tables),
-``return_vs_lag.png`` and ``curves_<env>.png``.
+``return_vs_lag.png`` and ``curves_<env>.png``; with ``--stragglers``,
+``stragglers.csv`` and ``stragglers.md`` (`run_stragglers`).
 
     python experiments/offpolicy_study.py --dry-run
     python experiments/offpolicy_study.py --envs acrobot pendulum --seeds 5
     python experiments/offpolicy_study.py --envs breakout-minatar --seeds 3 --lags 0 7 15
     python experiments/offpolicy_study.py --report-only          # tables and figures from results.csv
     python experiments/offpolicy_study.py --validate --envs acrobot --lags 7 --seeds 3
+    python experiments/offpolicy_study.py --stragglers --variants vtrace+behaviour  # max_policy_lag
 """
 
 from __future__ import annotations
@@ -130,6 +132,82 @@ def run_cell(preset_name: str, lag: int, variant: str, seeds: int, total_env_ste
             clipped_rho_mean=mean_of("vtrace_clipped_rho_mean"), curve=curve,
         ))
     return out
+
+
+STRAGGLER_ACTORS = 4
+STRAGGLER_FIELDS = ("env", "straggler_lag", "variant", "max_policy_lag", "seed",
+                    "total_env_steps", "final_return", "nonfinite", "dropped_fraction_mean")
+
+
+def run_stragglers(args, out) -> None:
+    """Variable lag: 3 actors at lag 1 and one straggler at lag k, with and without max_policy_lag=1.
+
+    With one fixed lag for every sample, ``max_policy_lag`` either keeps all
+    of them or drops all of them; what it is for is a batch of mixed ages,
+    where it drops the straggler's stale quarter.
+    """
+    import jax
+    import numpy as np
+
+    from ppo_async.presets import preset
+    from ppo_async.sync import make_train, recent_return_mean
+
+    path = out / "stragglers.csv"
+    done = {(r["env"], int(r["straggler_lag"]), r["variant"], r["max_policy_lag"],
+             int(r["total_env_steps"])) for r in (read_csv(path) if path.exists() else [])}
+    for env in args.envs:
+        steps = args.total_env_steps or BUDGETS[env]
+        for k in args.straggler_lags:
+            for variant in args.variants:
+                for cap in (None, 1):
+                    if (env, k, variant, str(cap), steps) in done:
+                        continue
+                    base = preset(env, total_env_steps=steps, **VARIANTS[variant])
+                    config = dataclasses.replace(
+                        base, num_actors=STRAGGLER_ACTORS,
+                        envs_per_actor=base.num_envs // STRAGGLER_ACTORS, max_policy_lag=cap)
+                    lags = (1,) * (STRAGGLER_ACTORS - 1) + (k,)
+                    start = time.perf_counter()
+                    metrics = jax.device_get(jax.jit(jax.vmap(make_train(config, lags)))(
+                        jax.random.split(jax.random.key(0), args.seeds)).metrics)
+                    finals = []
+                    for seed in range(args.seeds):
+                        m = {name: np.asarray(v[seed]) for name, v in metrics.items()}
+                        finals.append(recent_return_mean(m))
+                        append_csv_row(path, dict(
+                            env=env, straggler_lag=k, variant=variant, max_policy_lag=cap,
+                            seed=seed, total_env_steps=steps, final_return=finals[-1],
+                            nonfinite=int(np.min(m["params_finite"]) < 1.0),
+                            dropped_fraction_mean=float(np.mean(m.get("dropped_fraction", 0.0))),
+                        ), STRAGGLER_FIELDS)
+                    print(f"{env} straggler lag {k} {variant} max_policy_lag={cap}: "
+                          f"{[round(f, 1) for f in finals]} ({time.perf_counter() - start:.0f} s)",
+                          flush=True)
+
+
+def straggler_report(out) -> str:
+    """The straggler table: IQM [95% CI] with and without the cap, per env, lag and variant."""
+    from ppo_async.analysis import iqm, stratified_bootstrap_ci
+
+    path = out / "stragglers.csv"
+    if not path.exists():
+        return ""
+    groups: dict[tuple, list[float]] = {}
+    for r in read_csv(path):
+        groups.setdefault((r["env"], int(r["straggler_lag"]), r["variant"], r["max_policy_lag"]),
+                          []).append(float(r["final_return"]))
+    rows = []
+    for (env, k, variant, cap), scores in sorted(groups.items()):
+        est = stratified_bootstrap_ci(scores, iqm)
+        rows.append([env, k, variant, cap or "None", len(scores),
+                     f"{est.point:.1f} [{est.low:.1f}, {est.high:.1f}]"])
+    text = ("Stragglers: 3 actors at lag 1 and one at the lag shown; max_policy_lag=1 drops "
+            "the straggler's quarter of each batch.\n\n" + markdown_table(
+                ["env", "straggler lag", "variant", "max_policy_lag", "seeds", "IQM [95% CI]"],
+                rows))
+    (out / "stragglers.md").write_text(text + "\n")
+    print(text)
+    return text
 
 
 def validate(args) -> None:
@@ -281,6 +359,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--validate", action="store_true",
                         help="compare the simulated lag with train() at one actor")
+    parser.add_argument("--stragglers", action="store_true",
+                        help="the mixed-lag experiment for max_policy_lag (stragglers.csv)")
+    parser.add_argument("--straggler-lags", nargs="+", type=int, default=[3, 7, 15])
     args = parser.parse_args(argv)
     avoid_vmapped_qr_deadlock()
     configure_jax()
@@ -290,6 +371,11 @@ def main(argv: list[str] | None = None) -> None:
         validate(args)
         return
     out = out_dir("offpolicy_study", args.out)
+    if args.stragglers:
+        if not args.report_only:
+            run_stragglers(args, out)
+        straggler_report(out)
+        return
     path = out / "results.csv"
     done = {(r["env"], int(r["lag"]), r["variant"], int(r["total_env_steps"]))
             for r in (read_csv(path) if path.exists() else [])}

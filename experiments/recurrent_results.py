@@ -145,7 +145,7 @@ def run_sync(config, seeds: list[int]):
 
 def envs_axis_slice(field: str, envs: int):
     """The first ``envs`` envs of a `Batch` field (``[B, ...]`` or ``[T, B, ...]``)."""
-    if field in ("bootstrap_obs", "bootstrap_value", "initial_hidden"):
+    if field in ("bootstrap_obs", "bootstrap_value", "initial_hidden", "policy_lag"):
         return np.s_[:envs]
     return np.s_[:, :envs]
 

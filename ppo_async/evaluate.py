@@ -114,8 +114,7 @@ class Evaluator:
         )
         self.recurrent = is_recurrent(self.network)
         # The actors' observation transform, with the statistics the params carry.
-        options = NormalizationOptions.from_config(config)
-        self.apply = acting_apply(self.network.apply, options)
+        options = self.normalization = NormalizationOptions.from_config(config)
         # Host params with the network's structure, for decoding bytes.
         self.params_template = wrap_params(
             params_template(self.network, self.env.observation_shape),
@@ -132,7 +131,8 @@ class Evaluator:
 
     def _loop(self, params: Any, key: jax.Array) -> _Outcome:
         self.traces += 1
-        env, apply = self.env, self.apply
+        # Built when the loop is traced, from the network as it is then.
+        env, apply = self.env, acting_apply(self.network.apply, self.normalization)
         share = jnp.asarray(self.episodes_per_env)
         first_slot = jnp.asarray(self.first_slot_of_env)
         n = self.num_episodes
