@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import AsyncActorLearnerConfig, resolve_device
+from ppo_async.config import AsyncActorLearnerConfig, make_config_network, resolve_device
 from ppo_async.envs import BatchedEnv
-from ppo_async.networks import is_recurrent, make_network, params_template, reset_hidden
+from ppo_async.networks import is_recurrent, params_template, reset_hidden
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds
@@ -81,7 +81,7 @@ class Evaluator:
 
     Args:
       config: gives ``env_id``, ``hidden_sizes``, ``network``,
-        ``rnn_hidden_size`` and ``actor_device`` (nothing else is used). A
+        ``rnn_hidden_size``, ``torso`` and ``actor_device`` (nothing else is used). A
         recurrent policy carries its state through each episode and starts
         every episode from zeros.
       num_episodes: episodes per evaluation (>= 1).
@@ -107,9 +107,8 @@ class Evaluator:
         self.device = device if device is not None else resolve_device(config.actor_device)
         self.num_envs = min(num_episodes, MAX_EVAL_ENVS)
         self.env = BatchedEnv(_gymnax_id(config.env_id), self.num_envs)
-        self.network = make_network(
-            self.env.observation_shape, self.env.action_space, config.hidden_sizes,
-            config.network, config.rnn_hidden_size,
+        self.network = make_config_network(
+            config, self.env.observation_shape, self.env.action_space
         )
         self.recurrent = is_recurrent(self.network)
         # Host params with the network's structure, for decoding bytes.
@@ -231,7 +230,8 @@ _MAX_CACHED_EVALUATORS = 8
 def _cached_evaluator(config: AsyncActorLearnerConfig, num_episodes: int,
                       greedy: bool) -> Evaluator:
     cache_key = (config.env_id, tuple(config.hidden_sizes), config.actor_device,
-                 num_episodes, bool(greedy), config.network, config.rnn_hidden_size)
+                 num_episodes, bool(greedy), config.network, config.rnn_hidden_size,
+                 config.torso)
     with _EVALUATORS_LOCK:
         evaluator = _EVALUATORS.get(cache_key)
         if evaluator is None:
@@ -287,18 +287,21 @@ def evaluate_host_env(
     """`evaluate` for host envs: the batch of envs is stepped in Python.
 
     The same episodes count as in `Evaluator` (a fixed share per env). The
-    envs are seeded with ``seed`` and closed afterwards.
+    envs are seeded with ``seed`` and closed afterwards. envpool Atari games
+    are played with the evaluation settings
+    (`ppo_async.env_registry.ATARI_EVAL_KWARGS`: whole games, unclipped
+    score, sticky actions), not the training ones.
     """
     from ppo_async.host_envs import _batch, _close_envs, make_host_env
 
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes={num_episodes!r}: must be an integer >= 1")
     num_envs = min(num_episodes, MAX_EVAL_ENVS)
-    envs = make_host_env(config.env_id, num_envs)
+    envs = make_host_env(config.env_id, num_envs, envpool_kwargs=config.envpool_kwargs,
+                         evaluation=True)
     try:
         observation_shape = tuple(int(d) for d in envs.observation_shape)
-        network = make_network(observation_shape, envs.action_space, config.hidden_sizes,
-                               config.network, config.rnn_hidden_size)
+        network = make_config_network(config, observation_shape, envs.action_space)
         recurrent = is_recurrent(network)
         template = params_template(network, observation_shape)
         device = resolve_device(config.actor_device)

@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.compile_cache import enable_compilation_cache
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, make_config_network
 from ppo_async.envs import BatchedEnv, EnvCarry, make_rollout
 from ppo_async.host_envs import GYMNAX, split_env_id
 from ppo_async.learner import Batch, LearnerState, init_learner_state, make_update_fn
-from ppo_async.networks import init_params, is_recurrent, make_network
+from ppo_async.networks import init_params, is_recurrent
 
 
 class SyncResult(NamedTuple):
@@ -60,8 +60,7 @@ def make_sync_twin(config: AsyncActorLearnerConfig) -> SyncTwin:
             "gymnax envs only"
         )
     env = BatchedEnv(env_name, config.num_envs)
-    network = make_network(env.observation_shape, env.action_space, config.hidden_sizes,
-                           config.network, config.rnn_hidden_size)
+    network = make_config_network(config, env.observation_shape, env.action_space)
     recurrent = is_recurrent(network)
     rollout = make_rollout(env, network.apply, config.num_steps, config.gamma,
                            recurrent=recurrent)
