@@ -273,6 +273,28 @@ def evaluate(
     return _cached_evaluator(config, num_episodes, greedy)(params, seed)
 
 
+def make_host_act(network: Any, greedy: bool):
+    """The jitted policy step of a Python loop over envs, for any network.
+
+    ``act(params, obs [B, ...], key, hidden [B, S] | None, episode_start [B] bool)
+    -> (key, action [B, ...], hidden)``: the mode of the policy with
+    ``greedy``, else a sample. A recurrent network's state is carried within
+    an episode and zeroed at its first step, as the actors do.
+    """
+    recurrent = is_recurrent(network)
+
+    @jax.jit
+    def act(params, obs, key, hidden, episode_start):
+        key, action_key = jax.random.split(key)
+        if recurrent:
+            hidden, dist, _ = network.apply(params, reset_hidden(hidden, episode_start), obs)
+        else:
+            dist, _ = network.apply(params, obs)
+        return key, dist.mode() if greedy else dist.sample(action_key), hidden
+
+    return act
+
+
 # An env that never ends an episode would loop forever; no task here comes near.
 MAX_HOST_EVAL_STEPS = 1_000_000
 
@@ -302,7 +324,6 @@ def evaluate_host_env(
     try:
         observation_shape = tuple(int(d) for d in envs.observation_shape)
         network = make_config_network(config, observation_shape, envs.action_space)
-        recurrent = is_recurrent(network)
         template = params_template(network, observation_shape)
         device = resolve_device(config.actor_device)
         if isinstance(params, (bytes, bytearray)):
@@ -312,16 +333,7 @@ def evaluate_host_env(
         low = np.asarray(getattr(envs.action_space, "low", -np.inf), np.float32)
         high = np.asarray(getattr(envs.action_space, "high", np.inf), np.float32)
 
-        @jax.jit
-        def act(params, obs, key, hidden, episode_start):
-            key, action_key = jax.random.split(key)
-            if recurrent:
-                # Carried within an episode, zeroed at its first step, as the actors do.
-                hidden, dist, _ = network.apply(params, reset_hidden(hidden, episode_start), obs)
-            else:
-                dist, _ = network.apply(params, obs)
-            return key, dist.mode() if greedy else dist.sample(action_key), hidden
-
+        act = make_host_act(network, greedy)
         share = np.full(num_envs, num_episodes // num_envs, np.int32)
         share[: num_episodes % num_envs] += 1
         first_slot = np.cumsum(share) - share
@@ -331,7 +343,7 @@ def evaluate_host_env(
         episode_return = np.zeros(num_envs, np.float32)
         episode_length = np.zeros(num_envs, np.int32)
         key = jax.random.key(seed)
-        hidden = network.zero_hidden(num_envs) if recurrent else None
+        hidden = network.zero_hidden(num_envs) if is_recurrent(network) else None
         obs = _batch(config.env_id, "reset obs", envs.reset(seed),
                      (num_envs, *observation_shape), np.float32)
         for _ in range(MAX_HOST_EVAL_STEPS):
