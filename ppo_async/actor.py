@@ -29,11 +29,11 @@ import jax
 import numpy as np
 
 from ppo_async.actor_program import ActorProgram, Carry
-from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.config import AsyncActorLearnerConfig, make_config_network
 from ppo_async.env_registry import GYMNAX, split_env_id
 from ppo_async.envs import BatchedEnv, EnvCarry, Trajectory, make_rollout
 from ppo_async.host_envs import make_host_actor_program
-from ppo_async.networks import is_recurrent, make_network, params_template
+from ppo_async.networks import is_recurrent, params_template
 from ppo_async.normalization import NormalizationOptions, acting_apply, wrap_params
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
@@ -174,8 +174,7 @@ def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     if backend != GYMNAX:
         return make_host_actor_program(config)
     env = BatchedEnv(env_name, config.envs_per_actor)
-    network = make_network(env.observation_shape, env.action_space, config.hidden_sizes,
-                           config.network, config.rnn_hidden_size)
+    network = make_config_network(config, env.observation_shape, env.action_space)
     options = NormalizationOptions.from_config(config)
     template = wrap_params(params_template(network, env.observation_shape),
                            env.observation_shape, options)

@@ -3,6 +3,7 @@
     ppo-async train [--preset NAME] [--config FILE] [--FIELD VALUE ...] [--wandb-project P]
     ppo-async train --resume RUN_DIR [--FIELD VALUE ...]
     ppo-async eval RUN_DIR [--num-episodes N]
+    ppo-async enjoy RUN_DIR [--episodes 3] [--out video.gif|video.mp4]
     ppo-async plot RUN_DIR [RUN_DIR ...] [--x env_steps|wall_time] [--out FILE]
     ppo-async --version
 
@@ -191,6 +192,46 @@ def eval_command(
     )
 
 
+def enjoy_command(
+    run_dir: tyro.conf.Positional[pathlib.Path],
+    episodes: int = 3,
+    out: pathlib.Path = pathlib.Path("video.gif"),
+    seed: int = 0,
+    fps: float = 30.0,
+) -> None:
+    """Watch a saved run: play greedy episodes with its final params (or newest checkpoint's) and write them as a video.
+
+    Renders gymnax envs that gymnax's Visualizer draws (classic control such
+    as CartPole-v1, the MinAtar games, Catch), gymnasium: and envpool: envs
+    made with render_mode="rgb_array" (envpool Atari games with the evaluation
+    settings: whole games, sticky actions), and host: envs whose batch has
+    render(). Any other env, or another file type, is refused with a one-line
+    error. Needs pip install 'ppo-async[video]' (imageio; pygame for classic
+    control; imageio-ffmpeg for .mp4).
+
+    Args:
+        run_dir: The run directory (ppo-async train wrote it).
+        episodes: Episodes to play, one after another in the video.
+        out: The video to write: .gif or .mp4.
+        seed: Seeds the env resets.
+        fps: Frames per second of the video.
+    """
+    from ppo_async.video import check_video_path, record_episodes, write_video
+
+    if isinstance(episodes, bool) or episodes < 1:
+        raise ConfigError(f"--episodes {episodes}: must be an integer >= 1")
+    if not fps > 0:
+        raise ConfigError(f"--fps {fps}: must be a number > 0")
+    check_video_path(out)  # before any loading: a wrong suffix fails at once
+    config = load_run_config(run_dir)
+    params = load_run_params(run_dir, config)
+    recording = record_episodes(config, params, num_episodes=episodes, seed=seed)
+    write_video(recording.frames, out, fps=fps)
+    returns = ", ".join(f"{r:.1f}" for r in recording.episode_returns)
+    print(f"wrote {out}: {episodes} greedy episode(s) of {config.env_id}, returns {returns}, "
+          f"{len(recording.frames)} frames")
+
+
 def plot_command(
     run_dirs: tyro.conf.Positional[tuple[pathlib.Path, ...]],
     x: Literal["env_steps", "wall_time"] = "env_steps",
@@ -249,7 +290,7 @@ def _take_resume(argv: list[str]) -> tuple[pathlib.Path | None, list[str]]:
 def _commands(argv: list[str]) -> dict[str, Any]:
     """The subcommands; ``train``'s config defaults come from --preset and --config, or --resume's run."""
     commands = {"train": _make_train_command(AsyncActorLearnerConfig(), None),
-                "eval": eval_command, "plot": plot_command}
+                "eval": eval_command, "enjoy": enjoy_command, "plot": plot_command}
     if argv[:1] == ["train"]:
         resume, argv[:] = _take_resume(argv)
         preset_name, argv[:] = _take_option(argv, "--preset", "cartpole", "a preset name")
@@ -278,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     from ppo_async.envs import UnknownEnvError
     from ppo_async.host_envs import BackendNotInstalledError, HostEnvError
     from ppo_async.policy_io import PolicyLoadError
+    from ppo_async.video import RenderError
 
     try:
         commands = _commands(argv)
@@ -294,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ppo-async: invalid configuration: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     except (CheckpointError, PolicyLoadError, FileNotFoundError, UnknownEnvError,
-            HostEnvError, BackendNotInstalledError) as error:
+            HostEnvError, BackendNotInstalledError, RenderError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"ppo-async: {message}", file=sys.stderr)
         raise SystemExit(2) from None

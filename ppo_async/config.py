@@ -16,6 +16,8 @@ from typing import Any, Literal
 NETWORKS = ("mlp", "lstm", "gru")  # the values of AsyncActorLearnerConfig.network
 RECURRENT_NETWORKS = ("lstm", "gru")
 PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.ppo_ratio_anchor
+# The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.TORSOS.
+TORSOS = ("auto", "none", "minatar", "nature")
 
 
 class ConfigError(ValueError):
@@ -38,6 +40,8 @@ class AsyncActorLearnerConfig:
     # --- run ---
     env_id: str = "CartPole-v1"
     """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.host_envs.register_host_env)."""
+    envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
+    """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.env_registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False."""
     total_env_steps: int = 500_000
     """Environment steps the learner consumes before the run ends."""
     seed: int = 0
@@ -130,6 +134,8 @@ class AsyncActorLearnerConfig:
     """Policy network: mlp (feed-forward), or lstm / gru (a recurrent cell whose state the actors carry across chunks and the learner re-unrolls from; needs num_minibatches to divide the envs)."""
     rnn_hidden_size: int = 128
     """Features of the LSTM / GRU cell (ignored by mlp)."""
+    torso: str = "auto"
+    """What reads the observation before the actor and critic MLPs: none (vectors), minatar (one 3x3 conv, MinAtar's 10x10 images), nature (the Nature-DQN CNN, 84x84 frames scaled by 1/255 inside the network), or auto: nature for envpool: Atari ids, minatar for other images, none for vectors."""
 
     # --- reliability ---
     max_actor_restarts: int = 0
@@ -156,12 +162,13 @@ class AsyncActorLearnerConfig:
     """Persistent compilation cache: a later run of the same config loads its compiled programs from this directory instead of compiling them. 'default': ~/.cache/ppo_async/jax (under $XDG_CACHE_HOME if set). None: off."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.ray_actor_resources, (list, tuple)) and all(
-            isinstance(pair, (list, tuple)) for pair in self.ray_actor_resources
-        ):
-            # config.json stores the pairs as lists; the field is a tuple of tuples.
-            object.__setattr__(self, "ray_actor_resources",
-                               tuple(tuple(pair) for pair in self.ray_actor_resources))
+        for name in ("ray_actor_resources", "envpool_kwargs"):
+            pairs = getattr(self, name)
+            if isinstance(pairs, (list, tuple)) and all(
+                isinstance(pair, (list, tuple)) for pair in pairs
+            ):
+                # config.json stores the pairs as lists; the field is a tuple of tuples.
+                object.__setattr__(self, name, tuple(tuple(pair) for pair in pairs))
         _validate(self)
         if self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead):
             lead = _DerivedLead(2 * self.num_steps * self.broadcast_every)
@@ -215,6 +222,15 @@ class AsyncActorLearnerConfig:
         return self.use_vtrace and not self.recurrent
 
     @property
+    def network_torso(self) -> str:
+        """The ``torso`` given to `ppo_async.networks.make_network`: "auto" becomes "nature" for envpool: Atari ids; any other "auto" make_network resolves from the observation's rank."""
+        from ppo_async.env_registry import is_envpool_atari
+
+        if self.torso == "auto" and is_envpool_atari(self.env_id):
+            return "nature"
+        return self.torso
+
+    @property
     def lock_step(self) -> bool:
         """Actors never run ahead: every chunk is collected under the newest params."""
         return self.max_lead_steps == self.num_steps and self.broadcast_every == 1
@@ -252,6 +268,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
 
     env_problem = env_id_problem(cfg.env_id)
     _require(env_problem is None, "env_id", cfg.env_id, env_problem)
+    _validate_envpool_kwargs(cfg)
     for name in ("num_actors", "envs_per_actor", "num_steps", "broadcast_every",
                  "num_epochs", "num_minibatches", "total_env_steps"):
         value = getattr(cfg, name)
@@ -340,9 +357,29 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
                  name, value, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
 
 
+def _validate_envpool_kwargs(cfg: AsyncActorLearnerConfig) -> None:
+    from ppo_async.env_registry import envpool_kwargs_problem
+
+    pairs = cfg.envpool_kwargs
+    _require(
+        isinstance(pairs, tuple) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+            and isinstance(pair[1], (bool, int, float)) for pair in pairs
+        ),
+        "envpool_kwargs", pairs,
+        "must be (name, value) pairs with a bool, int or float value, "
+        "e.g. (('episodic_life', False),)",
+    )
+    names = [name for name, _ in pairs]
+    _require(len(set(names)) == len(names), "envpool_kwargs", pairs, "names a setting twice")
+    problem = envpool_kwargs_problem(cfg.env_id, pairs)
+    _require(problem is None, "envpool_kwargs", pairs, problem)
+
+
 def _validate_network(cfg: AsyncActorLearnerConfig) -> None:
     _require(cfg.network in NETWORKS, "network", cfg.network,
              "must be one of " + ", ".join(NETWORKS))
+    _require(cfg.torso in TORSOS, "torso", cfg.torso, "must be one of " + ", ".join(TORSOS))
     _require(_is_int(cfg.rnn_hidden_size) and cfg.rnn_hidden_size >= 1, "rnn_hidden_size",
              cfg.rnn_hidden_size, "must be an integer >= 1")
     if cfg.network not in RECURRENT_NETWORKS:
@@ -411,3 +448,22 @@ def resolve_device(spec: str | None):
             "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)"
         )
     return devices[index]
+
+
+def make_config_network(config: AsyncActorLearnerConfig, observation_shape, action_space):
+    """`ppo_async.networks.make_network` with ``config``'s network fields.
+
+    The one place actors, learner, evaluation and the twin build their
+    network, so all of them get the same one. A torso that cannot read the
+    env's observations (known only once the env exists) is a `ConfigError`
+    naming the field.
+    """
+    from ppo_async.networks import make_network
+
+    try:
+        return make_network(observation_shape, action_space, config.hidden_sizes,
+                            config.network, config.rnn_hidden_size, config.network_torso)
+    except ValueError as error:
+        if "torso" not in str(error):
+            raise
+        raise ConfigError(f"torso={config.torso!r} with env_id={config.env_id!r}: {error}") from None

@@ -131,3 +131,87 @@ def _import_envpool():
             "envpool is not installed; install it with pip install 'ppo-async[gym]' "
             f"(wheels exist for Linux x86_64) or pip install envpool ({error})"
         ) from error
+
+
+# --------------------------------------------------------------------------
+# envpool's Atari: the standard settings.
+# --------------------------------------------------------------------------
+
+# The Atari preprocessing of Mnih et al. (2015) as envpool names it: 4 frames
+# repeated per action (max-pooled over the last two), 84x84 grey frames
+# stacked 4 deep, up to 30 no-ops at reset, and a cap of 108,000 frames
+# (27,000 agent steps) per episode.
+ATARI_COMMON_KWARGS: dict[str, Any] = dict(
+    frame_skip=4, img_height=84, img_width=84, gray_scale=True, stack_num=4,
+    noop_max=30, max_episode_steps=27_000,
+)
+# Training: an episode ends at each lost life (the env resets only when the
+# game is over) and rewards are clipped to their sign, as in the DQN and PPO
+# papers; no sticky actions.
+ATARI_TRAIN_KWARGS: dict[str, Any] = dict(
+    ATARI_COMMON_KWARGS, episodic_life=True, reward_clip=True, repeat_action_probability=0.0,
+)
+# Evaluation (and watching): whole games with the game's own score, and the
+# sticky actions Machado et al. (2018) recommend (the previous action repeats
+# with probability 0.25), so a memorised action sequence does not score.
+ATARI_EVAL_KWARGS: dict[str, Any] = dict(
+    ATARI_COMMON_KWARGS, episodic_life=False, reward_clip=False, repeat_action_probability=0.25,
+)
+# make() arguments the envpool backend sets itself: not overridable.
+ENVPOOL_RESERVED_KWARGS = ("num_envs", "batch_size", "seed", "env_type")
+
+
+def is_envpool_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is an ``envpool:`` id of an Atari game (e.g. ``envpool:Pong-v5``).
+
+    Read from envpool's registry (the game's spec lives in ``envpool.atari``);
+    False without envpool installed, or for an id that is not envpool's.
+    """
+    try:
+        backend, name = split_env_id(env_id)
+    except UnknownEnvError:
+        return False
+    if backend != ENVPOOL:
+        return False
+    try:
+        envpool = _import_envpool()
+    except BackendNotInstalledError:
+        return False
+    spec = envpool.registration.registry.specs.get(name)
+    return spec is not None and spec[0] == "envpool.atari"
+
+
+def envpool_make_kwargs(env_id: str, overrides: Any = (), *, evaluation: bool = False
+                        ) -> dict[str, Any]:
+    """The keyword arguments ``envpool.make`` gets for ``env_id`` (besides num_envs and seed).
+
+    Atari games start from `ATARI_TRAIN_KWARGS`, or `ATARI_EVAL_KWARGS` with
+    ``evaluation``; other envpool envs from envpool's own defaults (nothing).
+    ``overrides`` (``(name, value)`` pairs or a mapping, the config's
+    ``envpool_kwargs``) replace those values for training and evaluation alike.
+    """
+    kwargs: dict[str, Any] = {}
+    if is_envpool_atari(env_id):
+        kwargs.update(ATARI_EVAL_KWARGS if evaluation else ATARI_TRAIN_KWARGS)
+    kwargs.update(dict(overrides))
+    return kwargs
+
+
+def envpool_kwargs_problem(env_id: str, overrides: Any) -> str | None:
+    """Why ``overrides`` cannot be given to ``envpool.make`` for ``env_id``, or None.
+
+    Checked by the config: only ``envpool:`` ids take them, and every name
+    must be a setting of that env's envpool spec (``envpool.make_spec(name).config``).
+    """
+    if not overrides:
+        return None
+    backend, name = split_env_id(env_id)
+    if backend != ENVPOOL:
+        return f"only envpool: env ids take envpool make() arguments (env_id is {env_id!r})"
+    envpool = _import_envpool()
+    settings = set(envpool.make_spec(name).config._fields) - set(ENVPOOL_RESERVED_KWARGS)
+    for key, _ in overrides:
+        if key not in settings:
+            return (f"{key!r} is not an envpool setting of {name} that can be overridden; "
+                    "choose from " + ", ".join(sorted(settings)))
+    return None

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import AsyncActorLearnerConfig, resolve_device
+from ppo_async.config import AsyncActorLearnerConfig, make_config_network, resolve_device
 from ppo_async.envs import BatchedEnv
-from ppo_async.networks import is_recurrent, make_network, params_template, reset_hidden
+from ppo_async.networks import is_recurrent, params_template, reset_hidden
 from ppo_async.normalization import NormalizationOptions, acting_apply, wrap_params
 from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
 
@@ -82,7 +82,7 @@ class Evaluator:
 
     Args:
       config: gives ``env_id``, ``hidden_sizes``, ``network``,
-        ``rnn_hidden_size`` and ``actor_device`` (nothing else is used). A
+        ``rnn_hidden_size``, ``torso`` and ``actor_device`` (nothing else is used). A
         recurrent policy carries its state through each episode and starts
         every episode from zeros.
       num_episodes: episodes per evaluation (>= 1).
@@ -108,9 +108,8 @@ class Evaluator:
         self.device = device if device is not None else resolve_device(config.actor_device)
         self.num_envs = min(num_episodes, MAX_EVAL_ENVS)
         self.env = BatchedEnv(_gymnax_id(config.env_id), self.num_envs)
-        self.network = make_network(
-            self.env.observation_shape, self.env.action_space, config.hidden_sizes,
-            config.network, config.rnn_hidden_size,
+        self.network = make_config_network(
+            config, self.env.observation_shape, self.env.action_space
         )
         self.recurrent = is_recurrent(self.network)
         # The actors' observation transform, with the statistics the params carry.
@@ -238,7 +237,7 @@ def _cached_evaluator(config: AsyncActorLearnerConfig, num_episodes: int,
                       greedy: bool) -> Evaluator:
     cache_key = (config.env_id, tuple(config.hidden_sizes), config.actor_device,
                  num_episodes, bool(greedy), config.network, config.rnn_hidden_size,
-                 NormalizationOptions.from_config(config))
+                 NormalizationOptions.from_config(config), config.torso)
     with _EVALUATORS_LOCK:
         evaluator = _EVALUATORS.get(cache_key)
         if evaluator is None:
@@ -283,6 +282,31 @@ def evaluate(
     return _cached_evaluator(config, num_episodes, greedy)(params, seed)
 
 
+def make_host_act(network: Any, greedy: bool, normalization: NormalizationOptions | None = None):
+    """The jitted policy step of a Python loop over envs, for any network.
+
+    ``act(params, obs [B, ...], key, hidden [B, S] | None, episode_start [B] bool)
+    -> (key, action [B, ...], hidden)``: the mode of the policy with
+    ``greedy``, else a sample. A recurrent network's state is carried within
+    an episode and zeroed at its first step, as the actors do. With
+    ``normalization`` on, ``params`` is a `NormalizedPolicy` and the
+    observations are normalized as the actors normalize them.
+    """
+    recurrent = is_recurrent(network)
+    apply = network.apply if normalization is None else acting_apply(network.apply, normalization)
+
+    @jax.jit
+    def act(params, obs, key, hidden, episode_start):
+        key, action_key = jax.random.split(key)
+        if recurrent:
+            hidden, dist, _ = apply(params, reset_hidden(hidden, episode_start), obs)
+        else:
+            dist, _ = apply(params, obs)
+        return key, dist.mode() if greedy else dist.sample(action_key), hidden
+
+    return act
+
+
 # An env that never ends an episode would loop forever; no task here comes near.
 MAX_HOST_EVAL_STEPS = 1_000_000
 
@@ -297,21 +321,22 @@ def evaluate_host_env(
     """`evaluate` for host envs: the batch of envs is stepped in Python.
 
     The same episodes count as in `Evaluator` (a fixed share per env). The
-    envs are seeded with ``seed`` and closed afterwards.
+    envs are seeded with ``seed`` and closed afterwards. envpool Atari games
+    are played with the evaluation settings
+    (`ppo_async.env_registry.ATARI_EVAL_KWARGS`: whole games, unclipped
+    score, sticky actions), not the training ones.
     """
     from ppo_async.host_envs import _batch, _close_envs, make_host_env
 
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes={num_episodes!r}: must be an integer >= 1")
     num_envs = min(num_episodes, MAX_EVAL_ENVS)
-    envs = make_host_env(config.env_id, num_envs)
+    envs = make_host_env(config.env_id, num_envs, envpool_kwargs=config.envpool_kwargs,
+                         evaluation=True)
     try:
         observation_shape = tuple(int(d) for d in envs.observation_shape)
-        network = make_network(observation_shape, envs.action_space, config.hidden_sizes,
-                               config.network, config.rnn_hidden_size)
-        recurrent = is_recurrent(network)
+        network = make_config_network(config, observation_shape, envs.action_space)
         options = NormalizationOptions.from_config(config)
-        apply = acting_apply(network.apply, options)
         template = wrap_params(params_template(network, observation_shape), observation_shape,
                                options)
         device = resolve_device(config.actor_device)
@@ -322,16 +347,7 @@ def evaluate_host_env(
         low = np.asarray(getattr(envs.action_space, "low", -np.inf), np.float32)
         high = np.asarray(getattr(envs.action_space, "high", np.inf), np.float32)
 
-        @jax.jit
-        def act(params, obs, key, hidden, episode_start):
-            key, action_key = jax.random.split(key)
-            if recurrent:
-                # Carried within an episode, zeroed at its first step, as the actors do.
-                hidden, dist, _ = apply(params, reset_hidden(hidden, episode_start), obs)
-            else:
-                dist, _ = apply(params, obs)
-            return key, dist.mode() if greedy else dist.sample(action_key), hidden
-
+        act = make_host_act(network, greedy, options)
         share = np.full(num_envs, num_episodes // num_envs, np.int32)
         share[: num_episodes % num_envs] += 1
         first_slot = np.cumsum(share) - share
@@ -341,7 +357,7 @@ def evaluate_host_env(
         episode_return = np.zeros(num_envs, np.float32)
         episode_length = np.zeros(num_envs, np.int32)
         key = jax.random.key(seed)
-        hidden = network.zero_hidden(num_envs) if recurrent else None
+        hidden = network.zero_hidden(num_envs) if is_recurrent(network) else None
         obs = _batch(config.env_id, "reset obs", envs.reset(seed),
                      (num_envs, *observation_shape), np.float32)
         for _ in range(MAX_HOST_EVAL_STEPS):

@@ -14,7 +14,9 @@ The env id's prefix picks the backend (`split_env_id`):
 ``gymnasium:NAME``   ``gymnasium.make_vec(NAME, vectorization_mode="sync")``
                      with ``AutoresetMode.SAME_STEP``
 ``envpool:NAME``     ``envpool.make(NAME, env_type="gymnasium")``, made
-                     same-step by resetting ended envs at once
+                     same-step by resetting ended envs at once; Atari
+                     games get the standard settings
+                     (`ppo_async.env_registry.ATARI_TRAIN_KWARGS`)
 ``host:NAME``        a factory registered with `register_host_env`
 ==================== ===================================================
 
@@ -59,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.actor_program import ActorProgram
-from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.config import AsyncActorLearnerConfig, make_config_network
 from ppo_async.env_registry import (  # noqa: F401 - re-exported: their historical home
     _REGISTRY,
     ENV_BACKENDS,
@@ -71,13 +73,14 @@ from ppo_async.env_registry import (  # noqa: F401 - re-exported: their historic
     HostEnvFactory,
     _import_envpool,
     env_id_problem,
+    envpool_make_kwargs,
     is_host_env_id,
     register_host_env,
     registered_host_envs,
     split_env_id,
 )
 from ppo_async.envs import Trajectory, UnknownEnvError
-from ppo_async.networks import is_recurrent, make_network, params_template, reset_hidden
+from ppo_async.networks import is_recurrent, params_template, reset_hidden
 from ppo_async.normalization import (
     NormalizationOptions,
     accumulate_return,
@@ -174,6 +177,10 @@ class GymnasiumVectorEnv:
                 final_obs[i] = info["final_obs"][i]
         return HostStep(obs, reward, terminated, truncated, final_obs)
 
+    def render(self) -> np.ndarray:
+        """``[E, H, W, 3]`` uint8 frames (made with ``render_mode="rgb_array"``)."""
+        return np.stack(self.env.render())
+
     def close(self) -> None:
         self.env.close()
 
@@ -225,17 +232,30 @@ class EnvpoolVectorEnv:
             obs[reset_info["env_id"]] = reset_obs
         return HostStep(self._layout(obs), reward, terminated, truncated, self._layout(final_obs))
 
+    def render(self) -> np.ndarray:
+        """``[E, H, W, 3]`` uint8 frames (made with ``render_mode="rgb_array"``)."""
+        return np.asarray(self.env.render())
+
     def close(self) -> None:
         self.env.close()
 
 
-def make_host_env(env_id: str, num_envs: int) -> HostVectorEnv:
-    """A batch of ``num_envs`` host envs for a ``gymnasium:``, ``envpool:`` or ``host:`` id."""
+def make_host_env(env_id: str, num_envs: int, *, envpool_kwargs: Any = (),
+                  evaluation: bool = False, render: bool = False) -> HostVectorEnv:
+    """A batch of ``num_envs`` host envs for a ``gymnasium:``, ``envpool:`` or ``host:`` id.
+
+    ``envpool:`` envs get `envpool_make_kwargs` (for Atari games the standard
+    training settings, or with ``evaluation`` the evaluation ones, then the
+    config's ``envpool_kwargs``). ``render`` makes gymnasium and envpool envs
+    with ``render_mode="rgb_array"``, so that their ``render()`` returns frames.
+    """
     backend, name = split_env_id(env_id)
+    render_kwargs = {"render_mode": "rgb_array"} if render else {}
     if backend == GYMNASIUM:
-        return GymnasiumVectorEnv(name, num_envs)
+        return GymnasiumVectorEnv(name, num_envs, **render_kwargs)
     if backend == ENVPOOL:
-        return EnvpoolVectorEnv(name, num_envs)
+        make_kwargs = envpool_make_kwargs(env_id, envpool_kwargs, evaluation=evaluation)
+        return EnvpoolVectorEnv(name, num_envs, **make_kwargs, **render_kwargs)
     if backend == HOST:
         if name not in _REGISTRY:
             raise UnknownEnvError(env_id_problem(env_id))
@@ -290,12 +310,11 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     dtypes of the gymnax path.
     """
     env_id, num_envs, num_steps = config.env_id, config.envs_per_actor, config.num_steps
-    probe = make_host_env(env_id, num_envs)
+    probe = make_host_env(env_id, num_envs, envpool_kwargs=config.envpool_kwargs)
     observation_shape = tuple(int(d) for d in probe.observation_shape)
     action_space = probe.action_space
     _close_envs(probe)
-    network = make_network(observation_shape, action_space, config.hidden_sizes,
-                           config.network, config.rnn_hidden_size)
+    network = make_config_network(config, observation_shape, action_space)
     options = NormalizationOptions.from_config(config)
     template = wrap_params(params_template(network, observation_shape), observation_shape,
                            options)
@@ -359,7 +378,7 @@ def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     def reset(key: jax.Array, device: jax.Device) -> HostCarry:
         env_key, action_key = jax.random.split(key)
         seed = int(jax.random.randint(env_key, (), 0, np.iinfo(np.int32).max))
-        envs = make_host_env(env_id, num_envs)
+        envs = make_host_env(env_id, num_envs, envpool_kwargs=config.envpool_kwargs)
         try:
             obs = _batch(env_id, "reset obs", envs.reset(seed), obs_batch_shape, np.float32)
         except BaseException:

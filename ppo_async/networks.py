@@ -1,10 +1,13 @@
 """Actor-critic networks (flax.linen).
 
-``make_network(observation_shape, action_space)`` picks the torso from the
-observation's rank (an MLP for vectors, a small conv net for MinAtar-shaped
-``[10, 10, C]`` images) and the head from the action space (categorical for a
-space with ``n``, diagonal Gaussian with a state-independent log-std for a
-box). Calling the network returns ``(distribution, value)``: a
+``make_network(observation_shape, action_space, torso=...)`` puts a torso
+(`TORSOS`) in front of the actor and critic MLPs: "none" (vectors go straight
+into the MLPs), "minatar" (one small conv, for MinAtar-shaped ``[10, 10, C]``
+images) or "nature" (the Nature-DQN CNN for ``[84, 84, 4]`` Atari frames,
+which it scales from [0, 255] to [0, 1] itself); "auto" picks "none" for
+vectors and "minatar" for images. The head follows the action space
+(categorical for a space with ``n``, diagonal Gaussian with a
+state-independent log-std for a box). Calling the network returns ``(distribution, value)``: a
 `ppo_async.distributions` NamedTuple holding the distribution's parameters, and
 the value ``[...]``.
 
@@ -135,19 +138,56 @@ class MinAtarTorso(nn.Module):
         return x.reshape(*x.shape[:-3], -1)
 
 
+class NatureTorso(nn.Module):
+    """The Nature-DQN body (Mnih et al. 2015) over ``[..., 84, 84, 4]`` frames in [0, 255].
+
+    ``x / pixel_max`` -> conv 32 8x8 stride 4 -> conv 64 4x4 stride 2 -> conv
+    64 3x3 stride 1 -> flatten -> dense 512, each followed by a ReLU; VALID
+    padding, orthogonal init with scale sqrt(2), zero biases. An 84x84 frame
+    becomes 20x20, 9x9, then 7x7x64 = 3136 features before the dense layer.
+    The division is inside the network, so actors, learner, evaluation and
+    the sync twin all feed it the env's raw pixels (uint8, or their float32
+    copies) and all see the same [0, 1] inputs.
+    """
+
+    pixel_max: float = 255.0
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(jnp.float32) / self.pixel_max
+        for features, size, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = nn.Conv(features, (size, size), strides=(stride, stride), padding="VALID",
+                        kernel_init=orthogonal(math.sqrt(2.0)),
+                        bias_init=nn.initializers.zeros)(x)
+            x = nn.relu(x)
+        x = x.reshape(*x.shape[:-3], -1)
+        return nn.relu(_dense(512, math.sqrt(2.0))(x))
+
+
+TORSOS = ("none", "minatar", "nature")  # what make_network's torso="auto" resolves to
+_TORSO_MODULES = {"minatar": MinAtarTorso, "nature": NatureTorso}
+NATURE_MIN_SIZE = 36  # the smallest height and width the Nature torso's VALID convs accept
+
+
+def _apply_torso(torso: str, obs: jax.Array) -> jax.Array:
+    """``obs`` as float32 features after ``torso`` (one of `TORSOS`)."""
+    x = obs.astype(jnp.float32)
+    if torso == "none":
+        return x
+    return _TORSO_MODULES[torso]()(x)
+
+
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs over a shared (optional) conv torso."""
+    """Separate actor and critic MLPs over a shared torso (one of `TORSOS`)."""
 
     action_dim: int
     continuous: bool
     hidden_sizes: Sequence[int] = (64, 64)
-    conv_torso: bool = False
+    torso: str = "none"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[Distribution, jax.Array]:
-        x = obs.astype(jnp.float32)
-        if self.conv_torso:
-            x = MinAtarTorso()(x)
+        x = _apply_torso(self.torso, obs)
         actor = MLP(self.hidden_sizes)(x)
         critic = MLP(self.hidden_sizes)(x)
         value = _dense(1, 1.0)(critic)[..., 0]
@@ -165,39 +205,66 @@ def make_network(
     hidden_sizes: Sequence[int] = (64, 64),
     network: str = "mlp",
     rnn_hidden_size: int = 128,
+    torso: str = "auto",
 ) -> ActorCritic | RecurrentActorCritic:
     """The actor-critic for one observation shape and action space.
 
     Args:
       observation_shape: shape of one observation: ``(D,)`` for a vector,
-        ``(H, W, C)`` for an image (the conv torso).
+        ``(H, W, C)`` for an image.
       action_space: anything with ``n`` (discrete; gymnax and gymnasium
         ``Discrete``) or a 1-D ``shape`` (continuous; ``Box``).
       hidden_sizes: widths of the actor and critic MLPs.
       network: "mlp" (feed-forward `ActorCritic`), or "lstm" / "gru"
         (`RecurrentActorCritic` with that cell).
       rnn_hidden_size: features of the recurrent cell (recurrent networks only).
+      torso: one of `TORSOS`, or "auto": "none" for a vector, "minatar" for
+        an image. A torso that cannot read the observation raises ValueError.
     """
     if network != "mlp":
         return _make_recurrent_network(
-            observation_shape, action_space, hidden_sizes, network, rnn_hidden_size
+            observation_shape, action_space, hidden_sizes, network, rnn_hidden_size, torso
         )
     observation_shape = tuple(observation_shape)
-    if len(observation_shape) not in (1, 3):
-        raise ValueError(
-            f"observation_shape {observation_shape}: expected a vector (D,) or an "
-            "image (H, W, C)"
-        )
-    conv_torso = len(observation_shape) == 3
+    torso = resolve_torso(torso, observation_shape)
     if hasattr(action_space, "n"):
-        return ActorCritic(int(action_space.n), False, tuple(hidden_sizes), conv_torso)
+        return ActorCritic(int(action_space.n), False, tuple(hidden_sizes), torso)
     shape = tuple(getattr(action_space, "shape", ()))
     if len(shape) != 1:
         raise ValueError(
             f"action space {action_space!r}: expected a discrete space (with n) or a "
             "1-D box"
         )
-    return ActorCritic(shape[0], True, tuple(hidden_sizes), conv_torso)
+    return ActorCritic(shape[0], True, tuple(hidden_sizes), torso)
+
+
+def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
+    """The torso (one of `TORSOS`) that ``torso`` names for ``observation_shape``.
+
+    "auto" is "none" for a vector ``(D,)`` and "minatar" for an image
+    ``(H, W, C)``. Raises ValueError for an unknown name, or a torso that
+    cannot read the observation (a conv on a vector, "none" on an image, the
+    Nature torso on an image under `NATURE_MIN_SIZE` pixels a side).
+    """
+    shape = tuple(observation_shape)
+    if len(shape) not in (1, 3):
+        raise ValueError(f"observation_shape {shape}: expected a vector (D,) or an image (H, W, C)")
+    image = len(shape) == 3
+    if torso == "auto":
+        return "minatar" if image else "none"
+    if torso not in TORSOS:
+        raise ValueError(f"torso {torso!r}: expected 'auto' or one of {TORSOS}")
+    if image != (torso != "none"):
+        raise ValueError(
+            f"torso {torso!r} cannot read observations of shape {shape}: 'none' takes "
+            "vectors (D,), 'minatar' and 'nature' take images (H, W, C)"
+        )
+    if torso == "nature" and min(shape[:2]) < NATURE_MIN_SIZE:
+        raise ValueError(
+            f"torso 'nature' needs images of at least {NATURE_MIN_SIZE}x{NATURE_MIN_SIZE} "
+            f"pixels (it was designed for 84x84); got {shape}"
+        )
+    return torso
 
 
 def init_params(network: ActorCritic, key: jax.Array, observation_shape: Sequence[int]):
@@ -277,7 +344,7 @@ class RecurrentActorCritic(nn.Module):
     action_dim: int
     continuous: bool
     hidden_sizes: Sequence[int] = (64, 64)
-    conv_torso: bool = False
+    torso: str = "none"
     cell: str = "lstm"
     rnn_hidden_size: int = 128
 
@@ -294,9 +361,7 @@ class RecurrentActorCritic(nn.Module):
     def __call__(
         self, hidden: jax.Array, obs: jax.Array
     ) -> tuple[jax.Array, Distribution, jax.Array]:
-        x = obs.astype(jnp.float32)
-        if self.conv_torso:
-            x = MinAtarTorso()(x)
+        x = _apply_torso(self.torso, obs)
         size = self.rnn_hidden_size
         # The project's orthogonal init, not flax's default for the recurrent
         # kernel: flax's uses QR, which deadlocks a vmapped init on CPU (see
@@ -326,14 +391,15 @@ def is_recurrent(network: Any) -> bool:
 
 
 def _make_recurrent_network(
-    observation_shape, action_space, hidden_sizes, cell: str, rnn_hidden_size: int
+    observation_shape, action_space, hidden_sizes, cell: str, rnn_hidden_size: int,
+    torso: str,
 ) -> RecurrentActorCritic:
     if cell not in RECURRENT_CELLS:
         raise ValueError(f"network {cell!r}: expected 'mlp' or one of {RECURRENT_CELLS}")
-    feed_forward = make_network(observation_shape, action_space, hidden_sizes)
+    feed_forward = make_network(observation_shape, action_space, hidden_sizes, torso=torso)
     return RecurrentActorCritic(
         feed_forward.action_dim, feed_forward.continuous, feed_forward.hidden_sizes,
-        feed_forward.conv_torso, cell, int(rnn_hidden_size),
+        feed_forward.torso, cell, int(rnn_hidden_size),
     )
 
 

@@ -54,13 +54,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # The PPO Atari settings of Huang et al. (2022), "The 37 implementation
     # details of PPO" (cleanrl ppo_atari.py): 8 envs x 128 steps, 4 epochs x 4
-    # minibatches, lr 2.5e-4 annealed, clip 0.1, 10M env steps. Untested here
-    # (no Atari on the 2-core CPU machine); envpool's Pong-v5 already stacks 4
-    # frames of 84x84 grey and clips rewards. The network is the one
-    # networks.make_network picks for image observations; once networks.py
-    # offers the Nature CNN as a config choice, this preset should name it.
+    # minibatches, lr 2.5e-4 annealed, clip 0.1, 10M env steps, the Nature CNN
+    # (which scales the frames to [0, 1]). The env gets the standard Atari
+    # settings (env_registry.ATARI_TRAIN_KWARGS: 4 stacked 84x84 grey frames,
+    # episodic life, clipped rewards). Not trained to the end here (only its
+    # speed was measured, experiments/bench_atari.py).
     "atari-pong": dict(
-        env_id="envpool:Pong-v5", total_env_steps=10_000_000, num_actors=2, envs_per_actor=4,
+        env_id="envpool:Pong-v5", torso="nature", total_env_steps=10_000_000, num_actors=2,
+        envs_per_actor=4,
         num_steps=128, num_epochs=4, num_minibatches=4, learning_rate=2.5e-4, clip_eps=0.1,
         ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95,
     ),

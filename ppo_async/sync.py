@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.compile_cache import enable_compilation_cache
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, make_config_network
 from ppo_async.envs import BatchedEnv, EnvCarry, make_rollout
 from ppo_async.host_envs import GYMNAX, split_env_id
 from ppo_async.learner import (
@@ -31,7 +31,7 @@ from ppo_async.learner import (
     make_update_fn,
     with_normalization,
 )
-from ppo_async.networks import init_params, is_recurrent, make_network
+from ppo_async.networks import init_params, is_recurrent
 from ppo_async.normalization import NormalizationOptions, acting_apply, wrap_params
 
 
@@ -101,8 +101,7 @@ def make_sync_twin(
             "gymnax envs only"
         )
     env = BatchedEnv(env_name, config.num_envs)
-    network = make_network(env.observation_shape, env.action_space, config.hidden_sizes,
-                           config.network, config.rnn_hidden_size)
+    network = make_config_network(config, env.observation_shape, env.action_space)
     recurrent = is_recurrent(network)
     # The actors' transforms: the same rollout acts on the same statistics.
     options = NormalizationOptions.from_config(config)

@@ -312,6 +312,67 @@ def test_envpool_rollout_is_same_step_and_matches_gymnax_dtypes():
     assert (lengths >= 1).all() and trajectory.episode_return[done].tolist() == lengths.tolist()
 
 
+def test_envpool_atari_gets_the_standard_settings_for_training_and_evaluation():
+    from ppo_async.env_registry import (
+        ATARI_EVAL_KWARGS,
+        ATARI_TRAIN_KWARGS,
+        envpool_make_kwargs,
+        is_envpool_atari,
+    )
+    from ppo_async.host_envs import make_host_env
+
+    common = dict(frame_skip=4, img_height=84, img_width=84, gray_scale=True, stack_num=4,
+                  noop_max=30, max_episode_steps=27_000)  # 108,000 frames
+    assert ATARI_TRAIN_KWARGS == dict(common, episodic_life=True, reward_clip=True,
+                                      repeat_action_probability=0.0)
+    assert ATARI_EVAL_KWARGS == dict(common, episodic_life=False, reward_clip=False,
+                                     repeat_action_probability=0.25)
+    assert not is_envpool_atari("Breakout-MinAtar")
+    assert not is_envpool_atari("gymnasium:CartPole-v1")
+    assert envpool_make_kwargs("gymnasium:CartPole-v1", (("a", 1),)) == {"a": 1}
+    pytest.importorskip("envpool")
+    assert is_envpool_atari("envpool:Pong-v5") and not is_envpool_atari("envpool:CartPole-v1")
+    assert envpool_make_kwargs("envpool:CartPole-v1") == {}
+    overrides = (("episodic_life", False), ("noop_max", 7))
+    assert envpool_make_kwargs("envpool:Pong-v5", overrides) == dict(
+        ATARI_TRAIN_KWARGS, episodic_life=False, noop_max=7)
+    assert envpool_make_kwargs("envpool:Pong-v5", overrides, evaluation=True) == dict(
+        ATARI_EVAL_KWARGS, noop_max=7)
+
+    # What envpool itself was made with, for training and for evaluation.
+    for evaluation, expected in ((False, ATARI_TRAIN_KWARGS), (True, ATARI_EVAL_KWARGS)):
+        envs = make_host_env("envpool:Pong-v5", 1, evaluation=evaluation)
+        try:
+            made = envs.env.spec.config
+            assert {k: getattr(made, k) for k in expected} == expected
+            assert envs.observation_shape == (84, 84, 4)
+        finally:
+            envs.close()
+    envs = make_host_env("envpool:Pong-v5", 1, envpool_kwargs=overrides)
+    try:
+        assert (envs.env.spec.config.episodic_life, envs.env.spec.config.noop_max) == (False, 7)
+    finally:
+        envs.close()
+
+
+def test_envpool_kwargs_are_validated_and_survive_config_json():
+    with pytest.raises(ConfigError, match="envpool_kwargs=.*only envpool: env ids"):
+        AsyncActorLearnerConfig(envpool_kwargs=(("episodic_life", False),))
+    with pytest.raises(ConfigError, match="envpool_kwargs=.*bool, int or float"):
+        AsyncActorLearnerConfig(envpool_kwargs=(("episodic_life", "no"),))
+    pytest.importorskip("envpool")
+    with pytest.raises(ConfigError, match="'episodic_lives' is not an envpool setting"):
+        AsyncActorLearnerConfig(env_id="envpool:Pong-v5",
+                                envpool_kwargs=(("episodic_lives", False),))
+    with pytest.raises(ConfigError, match="'seed' is not an envpool setting"):
+        AsyncActorLearnerConfig(env_id="envpool:Pong-v5", envpool_kwargs=(("seed", 1),))
+    config = AsyncActorLearnerConfig(env_id="envpool:Pong-v5",
+                                     envpool_kwargs=(("reward_clip", False), ("noop_max", 5)))
+    fields = json.loads(json.dumps(config.to_dict()))  # as config.json stores it
+    assert AsyncActorLearnerConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                      for k, v in fields.items()}) == config
+
+
 # --------------------------------------------------------------------------
 # train() with host envs: failure model.
 # --------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def test_conv_torso_only_for_image_observations(built):
     module_names = {name for path in flatten_dict(params["params"]) for name in path}
     has_conv = any("MinAtarTorso" in name or "Conv" in name for name in module_names)
     assert has_conv == env_id.endswith("MinAtar")
-    assert network.conv_torso == env_id.endswith("MinAtar")
+    assert network.torso == ("minatar" if env_id.endswith("MinAtar") else "none")
 
 
 def test_minatar_accepts_environment_observations():
@@ -329,3 +329,112 @@ def test_orthogonal_init_draws_depend_only_on_the_key():
     np.testing.assert_allclose(eager, alone, atol=1e-6)
     legacy = np.asarray(init(jax.random.key_data(key), (64, 64)))  # raw uint32 keys work too
     np.testing.assert_array_equal(legacy, eager)
+
+
+# --- the Nature-CNN torso ------------------------------------------------------------
+
+ATARI_SHAPE = (84, 84, 4)
+
+
+class _Discrete:
+    n = 6  # Pong's minimal action set
+
+
+@functools.cache
+def _nature_params():
+    from ppo_async.networks import NatureTorso
+
+    return NatureTorso().init(jax.random.key(0), np.zeros((1, *ATARI_SHAPE), np.float32))
+
+
+def test_nature_torso_shapes_and_parameter_count():
+    from ppo_async.networks import NatureTorso
+
+    params = _nature_params()
+    kernels = [v.shape for k, v in sorted(flatten_dict(params["params"]).items())
+               if k[-1] == "kernel"]
+    # Mnih et al. 2015: 32 8x8 s4, 64 4x4 s2, 64 3x3 s1 (84 -> 20 -> 9 -> 7), dense 512.
+    assert kernels == [(8, 8, 4, 32), (4, 4, 32, 64), (3, 3, 64, 64), (7 * 7 * 64, 512)]
+    count = sum(v.size for v in jax.tree.leaves(params))
+    assert count == (8 * 8 * 4 * 32 + 32) + (4 * 4 * 32 * 64 + 64) + (3 * 3 * 64 * 64 + 64) \
+        + (3136 * 512 + 512) == 1_684_128
+    features = NatureTorso().apply(params, np.zeros((2, 3, *ATARI_SHAPE), np.uint8))
+    assert features.shape == (2, 3, 512) and features.dtype == jnp.float32
+
+
+def test_nature_torso_scales_pixels_to_unit_interval():
+    from ppo_async.networks import NatureTorso
+
+    params = _nature_params()
+    frames = np.random.default_rng(0).integers(0, 256, (3, *ATARI_SHAPE), dtype=np.uint8)
+    scaled = NatureTorso().apply(params, frames)
+    # The same torso without its division, fed the frames already in [0, 1].
+    unscaled_on_unit = NatureTorso(pixel_max=1.0).apply(params, frames.astype(np.float32) / 255.0)
+    np.testing.assert_allclose(scaled, unscaled_on_unit, rtol=1e-5, atol=1e-6)
+    # uint8 255 is float 1.0 exactly, and float32 copies of the pixels (what
+    # the host actors send) give the same features as the uint8 frames.
+    full = np.full((1, *ATARI_SHAPE), 255, np.uint8)
+    np.testing.assert_array_equal(
+        NatureTorso().apply(params, full),
+        NatureTorso(pixel_max=1.0).apply(params, np.ones((1, *ATARI_SHAPE), np.float32)))
+    np.testing.assert_array_equal(scaled, NatureTorso().apply(params, frames.astype(np.float32)))
+    # Without the division the features differ: this test can fail.
+    assert not np.allclose(scaled, NatureTorso(pixel_max=1.0).apply(params, frames), rtol=0.1)
+
+
+def test_nature_actor_critic_and_its_recurrent_twin_on_atari_frames():
+    frames = np.random.default_rng(1).integers(0, 256, (BATCH, *ATARI_SHAPE), dtype=np.uint8)
+    network = make_network(ATARI_SHAPE, _Discrete(), torso="nature")
+    params = params_template(network, ATARI_SHAPE)
+    assert "NatureTorso_0" in params["params"]
+    distribution, value = jax.jit(network.apply)(params, frames)
+    assert distribution.logits.shape == (BATCH, 6) and value.shape == (BATCH,)
+
+    recurrent = make_network(ATARI_SHAPE, _Discrete(), network="gru", rnn_hidden_size=16,
+                             torso="nature")
+    assert recurrent.torso == "nature"
+    recurrent_params = params_template(recurrent, ATARI_SHAPE)
+    assert "NatureTorso_0" in recurrent_params["params"]
+    hidden, distribution, value = jax.jit(recurrent.apply)(
+        recurrent_params, recurrent.zero_hidden(BATCH), frames)
+    assert hidden.shape == (BATCH, 16) and value.shape == (BATCH,)
+
+
+@pytest.mark.parametrize("shape, torso, problem", [
+    ((4,), "nature", "cannot read observations"),
+    ((10, 10, 4), "none", "cannot read observations"),
+    ((10, 10, 4), "nature", "at least 36x36"),
+    ((4,), "resnet", "expected 'auto' or one of"),
+])
+def test_a_torso_that_cannot_read_the_observation_is_refused(shape, torso, problem):
+    with pytest.raises(ValueError, match=problem):
+        make_network(shape, _Discrete(), torso=torso)
+
+
+def test_auto_torso_picks_nature_for_envpool_atari_and_minatar_for_minatar():
+    from ppo_async import config as config_module
+    from ppo_async import networks
+    from ppo_async.config import AsyncActorLearnerConfig
+
+    assert config_module.TORSOS == ("auto", *networks.TORSOS)
+    minatar = AsyncActorLearnerConfig(env_id="Breakout-MinAtar")
+    assert minatar.network_torso == "auto"
+    assert make_network((10, 10, 4), _Discrete(), torso=minatar.network_torso).torso == "minatar"
+    assert make_network((4,), _Discrete(), torso="auto").torso == "none"
+    pytest.importorskip("envpool")
+    pong = AsyncActorLearnerConfig(env_id="envpool:Pong-v5")
+    assert pong.network_torso == "nature"
+    assert AsyncActorLearnerConfig(env_id="envpool:CartPole-v1").network_torso == "auto"
+    # An explicit choice wins over auto.
+    assert AsyncActorLearnerConfig(env_id="envpool:Pong-v5", torso="minatar").network_torso \
+        == "minatar"
+
+
+def test_a_torso_the_env_cannot_feed_is_a_config_error():
+    from ppo_async.actor import make_actor_program
+    from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="torso='nature' with env_id='CartPole-v1'"):
+        make_actor_program(AsyncActorLearnerConfig(env_id="CartPole-v1", torso="nature"))
+    with pytest.raises(ConfigError, match="torso='resnet'"):
+        AsyncActorLearnerConfig(torso="resnet")

@@ -66,12 +66,13 @@ def test_the_learning_results_script_trains_the_presets():
 
 def test_the_atari_preset_is_ppo_atari_on_envpool():
     fields = PRESETS["atari-pong"]
-    assert fields["env_id"] == "envpool:Pong-v5"
+    assert fields["env_id"] == "envpool:Pong-v5" and fields["torso"] == "nature"
     assert fields["num_actors"] * fields["envs_per_actor"] == 8 and fields["num_steps"] == 128
     assert (fields["learning_rate"], fields["clip_eps"], fields["total_env_steps"]) == (2.5e-4, 0.1, 10_000_000)
     pytest.importorskip("envpool")
     config = preset("atari-pong")
     assert config.batch_size == 1024 and config.minibatch_size == 256
+    assert config.network_torso == "nature"
 
 
 def test_preset_overrides_and_unknown_names():
