@@ -36,5 +36,5 @@ def test_vtrace_with_four_actors_and_a_long_lead_learns_cartpole():
     # Learns, far above a random policy (about 22), but "solved" (>= 475) is not
     # asserted: with lag, V-trace (decoupled PPO) does not reliably solve CartPole
     # in 500k steps. This config ended at 500 in 10 of 12 runs, at 471.4 in one,
-    # and below 475 in one; the staleness sweep in the README shows why.
+    # and below 475 in one; the staleness sweep in docs/results.md shows why.
     assert report.episode_return_mean >= 200.0, report.episode_return_mean
