@@ -23,7 +23,7 @@ Writes, under ``experiments/out/learning_results/`` (or ``--out``):
 ``results.csv`` (one row per env, mode and seed), ``summary.json`` (mean ± std,
 configs, wall times, the command), ``curves_<env>.csv`` and
 ``curves_<env>.png`` per env, ``learning_curves.png`` (all envs), and prints a
-markdown table for the README. Running a subset of envs (or ``--modes``)
+markdown table for docs/results.md. Running a subset of envs (or ``--modes``)
 replaces only those rows, so the full table can be built up one env at a time.
 
 The script sets an XLA flag before JAX starts: without it the vmapped twin can

@@ -26,7 +26,7 @@ the async runs above. The machine is shared: the load average is recorded.
 Writes, under ``experiments/out/recurrent_results/`` (or ``--out``):
 ``results.csv`` (env, network, mode, seed, final return, wall time, lag),
 ``curves_<env>.csv`` / ``.png``, ``cost.csv``, ``results.json`` (summary,
-machine, command), and prints markdown tables for the README.
+machine, command), and prints markdown tables for docs/results.md.
 
     python experiments/recurrent_results.py                       # 3 seeds, both envs, ~25 min on 2 cores
     python experiments/recurrent_results.py --envs MemoryChain-bsuite --seeds 2
