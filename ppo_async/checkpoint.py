@@ -56,14 +56,13 @@ _NAME = re.compile(r"ckpt_(\d{9,})\.msgpack")
 #   anneal_lr    -- the optax state's structure (a schedule adds a counter).
 #   normalize_observations, normalize_rewards -- the params' structure (their
 #                   statistics travel in them) and the actors' env carries.
-#   ppo_ratio_anchor -- 'ewma' adds the proximal average to the learner state.
 # Everything else (total_env_steps, learning_rate, timeouts, topology...) may
 # change: the params and optimizer state still fit. (With anneal_lr, a new
 # total_env_steps continues the schedule from the rate reached: see
 # ppo_async.resume.)
 RESUME_LOCKED_FIELDS: tuple[str, ...] = (
     "env_id", "hidden_sizes", "anneal_lr", "network", "rnn_hidden_size",
-    "normalize_observations", "normalize_rewards", "ppo_ratio_anchor")
+    "normalize_observations", "normalize_rewards")
 
 # Locked fields that checkpoints written before them do not record: such a
 # checkpoint was written with this value (a feed-forward network).
@@ -71,8 +70,6 @@ LOCKED_FIELD_DEFAULTS: dict[str, Any] = {
     "network": "mlp", "rnn_hidden_size": 128,
     # ...and without normalization (its statistics travel in the params).
     "normalize_observations": False, "normalize_rewards": False,
-    # ...and with no moving average in the learner state.
-    "ppo_ratio_anchor": "behaviour",
 }
 
 
@@ -428,3 +425,15 @@ def check_resume_compatible(
                 f"network or env the saved params belong to. Resume with "
                 f"{field}={saved_config[field]!r}, or start a fresh run."
             )
+    # 'ewma' keeps a moving average of the params in the learner state; the
+    # other anchors keep none, and may replace each other.
+    saved_anchor = saved_config.get("ppo_ratio_anchor", "behaviour")
+    new_anchor = config_dict.get("ppo_ratio_anchor", "auto")
+    if (saved_anchor == "ewma") != (new_anchor == "ewma"):
+        raise ConfigError(
+            f"ppo_ratio_anchor={new_anchor!r}: the checkpoint was written with "
+            f"ppo_ratio_anchor={saved_anchor!r}; 'ewma' keeps a moving average of the params "
+            "in the learner state and the other anchors do not, so a run cannot switch to or "
+            "from it. Resume with ppo_ratio_anchor='ewma' on both sides or neither, or start "
+            "a fresh run."
+        )
