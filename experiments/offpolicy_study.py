@@ -8,8 +8,9 @@ run at once under ``jax.jit(jax.vmap(...))``. ``--validate`` checks the
 simulation against the asynchronous runtime itself (one actor, lead k + 1).
 
 Variants (`VARIANTS`): the advantage estimator (GAE on the behaviour values,
-or V-trace under the learner's current critic) x the ratio's anchor
-(``ppo_ratio_anchor``: behaviour, learner, ewma). Envs: each preset of
+or V-trace under the learner's current critic, its policy-gradient advantage
+unweighted or weighted by the clipped rho as in IMPALA: ``vtrace-pgw``) x the
+ratio's anchor (``ppo_ratio_anchor``: behaviour, learner, ewma). Envs: each preset of
 `ppo_async.presets` with ``--total-env-steps`` (per env, `BUDGETS`).
 
 Score of a run: the mean return of its last 100 training episodes
@@ -23,7 +24,8 @@ Writes, under ``experiments/out/offpolicy_study/`` (or ``--out``):
 ``results.csv`` (one row per env, lag, variant and seed; resumable: cells
 already there are skipped), ``curves.npz`` (each run's smoothed return per
 update), ``summary.json`` and ``summary.md`` (the IQM tables),
-``return_vs_lag.png`` and ``curves_<env>.png``; with ``--stragglers``,
+``return_vs_lag.png`` and ``curves_<env>.png``; with ``--validate``,
+``validate.md``; with ``--stragglers``,
 ``stragglers.csv`` and ``stragglers.md`` (`run_stragglers`).
 
     python experiments/offpolicy_study.py --dry-run
@@ -60,9 +62,18 @@ from common import (  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "gae+behaviour": dict(use_vtrace=False, ppo_ratio_anchor="behaviour"),
-    "vtrace+behaviour": dict(use_vtrace=True, ppo_ratio_anchor="behaviour"),
-    "vtrace+learner": dict(use_vtrace=True, ppo_ratio_anchor="learner"),
-    "vtrace+ewma": dict(use_vtrace=True, ppo_ratio_anchor="ewma"),
+    # V-trace with unweighted policy-gradient advantages q_s - V(x_s): the
+    # surrogate's ratio (and the learner anchor's pi_prox / mu) weights them.
+    "vtrace+behaviour": dict(use_vtrace=True, ppo_ratio_anchor="behaviour",
+                             vtrace_pg_rho_bar=None),
+    "vtrace+learner": dict(use_vtrace=True, ppo_ratio_anchor="learner", vtrace_pg_rho_bar=None),
+    # "-pgw": IMPALA's weighted advantages min(1, rho_s) * (q_s - V(x_s));
+    # with the behaviour anchor this is sample-factory's APPO.
+    "vtrace-pgw+behaviour": dict(use_vtrace=True, ppo_ratio_anchor="behaviour",
+                                 vtrace_pg_rho_bar=1.0),
+    "vtrace-pgw+learner": dict(use_vtrace=True, ppo_ratio_anchor="learner",
+                               vtrace_pg_rho_bar=1.0),
+    "vtrace-pgw+ewma": dict(use_vtrace=True, ppo_ratio_anchor="ewma", vtrace_pg_rho_bar=1.0),
 }
 PLAIN_PPO = "gae+behaviour"
 LAGS = (0, 1, 3, 7, 15)
@@ -235,8 +246,12 @@ def validate(args) -> None:
                 rows.append([env, lag, variant, f"{np.mean(simulated):.1f} ± {np.std(simulated):.1f}",
                              f"{np.mean(real):.1f} ± {np.std(real):.1f}", f"{np.mean(lags):.2f}"])
                 print(rows[-1], flush=True)
-    print(markdown_table(["env", "lag", "variant", "twin, simulated lag", "train(), 1 actor",
-                          "observed lag"], rows))
+    table = markdown_table(["env", "lag", "variant", "twin, simulated lag", "train(), 1 actor",
+                            "observed lag"], rows)
+    print(table)
+    out = out_dir("offpolicy_study", args.out) / "validate.md"
+    previous = out.read_text().splitlines()[2:] if out.exists() else []
+    out.write_text("\n".join(table.splitlines() + previous) + "\n")  # newest rows first
 
 
 def report(path, out, random_returns: dict[str, float]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ class VTraceOutput(NamedTuple):
     """What `vtrace` returns."""
 
     value_targets: jax.Array  # [T, B] v_s, the V-trace value targets
-    pg_advantages: jax.Array  # [T, B] min(pg_rho_bar, rho_s) * (q_s - V(x_s))
+    pg_advantages: jax.Array  # [T, B] min(pg_rho_bar, rho_s) * (q_s - V(x_s)), or unweighted
     clipped_rhos: jax.Array  # [T, B] min(rho_bar, rho_s)
 
 
@@ -102,6 +102,7 @@ def vtrace(
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
     pg_rho_bar: float | None = None,
+    weight_pg: bool = True,
 ) -> VTraceOutput:
     """V-trace targets and policy-gradient advantages (Espeholt et al. 2018, arXiv:1802.01561).
 
@@ -131,6 +132,9 @@ def vtrace(
       c_bar: clip on the trace-cutting coefficients.
       pg_rho_bar: clip on the weight of the policy-gradient advantage;
         ``None`` means ``rho_bar``.
+      weight_pg: False leaves the weight out: ``pg_advantage_s = q_s - V(x_s)``,
+        for a surrogate whose own ratio already weights each sample by
+        pi / mu (PPO's clipped ratio against the behaviour policy).
     """
     _check_trajectory(rewards, values, discounts, bootstrap_value, log_rhos)
     if pg_rho_bar is None:
@@ -153,7 +157,9 @@ def vtrace(
     q_values = rewards + discounts * (
         lambda_ * next_value_targets + (1.0 - lambda_) * next_values
     )
-    pg_advantages = clipped(pg_rho_bar) * (q_values - values)
+    pg_advantages = q_values - values
+    if weight_pg:
+        pg_advantages = clipped(pg_rho_bar) * pg_advantages
     return VTraceOutput(
         value_targets=jax.lax.stop_gradient(value_targets),
         pg_advantages=jax.lax.stop_gradient(pg_advantages),

@@ -90,8 +90,8 @@ class AsyncActorLearnerConfig:
     """V-trace clip on the importance weight in the TD errors."""
     vtrace_c_bar: float = 1.0
     """V-trace clip on the trace-cutting coefficients."""
-    vtrace_pg_rho_bar: float = 1.0
-    """V-trace clip on the importance weight of the policy-gradient advantage."""
+    vtrace_pg_rho_bar: float | None = None
+    """V-trace's policy-gradient advantage: None leaves it unweighted, q_s - V(x_s), since the PPO surrogate's ratio already weights each sample by pi / mu; a number gives IMPALA's min(vtrace_pg_rho_bar, rho_s) * (q_s - V(x_s)), as sample-factory's APPO uses."""
     vtrace_lambda: float = 1.0
     """V-trace lambda (1: the paper's V-trace; on-policy V-trace equals GAE with the same lambda)."""
 
@@ -307,7 +307,10 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
              cfg.is_weight_max, "must be a number >= 1")
     _require(cfg.max_policy_lag is None or (_is_int(cfg.max_policy_lag) and cfg.max_policy_lag >= 0),
              "max_policy_lag", cfg.max_policy_lag, "must be None or an integer >= 0")
-    for name in ("vtrace_rho_bar", "vtrace_c_bar", "vtrace_pg_rho_bar", "learning_rate", "clip_eps",
+    _require(cfg.vtrace_pg_rho_bar is None
+             or (_is_number(cfg.vtrace_pg_rho_bar) and cfg.vtrace_pg_rho_bar > 0),
+             "vtrace_pg_rho_bar", cfg.vtrace_pg_rho_bar, "must be None or a number > 0")
+    for name in ("vtrace_rho_bar", "vtrace_c_bar", "learning_rate", "clip_eps",
                  "max_grad_norm", "obs_clip", "reward_clip"):
         value = getattr(cfg, name)
         _require(_is_number(value) and value > 0, name, value, "must be a number > 0")

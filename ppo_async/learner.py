@@ -330,6 +330,7 @@ def batch_targets(
             learner_logp - batch.behaviour_logp,
             lambda_=config.vtrace_lambda, rho_bar=config.vtrace_rho_bar,
             c_bar=config.vtrace_c_bar, pg_rho_bar=config.vtrace_pg_rho_bar,
+            weight_pg=config.vtrace_pg_rho_bar is not None,
         )
         advantages, value_targets, old_values = out.pg_advantages, out.value_targets, learner_values
         metrics["vtrace_clipped_rho_mean"] = jnp.mean(out.clipped_rhos)

@@ -65,6 +65,7 @@ def vtrace_reference(
     rho_bar=1.0,
     c_bar=1.0,
     pg_rho_bar=None,
+    weight_pg=True,
 ):
     """V-trace (Espeholt et al. 2018, eq. 1) as an explicit forward sum.
 
@@ -75,6 +76,7 @@ def vtrace_reference(
     q_s     = r_s + discounts_s * (lambda_ * v_{s+1} + (1 - lambda_) * V(x_{s+1}))
               with v_T = V(x_T) = bootstrap_value
     pg_adv_s = min(pg_rho_bar, exp(log_rho_s)) * (q_s - V(x_s)),  pg_rho_bar None -> rho_bar
+               (q_s - V(x_s) with weight_pg False)
 
     Returns (value_targets, pg_advantages, clipped_rhos), each [T, B] float64.
     """
@@ -96,7 +98,7 @@ def vtrace_reference(
             rhos[t, b] = np.exp(log_rhos[t, b])
             clipped_rhos[t, b] = min(rho_bar, rhos[t, b])
             cs[t, b] = lambda_ * min(c_bar, rhos[t, b])
-            pg_rhos[t, b] = min(pg_rho_bar, rhos[t, b])
+            pg_rhos[t, b] = min(pg_rho_bar, rhos[t, b]) if weight_pg else 1.0
             deltas[t, b] = rewards[t, b] + discounts[t, b] * v_ext[t + 1, b] - v_ext[t, b]
 
     # v_s, eq. (1), with v_T = V(x_T) appended at the end.

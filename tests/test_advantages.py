@@ -177,6 +177,21 @@ def test_vtrace_matches_reference(config, vtrace_closed_over_outputs):
             assert_close(got, want)
 
 
+@pytest.mark.parametrize("lambda_", [0.5, 1.0])
+def test_vtrace_unweighted_pg_advantages_match_reference(lambda_):
+    rewards, values, discounts, bootstrap, log_rhos, _ = make_trajectory(77, T0, B0)
+    kwargs = dict(lambda_=lambda_, rho_bar=1.0, c_bar=1.0)
+    out = vtrace(rewards, values, discounts, bootstrap, log_rhos, weight_pg=False, **kwargs)
+    targets, advantages, _ = vtrace_reference(rewards, values, discounts, bootstrap, log_rhos,
+                                              weight_pg=False, **kwargs)
+    assert_close(out.value_targets, targets)
+    assert_close(out.pg_advantages, advantages)
+    # The weighted advantages differ from these by exactly the clipped rho.
+    weighted = vtrace(rewards, values, discounts, bootstrap, log_rhos, **kwargs)
+    assert_close(weighted.pg_advantages, np.minimum(1.0, np.exp(log_rhos)) * advantages)
+    assert np.abs(np.asarray(weighted.pg_advantages) - advantages).max() > 1e-2
+
+
 @pytest.mark.parametrize("lambda_", LAMBDAS)
 def test_vtrace_matches_reference_full_grid(lambda_):
     """Every (rho_bar, c_bar, pg_rho_bar) in {0.5, 1, 2}^2 x {None, 0.5, 1, 2}."""

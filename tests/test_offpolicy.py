@@ -189,14 +189,16 @@ def test_learner_anchor_at_lag_zero_equals_behaviour_anchor(params):
         assert results["behaviour"][1][name] == results["learner"][1][name]
 
 
+@pytest.mark.parametrize("pg_rho_bar", [None, 1.2])
 @pytest.mark.parametrize("final_obs", [False, True])
-def test_vtrace_targets_use_learner_over_behaviour_log_rhos(params, final_obs):
+def test_vtrace_targets_use_learner_over_behaviour_log_rhos(params, final_obs, pg_rho_bar):
     # Behaviour log-probs off by N(0, 1): many rhos above the bar, many below,
     # so a flipped log-rho or swapped policies change the clipped weights.
     network = _network()
     batch = _batch(params, seed=5, behaviour_shift=1.0, final_obs=final_obs)
     config = dataclasses.replace(CONFIG, use_vtrace=True, vtrace_lambda=0.9,
-                                 vtrace_rho_bar=1.0, vtrace_c_bar=0.8, vtrace_pg_rho_bar=1.2)
+                                 vtrace_rho_bar=1.0, vtrace_c_bar=0.8,
+                                 vtrace_pg_rho_bar=pg_rho_bar)
     targets = batch_targets(config, network, params, batch)
 
     dist, values = network.apply(params, batch.obs)
@@ -212,7 +214,8 @@ def test_vtrace_targets_use_learner_over_behaviour_log_rhos(params, final_obs):
 
     def reference(log_rhos):
         return vtrace_reference(reward, values, discounts, bootstrap, log_rhos,
-                                lambda_=0.9, rho_bar=1.0, c_bar=0.8, pg_rho_bar=1.2)
+                                lambda_=0.9, rho_bar=1.0, c_bar=0.8, pg_rho_bar=pg_rho_bar,
+                                weight_pg=pg_rho_bar is not None)
 
     value_targets, pg_advantages, _ = reference(log_rhos)
     np.testing.assert_allclose(targets.value_targets, value_targets, rtol=1e-4, atol=1e-4)
