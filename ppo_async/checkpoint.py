@@ -428,7 +428,7 @@ def check_resume_compatible(
     # 'ewma' keeps a moving average of the params in the learner state; the
     # other anchors keep none, and may replace each other.
     saved_anchor = saved_config.get("ppo_ratio_anchor", "behaviour")
-    new_anchor = config_dict.get("ppo_ratio_anchor", "auto")
+    new_anchor = config_dict.get("ppo_ratio_anchor", "behaviour")
     if (saved_anchor == "ewma") != (new_anchor == "ewma"):
         raise ConfigError(
             f"ppo_ratio_anchor={new_anchor!r}: the checkpoint was written with "

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 NETWORKS = ("mlp", "lstm", "gru")  # the values of AsyncActorLearnerConfig.network
 RECURRENT_NETWORKS = ("lstm", "gru")
-PPO_RATIO_ANCHORS = ("auto", "behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.ppo_ratio_anchor
+PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.ppo_ratio_anchor
 # The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.TORSOS.
 TORSOS = ("auto", "none", "minatar", "nature")
 
@@ -78,8 +78,8 @@ class AsyncActorLearnerConfig:
     # --- off-policy correction ---
     use_vtrace: bool = False
     """Advantages and value targets by V-trace under the learner's current critic (True), or GAE on the behaviour values (False)."""
-    ppo_ratio_anchor: Literal["auto", "behaviour", "learner", "ewma"] = "auto"
-    """The proximal policy the clipped ratio is centred on: 'behaviour' (the policy that collected the data; standard PPO), 'learner' (the learner's params at the update's start), or 'ewma' (a moving average of the learner's params); the last two weight the surrogate by pi_prox / mu. 'auto': 'learner' with V-trace, 'behaviour' without (what the off-policy study in docs/results.md recommends)."""
+    ppo_ratio_anchor: Literal["behaviour", "learner", "ewma"] = "behaviour"
+    """The proximal policy the clipped ratio is centred on: 'behaviour' (the policy that collected the data; standard PPO, and with V-trace what the off-policy study in docs/results.md recommends), 'learner' (the learner's params at the update's start), or 'ewma' (a moving average of the learner's params); the last two weight the surrogate by pi_prox / mu."""
     proximal_ewma_decay: float = 0.9
     """With ppo_ratio_anchor='ewma': decay of the params' moving average per optimizer step (bias-corrected)."""
     is_weight_max: float = 100.0
@@ -210,13 +210,6 @@ class AsyncActorLearnerConfig:
     def recurrent(self) -> bool:
         """The policy carries a hidden state (network is lstm or gru)."""
         return self.network in RECURRENT_NETWORKS
-
-    @property
-    def ratio_anchor(self) -> str:
-        """``ppo_ratio_anchor`` with 'auto' resolved: 'learner' with V-trace, 'behaviour' without."""
-        if self.ppo_ratio_anchor == "auto":
-            return "learner" if self.use_vtrace else "behaviour"
-        return self.ppo_ratio_anchor
 
     @property
     def learner_bootstraps_truncation(self) -> bool:

@@ -6,7 +6,7 @@ order (so a lock-step run is reproducible), stacks them along the env axis,
 and runs one jitted `make_update_fn` step: advantages (GAE on the behaviour
 values, or V-trace re-evaluated under the current params; `batch_targets`),
 then ``num_epochs x num_minibatches`` PPO steps with optax, the ratio centred
-on the anchor ``config.ratio_anchor`` names. A recurrent network is
+on the anchor ``config.ppo_ratio_anchor`` names. A recurrent network is
 re-unrolled from each chunk's stored initial state (`reevaluate_recurrent`)
 and trained on minibatches of whole env sequences (`recurrent_sequences`). Every
 ``broadcast_every`` updates it hands the params to its transport's publisher,
@@ -269,7 +269,7 @@ def init_learner_state(
     config: AsyncActorLearnerConfig, params: Any, key: jax.Array
 ) -> LearnerState:
     proximal = None
-    if config.ratio_anchor == "ewma":
+    if config.ppo_ratio_anchor == "ewma":
         # t = 1: the average of the initial params alone is those params.
         proximal = ProximalAverage(jax.tree.map(jnp.array, network_params(params)),
                                    jnp.ones((), jnp.int32))
@@ -307,7 +307,7 @@ def batch_targets(
     (``'behaviour'``) or pi at the update's start (``'learner'``). Pure and
     jittable; `make_update_fn` calls it first.
     """
-    anchor = config.ratio_anchor
+    anchor = config.ppo_ratio_anchor
     metrics: dict[str, jax.Array] = {}
     learner_logp = learner_values = learner_bootstrap = None
     if config.use_vtrace or anchor == "learner":
@@ -369,7 +369,7 @@ def make_update_fn(
     """A jitted ``update(state, batch) -> (state, metrics)``: one learner update.
 
     `batch_targets` first, then ``num_epochs x num_minibatches`` steps of
-    `ppo_loss` with the ratio centred on ``config.ratio_anchor``: the
+    `ppo_loss` with the ratio centred on ``config.ppo_ratio_anchor``: the
     behaviour log-probs, the learner's at the update's start, or (``'ewma'``)
     those of `ProximalAverage`'s params, re-evaluated on every minibatch and
     averaged forward after every optimizer step. For the last two, each
@@ -384,7 +384,7 @@ def make_update_fn(
     """
     optimizer = make_optimizer(config, schedule)
     recurrent = is_recurrent(network)
-    anchor = config.ratio_anchor
+    anchor = config.ppo_ratio_anchor
     weighted = anchor != "behaviour"  # the surrogate carries pi_prox / mu
 
     def learning_rate_at(opt_state) -> jax.Array:

@@ -334,11 +334,12 @@ def test_twin_per_actor_lags():
         make_sync_twin(config, policy_lag=(1, 2, 3))
 
 
-def test_auto_anchor_follows_the_estimator():
-    assert AsyncActorLearnerConfig().ratio_anchor == "behaviour"
-    assert AsyncActorLearnerConfig(use_vtrace=True).ratio_anchor == "learner"
-    assert AsyncActorLearnerConfig(use_vtrace=True, ppo_ratio_anchor="ewma").ratio_anchor == "ewma"
-    assert AsyncActorLearnerConfig(ppo_ratio_anchor="learner").ratio_anchor == "learner"
+def test_default_is_the_studys_recommendation():
+    # docs/results.md: V-trace with unweighted advantages and the behaviour anchor.
+    config = AsyncActorLearnerConfig(use_vtrace=True)
+    assert config.ppo_ratio_anchor == "behaviour"
+    assert config.vtrace_pg_rho_bar is None and config.vtrace_lambda == 1.0
+    assert config.max_policy_lag is None
 
 
 def test_resume_cannot_switch_to_or_from_the_moving_average():
@@ -349,11 +350,11 @@ def test_resume_cannot_switch_to_or_from_the_moving_average():
         return AsyncActorLearnerConfig(**kw).to_dict()
 
     # Anchors without a moving average replace each other freely.
-    check_resume_compatible(config(use_vtrace=True), config(ppo_ratio_anchor="behaviour"))
+    check_resume_compatible(config(ppo_ratio_anchor="learner"), config(ppo_ratio_anchor="behaviour"))
     check_resume_compatible(config(ppo_ratio_anchor="ewma"), config(ppo_ratio_anchor="ewma"))
     old = {k: v for k, v in config().items() if k != "ppo_ratio_anchor"}  # an older checkpoint
     check_resume_compatible(old, config(ppo_ratio_anchor="learner"))
-    for saved, new in (("ewma", "auto"), ("learner", "ewma")):
+    for saved, new in (("ewma", "behaviour"), ("learner", "ewma")):
         with pytest.raises(ConfigError, match="ppo_ratio_anchor"):
             check_resume_compatible(config(ppo_ratio_anchor=saved), config(ppo_ratio_anchor=new))
     with pytest.raises(ConfigError, match="ppo_ratio_anchor"):
