@@ -285,7 +285,7 @@ def report(path, out, random_returns: dict[str, float]) -> dict[str, Any]:
     tables = []
     for env in envs:
         table = []
-        for lag in lags:
+        for lag in sorted({k[1] for k in cells if k[0] == env}):
             line = [lag]
             for variant in variants:
                 est = estimates.get((env, lag, variant))
