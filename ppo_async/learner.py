@@ -78,7 +78,7 @@ class Batch(NamedTuple):
 
     obs: jax.Array  # [T, B, *obs_shape]
     action: jax.Array  # [T, B] or [T, B, action_dim]
-    reward: jax.Array  # [T, B] truncation bootstrap folded in
+    reward: jax.Array  # [T, B] truncation bootstrap folded in (unless final_obs is given)
     done: jax.Array  # [T, B] bool, terminated or truncated
     behaviour_logp: jax.Array  # [T, B]
     behaviour_value: jax.Array  # [T, B]
