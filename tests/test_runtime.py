@@ -304,8 +304,9 @@ def test_the_learners_vtrace_uses_target_minus_behaviour_log_probs():
 
     from ppo_async.learner import Batch, init_learner_state, make_update_fn
 
+    # The rho-weighted advantage (vtrace_pg_rho_bar set) shows the sign in every figure.
     config = dataclasses.replace(TINY, use_vtrace=True, vtrace_rho_bar=1.0, vtrace_c_bar=1.0,
-                                 vtrace_lambda=0.9)
+                                 vtrace_lambda=0.9, vtrace_pg_rho_bar=1.0)
     network = make_network((4,), type("Discrete", (), {"n": 2})(), config.hidden_sizes)
     params = init_params(network, jax.random.key(3), (4,))
     rng = np.random.default_rng(0)
