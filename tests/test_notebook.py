@@ -6,6 +6,7 @@ Python is picked up), with the budget set by rewriting the
 ``TOTAL_ENV_STEPS = ...`` line of its first code cell.
 """
 
+import importlib.util
 import json
 import pathlib
 import sys
@@ -15,19 +16,18 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
+NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK = NOTEBOOKS / "quickstart.ipynb"
 BUDGET = 16_384  # 32 updates of the notebook's 512-step batch
 FIGURES = 3  # learning curve, lag histogram, the twin's seeds
 
 
-def with_budget(notebook, total_env_steps: int):
-    """``notebook`` with its first code cell's ``TOTAL_ENV_STEPS = ...`` line replaced."""
-    cell = next(cell for cell in notebook.cells if cell.cell_type == "code")
-    lines = cell.source.splitlines()
-    (index,) = [i for i, line in enumerate(lines) if line.startswith("TOTAL_ENV_STEPS =")]
-    lines[index] = f"TOTAL_ENV_STEPS = {total_env_steps}"
-    cell.source = "\n".join(lines)
-    return notebook
+def _with_budget():
+    """notebooks/execute.py's ``with_budget`` (the budget rewrite both use)."""
+    spec = importlib.util.spec_from_file_location("notebook_execute", NOTEBOOKS / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.with_budget
 
 
 def test_the_committed_notebook_holds_no_outputs():
@@ -57,7 +57,7 @@ def test_quickstart_notebook_runs_and_draws_its_figures(tmp_path, monkeypatch):
         monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", jax.config.jax_compilation_cache_dir)
         monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
-    notebook = with_budget(nbformat.read(NOTEBOOK, as_version=4), BUDGET)
+    notebook = _with_budget()(nbformat.read(NOTEBOOK, as_version=4), BUDGET)
     client = NotebookClient(
         notebook, kernel_name="ppo-async-test", timeout=300,
         resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
