@@ -111,16 +111,15 @@ def random_policy_return(preset_name: str, episodes: int = 64, seed: int = 0) ->
     return float(jnp.mean(returns))
 
 
-def run_cell(preset_name: str, lag: int, variant: str, seeds: int, total_env_steps: int):
-    """Train ``seeds`` seeds of one cell at once; per seed (final return, curve, metric means)."""
+def train_seeds(config, policy_lag: int | tuple[int, ...], seeds: int) -> list[dict[str, Any]]:
+    """Train ``seeds`` seeds of ``config`` at once in the twin; per seed the final return,
+    the curve, whether anything went non-finite, and metric means."""
     import jax
     import numpy as np
 
-    from ppo_async.presets import preset
     from ppo_async.sync import make_train, recent_return_mean
 
-    config = preset(preset_name, total_env_steps=total_env_steps, **VARIANTS[variant])
-    train = jax.jit(jax.vmap(make_train(config, lag)))
+    train = jax.jit(jax.vmap(make_train(config, policy_lag)))
     metrics = jax.device_get(train(jax.random.split(jax.random.key(0), seeds)).metrics)
     out = []
     for i in range(seeds):
@@ -140,9 +139,21 @@ def run_cell(preset_name: str, lag: int, variant: str, seeds: int, total_env_ste
         out.append(dict(
             final_return=recent_return_mean(seed_metrics), nonfinite=int(nonfinite),
             approx_kl_mean=mean_of("approx_kl"), is_weight_mean=mean_of("is_weight_mean"),
-            clipped_rho_mean=mean_of("vtrace_clipped_rho_mean"), curve=curve,
+            clipped_rho_mean=mean_of("vtrace_clipped_rho_mean"),
+            # Nothing dropped where max_policy_lag is off (no such metric).
+            dropped_fraction_mean=mean_of("dropped_fraction")
+            if "dropped_fraction" in seed_metrics else 0.0,
+            curve=curve,
         ))
     return out
+
+
+def run_cell(preset_name: str, lag: int, variant: str, seeds: int, total_env_steps: int):
+    """`train_seeds` of one grid cell: the preset with the variant's fields, at one lag."""
+    from ppo_async.presets import preset
+
+    config = preset(preset_name, total_env_steps=total_env_steps, **VARIANTS[variant])
+    return train_seeds(config, lag, seeds)
 
 
 STRAGGLER_ACTORS = 4
@@ -157,11 +168,7 @@ def run_stragglers(args, out) -> None:
     of them or drops all of them; what it is for is a batch of mixed ages,
     where it drops the straggler's stale quarter.
     """
-    import jax
-    import numpy as np
-
     from ppo_async.presets import preset
-    from ppo_async.sync import make_train, recent_return_mean
 
     path = out / "stragglers.csv"
     done = {(r["env"], int(r["straggler_lag"]), r["variant"], r["max_policy_lag"],
@@ -179,17 +186,14 @@ def run_stragglers(args, out) -> None:
                         envs_per_actor=base.num_envs // STRAGGLER_ACTORS, max_policy_lag=cap)
                     lags = (1,) * (STRAGGLER_ACTORS - 1) + (k,)
                     start = time.perf_counter()
-                    metrics = jax.device_get(jax.jit(jax.vmap(make_train(config, lags)))(
-                        jax.random.split(jax.random.key(0), args.seeds)).metrics)
-                    finals = []
-                    for seed in range(args.seeds):
-                        m = {name: np.asarray(v[seed]) for name, v in metrics.items()}
-                        finals.append(recent_return_mean(m))
+                    results = train_seeds(config, lags, args.seeds)
+                    finals = [r["final_return"] for r in results]
+                    for seed, r in enumerate(results):
                         append_csv_row(path, dict(
                             env=env, straggler_lag=k, variant=variant, max_policy_lag=cap,
-                            seed=seed, total_env_steps=steps, final_return=finals[-1],
-                            nonfinite=int(np.min(m["params_finite"]) < 1.0),
-                            dropped_fraction_mean=float(np.mean(m.get("dropped_fraction", 0.0))),
+                            seed=seed, total_env_steps=steps, final_return=r["final_return"],
+                            nonfinite=r["nonfinite"],
+                            dropped_fraction_mean=r["dropped_fraction_mean"],
                         ), STRAGGLER_FIELDS)
                     print(f"{env} straggler lag {k} {variant} max_policy_lag={cap}: "
                           f"{[round(f, 1) for f in finals]} ({time.perf_counter() - start:.0f} s)",
@@ -418,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
             for seed, r in enumerate(results):
                 row = dict(env=env, lag=lag, variant=variant, seed=seed, total_env_steps=steps,
                            cell_wall_s=round(wall, 1),
-                           **{k: v for k, v in r.items() if k != "curve"})
+                           **{k: v for k, v in r.items() if k in FIELDS})
                 append_csv_row(path, row, FIELDS)
             print(f"{env} lag {lag} {variant}: "
                   f"{[round(r['final_return'], 1) for r in results]} ({wall:.0f} s)", flush=True)

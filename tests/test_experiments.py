@@ -133,6 +133,39 @@ def test_vtrace_lag_diagnostic_runs_every_variant(tmp_path):
             assert math.isnan(row["clipped_rho_mean"])
 
 
+def test_offpolicy_study_writes_its_tables_and_skips_finished_cells(tmp_path):
+    def study(*args):
+        return subprocess.run(
+            [sys.executable, str(EXPERIMENTS / "offpolicy_study.py"), "--envs", "cartpole",
+             "--seeds", "2", "--total-env-steps", "2048", "--out", str(tmp_path), *args],
+            capture_output=True, text=True, timeout=600,
+        )
+
+    grid = ("--lags", "0", "2", "--variants", "gae+behaviour", "vtrace+behaviour")
+    run = study(*grid)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = read_rows(tmp_path / "results.csv")
+    assert sorted({(r["lag"], r["variant"]) for r in rows}) == [
+        ("0", "gae+behaviour"), ("0", "vtrace+behaviour"),
+        ("2", "gae+behaviour"), ("2", "vtrace+behaviour")]
+    assert len(rows) == 8 and all(r["nonfinite"] == "0" for r in rows)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary["cells"]) == 4 and summary["random_return"]["cartpole"] > 0
+    for name in ("summary.md", "return_vs_lag.png", "curves_cartpole.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    rerun = study(*grid)
+    assert rerun.returncode == 0 and "cartpole lag" not in rerun.stdout  # nothing retrained
+    assert len(read_rows(tmp_path / "results.csv")) == 8
+
+    stragglers = study("--stragglers", "--straggler-lags", "3", "--variants", "vtrace+behaviour")
+    assert stragglers.returncode == 0, stragglers.stderr[-3000:]
+    rows = read_rows(tmp_path / "stragglers.csv")
+    assert sorted(r["max_policy_lag"] for r in rows) == ["", "", "1", "1"]
+    # The cap drops the straggler's quarter once its lag passes 1.
+    dropped = [float(r["dropped_fraction_mean"]) for r in rows if r["max_policy_lag"] == "1"]
+    assert all(0.0 < d <= 0.25 for d in dropped)
+
+
 def test_recurrent_results_runs_both_modes_and_measures_the_cost(tmp_path):
     argv = ["--envs", "MemoryChain-bsuite", "--networks", "mlp", "lstm", "--seeds", "1",
             "--budget-scale", "0.005", "--cost-reps", "1", "--out", str(tmp_path)]
