@@ -107,6 +107,12 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def check_seeds_and_budget(parser, args) -> None:
+    """``parser.error`` unless ``--seeds`` >= 1 and ``--budget-scale`` is finite and > 0."""
+    if args.seeds < 1 or not (args.budget_scale > 0 and math.isfinite(args.budget_scale)):
+        parser.error("--seeds must be >= 1 and --budget-scale > 0")
+
+
 def median_time(fn, repeats: int) -> float:
     """Median wall seconds of ``repeats`` calls of ``fn``."""
     import statistics

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -48,6 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (  # noqa: E402
+    check_seeds_and_budget,
     avoid_vmapped_qr_deadlock,
     configure_jax,
     format_mean_std,
@@ -250,8 +250,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="async, sync or both (default both)")
     parser.add_argument("--out", default=None, help="output dir (default experiments/out/learning_results)")
     args = parser.parse_args(argv)
-    if args.seeds < 1 or not (args.budget_scale > 0 and math.isfinite(args.budget_scale)):
-        parser.error("--seeds must be >= 1 and --budget-scale > 0")
+    check_seeds_and_budget(parser, args)
     return args
 
 
