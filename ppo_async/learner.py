@@ -691,6 +691,15 @@ def _stuck_actors(buffer: RolloutBuffer, last_chunk_at: list[float], timeout_s: 
     ]
 
 
+class _InFlight(NamedTuple):
+    """An update handed to the device that the learner has not read back yet."""
+
+    state: LearnerState  # not yet checked for NaN: never published or saved before it is
+    metrics: dict[str, jax.Array]
+    experiences: list[Experience]
+    lags: list[int]  # each chunk's policy lag
+
+
 def learner_loop(
     config: AsyncActorLearnerConfig,
     network: ActorCritic,
@@ -733,44 +742,56 @@ def learner_loop(
     start, start_env_steps = time.perf_counter(), report.env_steps
     report.start_update = report.updates
     # When each actor last delivered a chunk, started, or was last given a
-    # chance to (an update): the hang detector.
+    # chance to (a broadcast): the hang detector.
     last_chunk_at = [time.monotonic()] * config.num_actors
     timeout_s = config.learner_timeout_s
     end_update = config.num_updates if end_update is None else end_update
+    dispatched = report.updates  # updates handed to the device: each consumed one chunk per actor
 
-    while report.updates < end_update:
+    def take_experience(wait: bool) -> None:
+        """Move delivered chunks into the buffer until it is ready.
+
+        Without ``wait``, only what has already arrived: the learner never
+        blocks on the actors while an update's params are still unpublished.
+        """
         while not buffer.ready():
-            now = time.monotonic()
-            stuck = _stuck_actors(buffer, last_chunk_at, timeout_s, now)
-            if stuck and on_stuck_actors is not None and on_stuck_actors(
-                stuck, report.updates * config.num_steps  # their columns are empty
-            ):
-                for actor_id in stuck:
-                    last_chunk_at[actor_id] = time.monotonic()  # fresh actors
-                continue
-            if stuck:
-                names = ", ".join(f"actor {i}" for i in stuck)
-                others = [i for i in range(config.num_actors) if i not in stuck]
-                raise LearnerTimeoutError(
-                    f"{names} sent no experience for learner_timeout_s={timeout_s} s while "
-                    f"the learner waited for it at update {report.updates + 1}"
-                    + (f" (actors {others} kept sending)" if others else "")
-                    + "; its env or rollout is stuck or far slower than the timeout allows",
-                    stuck,
-                )
-            waited_on = [last_chunk_at[i] for i, column in enumerate(buffer.columns) if not column]
-            wait_s = max(0.0, min(waited_on) + timeout_s - now)
+            if wait:
+                now = time.monotonic()
+                stuck = _stuck_actors(buffer, last_chunk_at, timeout_s, now)
+                if stuck and on_stuck_actors is not None and on_stuck_actors(
+                    stuck, dispatched * config.num_steps  # their columns are empty
+                ):
+                    for actor_id in stuck:
+                        last_chunk_at[actor_id] = time.monotonic()  # fresh actors
+                    continue
+                if stuck:
+                    names = ", ".join(f"actor {i}" for i in stuck)
+                    others = [i for i in range(config.num_actors) if i not in stuck]
+                    raise LearnerTimeoutError(
+                        f"{names} sent no experience for learner_timeout_s={timeout_s} s while "
+                        f"the learner waited for it at update {report.updates + 1}"
+                        + (f" (actors {others} kept sending)" if others else "")
+                        + "; its env or rollout is stuck or far slower than the timeout allows",
+                        stuck,
+                    )
+                waited_on = [last_chunk_at[i] for i, column in enumerate(buffer.columns)
+                             if not column]
+                wait_s = max(min(waited_on) + timeout_s - now, 1e-3)
+            else:
+                wait_s = 0.0
             wait_start = time.perf_counter()
-            item = channels.transport.receive(max(wait_s, 1e-3))
+            item = channels.transport.receive(wait_s)
             report.learner_wait_s += time.perf_counter() - wait_start
             if item is None:
+                if not wait:
+                    return
                 continue  # the check above names the actor
             if isinstance(item, ActorFailure):
                 # Chunks the actor sent before failing were queued before this
                 # message, so they are in the buffer and are kept. (The
                 # evaluator thread reports under a negative id and owns no column.)
                 buffered = len(buffer.columns[item.actor_id]) if item.actor_id >= 0 else 0
-                produced = (report.updates + buffered) * config.num_steps
+                produced = (dispatched + buffered) * config.num_steps
                 if on_actor_failure is None or not on_actor_failure(item, produced):
                     raise ActorError(item.actor_id, item.formatted_traceback) from item.error
                 if item.actor_id >= 0:
@@ -779,17 +800,22 @@ def learner_loop(
             last_chunk_at[item.actor_id] = time.monotonic()
             buffer.add(item)
 
+    def dispatch(state: LearnerState) -> _InFlight:
+        """Start the update on the buffer's oldest batch; returns without waiting for it."""
+        nonlocal dispatched
         experiences = buffer.pop_batch()
-        # An actor held back by the valve could not send until this update (and
-        # the broadcast after it), so every actor's silence counts from here.
-        last_chunk_at = [time.monotonic()] * config.num_actors
-        lags = [report.updates - e.policy_version for e in experiences]
+        lags = [dispatched - e.policy_version for e in experiences]
+        dispatched += 1
         batch = place(stack_experiences(experiences, lags), device)
         new_state, metrics = update(state, batch)
-        # Fetching the metrics waits for the update; the broadcast below would wait anyway.
-        host_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        return _InFlight(new_state, metrics, experiences, lags)
+
+    def finish(done: _InFlight) -> bool:
+        """Read ``done`` back, check it, count it, publish it; False if ``on_update`` stopped the run."""
+        # Waits for this update only: one dispatched after it may still be running.
+        host_metrics = {k: float(v) for k, v in jax.device_get(done.metrics).items()}
         _check_finite(host_metrics, report.updates + 1)
-        state = new_state
+        state, experiences, lags = done.state, done.experiences, done.lags
         report.record_update(config, experiences, lags)
         report.wall_time_s = time.perf_counter() - start
         report.segment_env_steps = report.env_steps - start_env_steps
@@ -802,6 +828,9 @@ def learner_loop(
             broadcast_start = time.perf_counter()
             channels.transport.publish(state.params, report.updates)
             broadcast_s = time.perf_counter() - broadcast_start
+        # An actor held back by the valve could not send until this update (and
+        # the broadcast after it), so every actor's silence counts from here.
+        last_chunk_at[:] = [time.monotonic()] * config.num_actors
         if channels.evaluator_queue is not None and config.eval_every_updates and (
             report.updates % config.eval_every_updates == 0
         ):
@@ -821,26 +850,47 @@ def learner_loop(
         if on_update is None:
             if after_update is not None:
                 after_update(state, report, carries)
-        else:
-            host_metrics.update(
-                update=report.updates,
-                env_steps=report.env_steps,
-                env_steps_per_s=report.env_steps_per_s,
-                episode_return=report.episode_return_mean,
-                policy_lag_mean=float(np.mean(lags)),
-                policy_lag_max=max(lags),
-                queue_depth=channels.transport.queue_depth(),
-                learner_wait_s=report.learner_wait_s,
-                broadcast_s=broadcast_s,
-                **eval_metrics,
-            )
-            try:
-                on_update(host_metrics)  # writes this update's metrics line...
-            except StopTraining:
-                break
-            finally:
-                # ...before a checkpoint of it, so a run directory never holds a
-                # checkpoint past its metrics; also when on_update stops the run.
-                if after_update is not None:
-                    after_update(state, report, carries)
+            return True
+        host_metrics.update(
+            update=report.updates,
+            env_steps=report.env_steps,
+            env_steps_per_s=report.env_steps_per_s,
+            episode_return=report.episode_return_mean,
+            policy_lag_mean=float(np.mean(lags)),
+            policy_lag_max=max(lags),
+            queue_depth=channels.transport.queue_depth(),
+            learner_wait_s=report.learner_wait_s,
+            broadcast_s=broadcast_s,
+            **eval_metrics,
+        )
+        try:
+            on_update(host_metrics)  # writes this update's metrics line...
+        except StopTraining:
+            return False
+        finally:
+            # ...before a checkpoint of it, so a run directory never holds a
+            # checkpoint past its metrics; also when on_update stops the run.
+            if after_update is not None:
+                after_update(state, report, carries)
+        return True
+
+    in_flight: _InFlight | None = None
+    while report.updates < end_update:
+        if in_flight is None:
+            take_experience(wait=True)
+            in_flight = dispatch(state)
+        # While that update runs, take what the actors have sent; if the next
+        # batch is already complete, dispatch it on the new (not yet checked)
+        # state before reading this update back, so that the device never
+        # idles while the learner's Python catches up. If the check fails, the
+        # next update's result is dropped with it.
+        following = None
+        if report.updates + 1 < end_update:
+            take_experience(wait=False)
+            if buffer.ready():
+                following = dispatch(in_flight.state)
+        going_on = finish(in_flight)
+        state, in_flight = in_flight.state, following
+        if not going_on:
+            break
     return state, report

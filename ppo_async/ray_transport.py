@@ -386,25 +386,29 @@ class RayTransport:
     # --- experience in ------------------------------------------------------
 
     def receive(self, timeout_s: float) -> Experience | ActorFailure | None:
+        # timeout_s=0 still looks once at the polls: what has finished is taken.
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 return self._received.get_nowait()
             except queue.Empty:
                 pass
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            if not self._polls:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            if self._polls:
+                by_ref = {ref: actor_id for actor_id, ref in self._polls.items()}
+                ready, _ = self._ray.wait(list(by_ref), num_returns=1,
+                                          timeout=min(remaining, _WAIT_SLICE_S))
+                for ref in ready:
+                    self._collect(by_ref[ref], ref)
+                if ready:
+                    continue
+            elif remaining > 0:
                 try:
                     return self._received.get(timeout=min(remaining, _WAIT_SLICE_S))
                 except queue.Empty:
-                    continue
-            by_ref = {ref: actor_id for actor_id, ref in self._polls.items()}
-            ready, _ = self._ray.wait(list(by_ref), num_returns=1,
-                                      timeout=min(remaining, _WAIT_SLICE_S))
-            for ref in ready:
-                self._collect(by_ref[ref], ref)
+                    pass
+            if remaining <= 0:
+                return None
 
     def _collect(self, actor_id: int, ref: Any) -> None:
         """Take one finished poll of ``actor_id`` and start the next."""

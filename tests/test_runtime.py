@@ -4,11 +4,13 @@ Integration runs use a tiny topology (2 actors x 2 envs x 8 steps) so that a
 run is a few seconds, most of it compilation (cached on disk by conftest).
 """
 
+import collections
 import dataclasses
 import importlib
 import json
 import threading
 import time
+from typing import NamedTuple
 
 import chex
 import flax.serialization
@@ -139,6 +141,120 @@ def test_rollout_buffer_fills_by_column_and_pops_in_actor_order():
 
 
 # --- train(): integration ---------------------------------------------------------
+
+# --- the learner's pipelined readback ----------------------------------------------
+
+class _ScriptedActors:
+    """A learner transport whose actors are a script, with every event logged.
+
+    ``lock_step=False``: every chunk of the run is there from the start.
+    ``lock_step=True``: each broadcast of update U brings the chunks made with
+    it, and nothing comes before, as with a valve of one chunk. The learner
+    must never block on it: a wait with nothing queued fails the test rather
+    than hang.
+    """
+
+    def __init__(self, log, updates, lock_step):
+        self.log, self.lock_step = log, lock_step
+        self.queue = collections.deque()
+        for version in ([0] if lock_step else [0] * updates):
+            self._chunks(version)
+
+    def _chunks(self, version):
+        self.queue.extend(_fake_experience(actor_id, version) for actor_id in range(2))
+
+    def receive(self, timeout_s):
+        if self.queue:
+            return self.queue.popleft()
+        assert timeout_s == 0.0, "the learner blocked on actors that can send nothing"
+        return None
+
+    def publish(self, params, learner_updates):
+        self.log.append(("publish", learner_updates))
+        if self.lock_step:
+            self._chunks(learner_updates)
+
+    def queue_depth(self):
+        return len(self.queue)
+
+
+class _FakeState(NamedTuple):
+    params: int  # the number of updates this state has had
+
+
+def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None):
+    """Run `learner_loop` on `_ScriptedActors` with an update that counts, logging to ``log``."""
+    from ppo_async import StopTraining, learner_loop
+    from ppo_async.learner import LearnerChannels
+
+    def update(state, batch):
+        log.append(("update", state.params))
+        finite = 0.0 if state.params + 1 == nan_at else 1.0
+        return _FakeState(state.params + 1), {"params_finite": finite, "loss": 0.5}
+
+    def on_update(metrics):
+        log.append(("metrics", metrics["update"]))
+        if metrics["update"] == stop_at:
+            raise StopTraining
+
+    def after_update(state, report, carries):
+        log.append(("saved", state.params))
+
+    config = dataclasses.replace(TINY, num_steps=2, envs_per_actor=1)
+    channels = LearnerChannels(_ScriptedActors(log, updates, lock_step))
+    return learner_loop(config, None, _FakeState(0), channels, jax.devices("cpu")[0],
+                        on_update=on_update, after_update=after_update, update=update,
+                        end_update=updates)
+
+
+def _events(log, kind):
+    return [n for event, n in log if event == kind]
+
+
+def test_the_next_update_is_dispatched_before_the_last_one_is_read_back():
+    log = []
+    state, report = _scripted_learner(log, lock_step=False)
+    assert log == [
+        ("update", 0), ("update", 1), ("publish", 1), ("metrics", 1), ("saved", 1),
+        ("update", 2), ("publish", 2), ("metrics", 2), ("saved", 2),
+        ("update", 3), ("publish", 3), ("metrics", 3), ("saved", 3),
+        ("metrics", 4), ("saved", 4),
+    ]
+    assert state.params == 4 and report.updates == 4
+    # Every chunk was made by policy 0, and update k consumed its chunks after
+    # k - 1 updates had been dispatched: lags 0, 1, 2, 3.
+    assert report.policy_lag_counts == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
+def test_lock_step_never_waits_for_experience_with_params_unpublished():
+    log = []
+    state, report = _scripted_learner(log, lock_step=True)
+    assert log == [
+        ("update", 0), ("publish", 1), ("metrics", 1), ("saved", 1),
+        ("update", 1), ("publish", 2), ("metrics", 2), ("saved", 2),
+        ("update", 2), ("publish", 3), ("metrics", 3), ("saved", 3),
+        ("update", 3), ("metrics", 4), ("saved", 4),
+    ]
+    assert report.policy_lag_counts == {0: 8}
+
+
+def test_a_nan_update_is_never_published_even_with_the_next_one_in_flight():
+    log = []
+    with pytest.raises(NonFiniteError, match="update 2: the updated params contain NaN"):
+        _scripted_learner(log, lock_step=False, nan_at=2)
+    # Update 3 was dispatched on update 2's state before 2 was read back; neither
+    # reached the actors or a checkpoint.
+    assert log == [("update", 0), ("update", 1), ("publish", 1), ("metrics", 1), ("saved", 1),
+                   ("update", 2)]
+
+
+def test_stop_training_with_the_next_update_in_flight_returns_the_stopped_update():
+    log = []
+    state, report = _scripted_learner(log, lock_step=False, stop_at=2)
+    assert state.params == 2 and report.updates == 2
+    assert _events(log, "update") == [0, 1, 2]  # the third was dispatched, then dropped
+    assert _events(log, "saved") == [1, 2] and _events(log, "metrics") == [1, 2]
+
 
 def test_two_actors_run_a_few_updates_and_stop_cleanly(tmp_path):
     seen = []
