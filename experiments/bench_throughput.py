@@ -15,6 +15,10 @@ alternating seed by seed:
   (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false``): every actor and the
   learner is already a thread of its own, and on a small machine XLA's
   intra-op pool only adds hand-offs between them.
+- ``async-pipelined``: the same `train()` with the learner's pipelined
+  readback on (update k+1 dispatched before update k is read back, when its
+  batch is complete), which `train()` uses on accelerators only
+  (`ppo_async.learner.learner_pipelines`): this mode measures it on the CPU.
 
 Target: async / twin >= 1.0. The machine's load average is printed with the
 figures: run it with nothing else on the machine.
@@ -61,9 +65,12 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _async(total_env_steps: int, seed: int) -> dict:
+def _async(total_env_steps: int, seed: int, pipelined: bool = False) -> dict:
+    import ppo_async.train as train_module
     from ppo_async import AsyncActorLearnerConfig, train
 
+    if pipelined:  # what train() does on an accelerator (ppo_async.learner.learner_pipelines)
+        train_module.learner_pipelines = lambda device: True
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
     marks = []
     start = time.perf_counter()
@@ -75,11 +82,11 @@ def _async(total_env_steps: int, seed: int) -> dict:
     return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "wall_s": wall_s,
             "cpu_s_per_100k_steps": (c1 - c0) / (s1 - s0) * 1e5, "cores_busy": (c1 - c0) / (t1 - t0),
             "first_update_s": marks[0][0] - start, "final_return": report.episode_return_mean,
-            "learner_wait_s": report.learner_wait_s}
+            "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
 
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
-MODES = ("twin", "async", "async-1t")
+MODES = ("twin", "async", "async-1t", "async-pipelined")
 
 
 def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
@@ -87,7 +94,7 @@ def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
     if mode == "async-1t":
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREADED_XLA}".strip()
     completed = subprocess.run(
-        [sys.executable, __file__, "--one", "twin" if mode == "twin" else "async",
+        [sys.executable, __file__, "--one", "async" if mode == "async-1t" else mode,
          "--seeds", str(seed), "--total-env-steps", str(total_env_steps)],
         capture_output=True, text=True, timeout=1800, env=env,
     )
@@ -101,15 +108,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--total-env-steps", type=int, default=500_000)
-    parser.add_argument("--one", choices=["twin", "async"], default=None,
+    parser.add_argument("--one", choices=["twin", "async", "async-pipelined"], default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
     if args.one is not None:
-        run = _twin if args.one == "twin" else _async
-        print(json.dumps(run(args.total_env_steps, args.seeds[0])))
+        if args.one == "twin":
+            result = _twin(args.total_env_steps, args.seeds[0])
+        else:
+            result = _async(args.total_env_steps, args.seeds[0], args.one == "async-pipelined")
+        print(json.dumps(result))
         return {}
 
     rows = []
@@ -118,9 +128,10 @@ def main(argv: list[str] | None = None) -> dict:
             row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0],
                    **_one_in_a_fresh_process(mode, seed, args.total_env_steps)}
             rows.append(row)
-            print(f"{mode:8s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s, "
+            lag = f", policy lag {row['policy_lag_mean']:.2f}" if "policy_lag_mean" in row else ""
+            print(f"{mode:15s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s, "
                   f"{row['cpu_s_per_100k_steps']:.2f} CPU s per 100k steps on "
-                  f"{row['cores_busy']:.2f} cores (final return {row['final_return']:.1f}, "
+                  f"{row['cores_busy']:.2f} cores (final return {row['final_return']:.1f}{lag}, "
                   f"load {row['load_average_1_min']:.1f})", flush=True)
     medians = {mode: statistics.median(r["env_steps_per_s"] for r in rows if r["mode"] == mode)
                for mode in args.modes}
@@ -130,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
         if mode != "twin" and "twin" in medians:
             ratios[mode] = medians[mode] / medians["twin"]
         ratio = f"  {ratios[mode]:.2f}x the twin's run phase (target >= 1.0)" if mode in ratios else ""
-        print(f"  {mode:8s} {medians[mode]:8.0f}{ratio}")
+        print(f"  {mode:15s} {medians[mode]:8.0f}{ratio}")
     summary = {"rows": rows, "median_env_steps_per_s": medians, "ratio_to_twin": ratios}
     common.save_result("bench_throughput", args.out, __file__, argv, summary)
     return summary

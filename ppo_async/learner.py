@@ -700,6 +700,19 @@ class _InFlight(NamedTuple):
     lags: list[int]  # each chunk's policy lag
 
 
+def learner_pipelines(device: jax.Device) -> bool:
+    """Whether `learner_loop` pipelines its readback on ``device``: on accelerators only.
+
+    Dispatching update k+1 before reading update k back lets the learner's
+    Python (stacking the next batch, the metrics, the broadcast) run while an
+    accelerator computes. On the CPU the device is the same cores the actors
+    and that Python run on: measured with ``experiments/bench_throughput.py``
+    (modes ``async`` and ``async-pipelined``), pipelining there was no faster
+    and publishes each update's params one update later.
+    """
+    return device.platform != "cpu"
+
+
 def learner_loop(
     config: AsyncActorLearnerConfig,
     network: ActorCritic,
@@ -713,6 +726,7 @@ def learner_loop(
     report: LearnerReport | None = None,
     update: UpdateFn | None = None,
     end_update: int | None = None,
+    pipeline: bool = False,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
@@ -728,7 +742,9 @@ def learner_loop(
     `StopTraining` to end the run there. A resumed run passes the saved
     ``report`` to continue counting. ``update`` is the jitted update to use
     (default: a new ``make_update_fn(config, network)``); `train` passes one
-    it has already compiled.
+    it has already compiled. ``pipeline``: when the next batch is complete
+    by the time an update is dispatched, dispatch the next update before
+    reading the first one back (see `learner_pipelines`).
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` naming the actors the learner waits on
@@ -885,7 +901,7 @@ def learner_loop(
         # idles while the learner's Python catches up. If the check fails, the
         # next update's result is dropped with it.
         following = None
-        if report.updates + 1 < end_update:
+        if pipeline and report.updates + 1 < end_update:
             take_experience(wait=False)
             if buffer.ready():
                 following = dispatch(in_flight.state)

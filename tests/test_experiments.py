@@ -192,14 +192,16 @@ def test_recurrent_results_runs_both_modes_and_measures_the_cost(tmp_path):
 def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path):
     completed = subprocess.run(
         [sys.executable, str(EXPERIMENTS / "bench_throughput.py"), "--seeds", "0",
-         "--modes", "twin", "async-1t", "--total-env-steps", "20480", "--out", str(tmp_path)],
+         "--modes", "twin", "async-1t", "async-pipelined", "--total-env-steps", "20480",
+         "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert [row["mode"] for row in saved["rows"]] == ["twin", "async-1t"]
+    assert [row["mode"] for row in saved["rows"]] == ["twin", "async-1t", "async-pipelined"]
     assert all(row["env_steps_per_s"] > 0 for row in saved["rows"])
-    assert set(saved["ratio_to_twin"]) == {"async-1t"}
+    assert all(0 <= row["policy_lag_mean"] <= 1 for row in saved["rows"][1:])
+    assert set(saved["ratio_to_twin"]) == {"async-1t", "async-pipelined"}
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3
     assert "x the twin's run phase" in completed.stdout
 

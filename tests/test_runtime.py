@@ -204,7 +204,7 @@ def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None):
     channels = LearnerChannels(_ScriptedActors(log, updates, lock_step))
     return learner_loop(config, None, _FakeState(0), channels, jax.devices("cpu")[0],
                         on_update=on_update, after_update=after_update, update=update,
-                        end_update=updates)
+                        end_update=updates, pipeline=True)
 
 
 def _events(log, kind):
