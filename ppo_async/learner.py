@@ -705,10 +705,11 @@ def learner_pipelines(device: jax.Device) -> bool:
 
     Dispatching update k+1 before reading update k back lets the learner's
     Python (stacking the next batch, the metrics, the broadcast) run while an
-    accelerator computes. On the CPU the device is the same cores the actors
-    and that Python run on: measured with ``experiments/bench_throughput.py``
-    (modes ``async`` and ``async-pipelined``), pipelining there was no faster
-    and publishes each update's params one update later.
+    accelerator computes. On the CPU the device is the same two cores the
+    actors and that Python run on, and dispatching an update there returns
+    only after most of it has run (``experiments/bench_learner.py``): measured
+    with ``experiments/bench_throughput.py`` (modes ``async`` and
+    ``async-pipelined``), pipelining on the CPU was no faster, so it is off.
     """
     return device.platform != "cpu"
 
