@@ -13,6 +13,11 @@ At the default config, in this process:
   (`load_policy_from_broadcast`, timed here on the same bytes).
 - placement: `ppo_async.policy_io.place` (one jitted identity) against plain
   ``jax.device_put`` for the batch and the params, timed alone.
+- the learner alone: `learner_loop` on the same real chunks replayed as fast
+  as it takes them (no actor threads, no waiting), milliseconds per update
+  with its pipelined readback (the default) and without it (``pipeline=False``),
+  against the update alone: the learner's own overhead per update, and how
+  much of it pipelining hides when the learner has a core to itself.
 
     python experiments/bench_learner.py [--total-env-steps 300000] [--hidden-sizes 256 256]
 """
@@ -51,6 +56,46 @@ def _checkpoint_cost(config, program, state, device) -> tuple[float, int]:
     return seconds, size
 
 
+class _Replay:
+    """A learner transport that hands out the same chunks again and again, at once."""
+
+    def __init__(self, experiences):
+        self.experiences, self.sent, self.version = experiences, 0, 0
+
+    def receive(self, timeout_s):
+        experience = self.experiences[self.sent % len(self.experiences)]
+        self.sent += 1
+        return experience._replace(policy_version=self.version)
+
+    def publish(self, params, learner_updates):
+        self.version = learner_updates
+
+    def queue_depth(self):
+        return 0
+
+
+def _learner_alone(config, program, params, experiences, update, pipeline: bool,
+                   updates: int = 1000) -> float:
+    """Seconds per update of `learner_loop` on replayed chunks (after 20 unmeasured)."""
+    import jax
+
+    from ppo_async.learner import LearnerChannels, init_learner_state, learner_loop
+    from ppo_async.policy_io import place
+
+    cpu = jax.devices("cpu")[0]
+    state = place(init_learner_state(config, params, jax.random.key(1)), cpu)
+
+    def run(n):
+        learner_loop(config, program.network, state, LearnerChannels(_Replay(experiences)), cpu,
+                     on_update=lambda metrics: None, update=update, end_update=n,
+                     pipeline=pipeline)
+
+    run(20)
+    start = time.perf_counter()
+    run(updates)
+    return (time.perf_counter() - start) / updates
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,6 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--hidden-sizes", type=int, nargs="+", default=None,
                         help="network widths (default: the config's, 64 64)")
+    parser.add_argument("--alone-updates", type=int, default=1000,
+                        help="updates per timing of the learner alone on replayed chunks")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -120,6 +167,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     checkpoint_s, checkpoint_bytes = _checkpoint_cost(config, program, state, cpu)
 
+    experiences = common.real_chunks(config, program, params)
+    alone = {}
+    for pipeline in (False, True, False, True):  # alternating; the median of two each
+        alone.setdefault(pipeline, []).append(
+            _learner_alone(config, program, params, experiences, update, pipeline,
+                           args.alone_updates))
+    alone_s = {"pipelined": statistics.median(alone[True]),
+               "unpipelined": statistics.median(alone[False])}
+
     broadcast_fraction = broadcast_s / update_s  # the learner thread's share
     off_thread_fraction = (serialize_s + load_s) / update_s
     result = {
@@ -138,6 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
         "env_steps_per_s": report.env_steps_per_s,
         "checkpoint_write_s": checkpoint_s,
         "checkpoint_bytes": checkpoint_bytes,
+        "learner_alone_s_per_update": alone_s,
     }
     print(f"learner idle (waiting for experience) in the steady state: {idle:.1%} (target < 10%)")
     print(f"the update's call returns after {dispatch_s * 1e3:.2f} ms (dispatch), "
@@ -156,6 +213,12 @@ def main(argv: list[str] | None = None) -> dict:
               f"({times['device_put_s'] / times['place_s']:.1f}x)")
     print(f"one checkpoint (state, every actor's env carry, counters): {checkpoint_bytes} bytes, "
           f"written atomically in {checkpoint_s * 1e3:.1f} ms (median of 20)")
+    print(f"the learner alone on replayed chunks (no actors): pipelined "
+          f"{alone_s['pipelined'] * 1e3:.2f} ms per update "
+          f"({config.batch_size / alone_s['pipelined']:.0f} env steps/s), unpipelined "
+          f"{alone_s['unpipelined'] * 1e3:.2f} ms "
+          f"({config.batch_size / alone_s['unpipelined']:.0f} env steps/s); the update alone "
+          f"{update_s * 1e3:.2f} ms")
     common.save_result("bench_learner", args.out, __file__, argv, result)
     return result
 

@@ -15,10 +15,9 @@ alternating seed by seed:
   (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false``): every actor and the
   learner is already a thread of its own, and on a small machine XLA's
   intra-op pool only adds hand-offs between them.
-- ``async-pipelined``: the same `train()` with the learner's pipelined
-  readback on (update k+1 dispatched before update k is read back, when its
-  batch is complete), which `train()` uses on accelerators only
-  (`ppo_async.learner.learner_pipelines`): this mode measures it on the CPU.
+- ``async-unpipelined``: the same `train()` with the learner's pipelined
+  readback off (``learner_loop(pipeline=False)``: every update read back
+  before the next is dispatched), to measure what pipelining gives.
 
 Target: async / twin >= 1.0. The machine's load average is printed with the
 figures: run it with nothing else on the machine.
@@ -65,12 +64,16 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _async(total_env_steps: int, seed: int, pipelined: bool = False) -> dict:
-    import ppo_async.train as train_module
+def _async(total_env_steps: int, seed: int, pipeline: bool = True) -> dict:
+    import functools
+    import importlib
+
     from ppo_async import AsyncActorLearnerConfig, train
 
-    if pipelined:  # what train() does on an accelerator (ppo_async.learner.learner_pipelines)
-        train_module.learner_pipelines = lambda device: True
+    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
+
+    if not pipeline:  # every update read back before the next is dispatched
+        train_module.learner_loop = functools.partial(train_module.learner_loop, pipeline=False)
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
     marks = []
     start = time.perf_counter()
@@ -86,7 +89,7 @@ def _async(total_env_steps: int, seed: int, pipelined: bool = False) -> dict:
 
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
-MODES = ("twin", "async", "async-1t", "async-pipelined")
+MODES = ("twin", "async", "async-1t", "async-unpipelined")
 
 
 def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--total-env-steps", type=int, default=500_000)
-    parser.add_argument("--one", choices=["twin", "async", "async-pipelined"], default=None,
+    parser.add_argument("--one", choices=["twin", "async", "async-unpipelined"], default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", default=None)
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.one == "twin":
             result = _twin(args.total_env_steps, args.seeds[0])
         else:
-            result = _async(args.total_env_steps, args.seeds[0], args.one == "async-pipelined")
+            result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined")
         print(json.dumps(result))
         return {}
 

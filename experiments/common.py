@@ -226,6 +226,22 @@ def pyplot():
     return plt
 
 
+def real_chunks(config, program, params) -> list:
+    """One `Experience` per actor (host arrays), collected with ``params`` as a run would."""
+    import jax
+
+    from ppo_async.actor import Experience
+
+    cpu = jax.devices("cpu")[0]
+    carry = program.reset(jax.random.key(0), cpu)
+    experiences = []
+    for actor_id in range(config.num_actors):
+        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+        experiences.append(Experience(actor_id, 0, *jax.device_get(
+            (trajectory, bootstrap_obs, bootstrap_value)), env_carry=carry))
+    return experiences
+
+
 def one_real_batch(config):
     """``(program, host params, numpy Batch)``: one chunk per actor, collected as a run would.
 
@@ -234,16 +250,9 @@ def one_real_batch(config):
     """
     import jax
 
-    from ppo_async.actor import Experience, make_actor_program
+    from ppo_async.actor import make_actor_program
     from ppo_async.learner import stack_experiences
 
     program = make_actor_program(config)
-    cpu = jax.devices("cpu")[0]
-    params = jax.device_put(program.params_template, cpu)
-    carry = program.reset(jax.random.key(0), cpu)
-    experiences = []
-    for actor_id in range(config.num_actors):
-        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
-        experiences.append(Experience(actor_id, 0, *jax.device_get(
-            (trajectory, bootstrap_obs, bootstrap_value))))
-    return program, params, stack_experiences(experiences)
+    params = jax.device_put(program.params_template, jax.devices("cpu")[0])
+    return program, params, stack_experiences(real_chunks(config, program, params))

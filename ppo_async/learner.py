@@ -700,20 +700,6 @@ class _InFlight(NamedTuple):
     lags: list[int]  # each chunk's policy lag
 
 
-def learner_pipelines(device: jax.Device) -> bool:
-    """Whether `learner_loop` pipelines its readback on ``device``: on accelerators only.
-
-    Dispatching update k+1 before reading update k back lets the learner's
-    Python (stacking the next batch, the metrics, the broadcast) run while an
-    accelerator computes. On the CPU the device is the same two cores the
-    actors and that Python run on, and dispatching an update there returns
-    only after most of it has run (``experiments/bench_learner.py``): measured
-    with ``experiments/bench_throughput.py`` (modes ``async`` and
-    ``async-pipelined``), pipelining on the CPU was no faster, so it is off.
-    """
-    return device.platform != "cpu"
-
-
 def learner_loop(
     config: AsyncActorLearnerConfig,
     network: ActorCritic,
@@ -727,7 +713,7 @@ def learner_loop(
     report: LearnerReport | None = None,
     update: UpdateFn | None = None,
     end_update: int | None = None,
-    pipeline: bool = False,
+    pipeline: bool = True,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
@@ -745,7 +731,10 @@ def learner_loop(
     (default: a new ``make_update_fn(config, network)``); `train` passes one
     it has already compiled. ``pipeline``: when the next batch is complete
     by the time an update is dispatched, dispatch the next update before
-    reading the first one back (see `learner_pipelines`).
+    reading the first one back, so that the learner's Python (stacking the
+    next batch, the metrics, the broadcast) runs while the device computes;
+    False reads every update back before the next (``experiments/bench_learner.py``
+    and ``experiments/bench_throughput.py`` measure both).
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` naming the actors the learner waits on

@@ -52,7 +52,6 @@ from ppo_async.learner import (
     default_schedule,
     init_learner_state,
     learner_loop,
-    learner_pipelines,
     make_update_fn,
     with_normalization,
     stack_experiences,
@@ -415,7 +414,6 @@ def train(
             on_actor_failure=supervisor.on_failure, on_stuck_actors=supervisor.on_stuck,
             after_update=checkpoints.after_update, report=report,
             update=warm_up.before(update), end_update=end_update,
-            pipeline=learner_pipelines(learner_device),
         )
         if evaluator_thread is not None:
             # Let the evaluation asked for last finish, so that it is reported.

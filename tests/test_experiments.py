@@ -104,7 +104,8 @@ def test_learning_results_on_cartpole_writes_csv_json_and_png(tmp_path):
 def test_bench_learner_measures_every_figure_it_reports(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
     bench = load_script("bench_learner")
-    result = bench.main(["--total-env-steps", "20480", "--warmup", "5", "--out", str(tmp_path)])
+    result = bench.main(["--total-env-steps", "20480", "--warmup", "5", "--alone-updates", "30",
+                         "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["learner_idle_fraction"] == result["learner_idle_fraction"]
     assert 0.0 <= saved["learner_idle_fraction"] < 1.0
@@ -114,7 +115,10 @@ def test_bench_learner_measures_every_figure_it_reports(tmp_path, monkeypatch, c
     for times in saved["placement"].values():
         assert times["place_s"] > 0.0 and times["device_put_s"] > 0.0
     assert saved["payload_bytes"] > 1000
-    assert "target < 2%" in capsys.readouterr().out
+    assert set(saved["learner_alone_s_per_update"]) == {"pipelined", "unpipelined"}
+    assert all(s > 0.0 for s in saved["learner_alone_s_per_update"].values())
+    out = capsys.readouterr().out
+    assert "target < 2%" in out and "the learner alone on replayed chunks" in out
 
 
 def test_vtrace_lag_diagnostic_runs_every_variant(tmp_path):
@@ -192,16 +196,16 @@ def test_recurrent_results_runs_both_modes_and_measures_the_cost(tmp_path):
 def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path):
     completed = subprocess.run(
         [sys.executable, str(EXPERIMENTS / "bench_throughput.py"), "--seeds", "0",
-         "--modes", "twin", "async-1t", "async-pipelined", "--total-env-steps", "20480",
+         "--modes", "twin", "async-1t", "async-unpipelined", "--total-env-steps", "20480",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert [row["mode"] for row in saved["rows"]] == ["twin", "async-1t", "async-pipelined"]
+    assert [row["mode"] for row in saved["rows"]] == ["twin", "async-1t", "async-unpipelined"]
     assert all(row["env_steps_per_s"] > 0 for row in saved["rows"])
     assert all(0 <= row["policy_lag_mean"] <= 1 for row in saved["rows"][1:])
-    assert set(saved["ratio_to_twin"]) == {"async-1t", "async-pipelined"}
+    assert set(saved["ratio_to_twin"]) == {"async-1t", "async-unpipelined"}
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3
     assert "x the twin's run phase" in completed.stdout
 

@@ -182,7 +182,7 @@ class _FakeState(NamedTuple):
     params: int  # the number of updates this state has had
 
 
-def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None):
+def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None, pipeline=True):
     """Run `learner_loop` on `_ScriptedActors` with an update that counts, logging to ``log``."""
     from ppo_async import StopTraining, learner_loop
     from ppo_async.learner import LearnerChannels
@@ -204,7 +204,7 @@ def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None):
     channels = LearnerChannels(_ScriptedActors(log, updates, lock_step))
     return learner_loop(config, None, _FakeState(0), channels, jax.devices("cpu")[0],
                         on_update=on_update, after_update=after_update, update=update,
-                        end_update=updates, pipeline=True)
+                        end_update=updates, pipeline=pipeline)
 
 
 def _events(log, kind):
@@ -224,6 +224,12 @@ def test_the_next_update_is_dispatched_before_the_last_one_is_read_back():
     # Every chunk was made by policy 0, and update k consumed its chunks after
     # k - 1 updates had been dispatched: lags 0, 1, 2, 3.
     assert report.policy_lag_counts == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
+def test_without_pipelining_each_update_is_read_back_before_the_next():
+    log = []
+    _scripted_learner(log, lock_step=False, pipeline=False)
+    assert [event for event, _ in log if event in ("update", "metrics")] == ["update", "metrics"] * 4
 
 
 def test_lock_step_never_waits_for_experience_with_params_unpublished():
