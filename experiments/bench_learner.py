@@ -16,8 +16,11 @@ At the default config, in this process:
 - the learner alone: `learner_loop` on the same real chunks replayed as fast
   as it takes them (no actor threads, no waiting), milliseconds per update
   with its pipelined readback (the default) and without it (``pipeline=False``),
-  against the update alone: the learner's own overhead per update, and how
-  much of it pipelining hides when the learner has a core to itself.
+  against the update alone and against the synchronous twin's run phase
+  (``jax.jit(make_train(config))``, compile excluded) per update: the
+  learner's own overhead per update, how much of it pipelining hides when
+  the learner has a core to itself, and whether the learner side alone
+  could keep up with the twin.
 
     python experiments/bench_learner.py [--total-env-steps 300000] [--hidden-sizes 256 256]
 """
@@ -167,6 +170,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     checkpoint_s, checkpoint_bytes = _checkpoint_cost(config, program, state, cpu)
 
+    from ppo_async.sync import make_train
+
+    compiled_twin = jax.jit(make_train(config)).lower(jax.random.key(0)).compile()
+    twin_start = time.perf_counter()
+    jax.block_until_ready(compiled_twin(jax.random.key(0)))
+    twin_s = (time.perf_counter() - twin_start) / config.num_updates
+
     experiences = common.real_chunks(config, program, params)
     alone = {}
     for pipeline in (False, True, False, True):  # alternating; the median of two each
@@ -195,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
         "checkpoint_write_s": checkpoint_s,
         "checkpoint_bytes": checkpoint_bytes,
         "learner_alone_s_per_update": alone_s,
+        "twin_s_per_update": twin_s,
+        "learner_alone_pipelined_over_twin_rate": twin_s / alone_s["pipelined"],
     }
     print(f"learner idle (waiting for experience) in the steady state: {idle:.1%} (target < 10%)")
     print(f"the update's call returns after {dispatch_s * 1e3:.2f} ms (dispatch), "
@@ -218,7 +230,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"({config.batch_size / alone_s['pipelined']:.0f} env steps/s), unpipelined "
           f"{alone_s['unpipelined'] * 1e3:.2f} ms "
           f"({config.batch_size / alone_s['unpipelined']:.0f} env steps/s); the update alone "
-          f"{update_s * 1e3:.2f} ms")
+          f"{update_s * 1e3:.2f} ms; the synchronous twin's run phase {twin_s * 1e3:.2f} ms "
+          f"({config.batch_size / twin_s:.0f} env steps/s): the learner alone, pipelined, runs "
+          f"{twin_s / alone_s['pipelined']:.2f}x the twin's rate")
     common.save_result("bench_learner", args.out, __file__, argv, result)
     return result
 

@@ -117,6 +117,8 @@ def test_bench_learner_measures_every_figure_it_reports(tmp_path, monkeypatch, c
     assert saved["payload_bytes"] > 1000
     assert set(saved["learner_alone_s_per_update"]) == {"pipelined", "unpipelined"}
     assert all(s > 0.0 for s in saved["learner_alone_s_per_update"].values())
+    assert saved["learner_alone_pipelined_over_twin_rate"] == pytest.approx(
+        saved["twin_s_per_update"] / saved["learner_alone_s_per_update"]["pipelined"])
     out = capsys.readouterr().out
     assert "target < 2%" in out and "the learner alone on replayed chunks" in out
 
