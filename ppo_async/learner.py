@@ -754,6 +754,33 @@ def learner_loop(
     end_update = config.num_updates if end_update is None else end_update
     dispatched = report.updates  # updates handed to the device: each consumed one chunk per actor
 
+    def wait_budget() -> float | None:
+        """How long the learner may wait for the actors it waits on.
+
+        None if some had sent nothing for ``learner_timeout_s`` and were
+        restarted; raises `LearnerTimeoutError` naming them if they cannot be.
+        """
+        now = time.monotonic()
+        stuck = _stuck_actors(buffer, last_chunk_at, timeout_s, now)
+        if stuck and on_stuck_actors is not None and on_stuck_actors(
+            stuck, dispatched * config.num_steps  # their columns are empty
+        ):
+            for actor_id in stuck:
+                last_chunk_at[actor_id] = time.monotonic()  # fresh actors
+            return None
+        if stuck:
+            names = ", ".join(f"actor {i}" for i in stuck)
+            others = [i for i in range(config.num_actors) if i not in stuck]
+            raise LearnerTimeoutError(
+                f"{names} sent no experience for learner_timeout_s={timeout_s} s while "
+                f"the learner waited for it at update {report.updates + 1}"
+                + (f" (actors {others} kept sending)" if others else "")
+                + "; its env or rollout is stuck or far slower than the timeout allows",
+                stuck,
+            )
+        waited_on = [last_chunk_at[i] for i, column in enumerate(buffer.columns) if not column]
+        return max(min(waited_on) + timeout_s - now, 1e-3)
+
     def take_experience(wait: bool) -> None:
         """Move delivered chunks into the buffer until it is ready.
 
@@ -761,30 +788,9 @@ def learner_loop(
         blocks on the actors while an update's params are still unpublished.
         """
         while not buffer.ready():
-            if wait:
-                now = time.monotonic()
-                stuck = _stuck_actors(buffer, last_chunk_at, timeout_s, now)
-                if stuck and on_stuck_actors is not None and on_stuck_actors(
-                    stuck, dispatched * config.num_steps  # their columns are empty
-                ):
-                    for actor_id in stuck:
-                        last_chunk_at[actor_id] = time.monotonic()  # fresh actors
-                    continue
-                if stuck:
-                    names = ", ".join(f"actor {i}" for i in stuck)
-                    others = [i for i in range(config.num_actors) if i not in stuck]
-                    raise LearnerTimeoutError(
-                        f"{names} sent no experience for learner_timeout_s={timeout_s} s while "
-                        f"the learner waited for it at update {report.updates + 1}"
-                        + (f" (actors {others} kept sending)" if others else "")
-                        + "; its env or rollout is stuck or far slower than the timeout allows",
-                        stuck,
-                    )
-                waited_on = [last_chunk_at[i] for i, column in enumerate(buffer.columns)
-                             if not column]
-                wait_s = max(min(waited_on) + timeout_s - now, 1e-3)
-            else:
-                wait_s = 0.0
+            wait_s = wait_budget() if wait else 0.0
+            if wait_s is None:
+                continue  # fresh actors
             wait_start = time.perf_counter()
             item = channels.transport.receive(wait_s)
             report.learner_wait_s += time.perf_counter() - wait_start
