@@ -4,17 +4,19 @@ Each is a full 500k-step run (about a minute on a 2-core machine), marked
 ``slow``; ``make test`` runs them.
 """
 
-import dataclasses
-
 import pytest
+from timing_cases import DEFAULT_CARTPOLE, VTRACE_LONG_LEAD
 
-from ppo_async import AsyncActorLearnerConfig, train
+from ppo_async import train
 
 pytestmark = pytest.mark.slow
 
 
 def test_default_config_solves_cartpole():
-    config = AsyncActorLearnerConfig()
+    """Timing-dependent (tests/timing_cases.py): 10 reruns of this config ended at
+    500.0 every time (lag max 1), on a 2-core machine under a load of 6-8
+    (experiments/timing_spread.py), so the solved bound of 475 holds."""
+    config = DEFAULT_CARTPOLE
     report = train(config, progress=False).report
     assert report.updates == config.num_updates
     # The actors produced at least what the learner consumed (what is left over
@@ -25,16 +27,16 @@ def test_default_config_solves_cartpole():
 
 
 def test_vtrace_with_four_actors_and_a_long_lead_learns_cartpole():
-    config = dataclasses.replace(
-        AsyncActorLearnerConfig(), use_vtrace=True, num_actors=4, envs_per_actor=2,
-        max_lead_steps=4 * 64,
-    )
+    config = VTRACE_LONG_LEAD
     report = train(config, progress=False).report
     assert report.updates == config.num_updates
     # The valve allows up to 3 updates of lag; the run must actually use it.
     assert report.policy_lag_max == 3
     # Learns, far above a random policy (about 22), but "solved" (>= 475) is not
     # asserted: with lag, V-trace (decoupled PPO) does not reliably solve CartPole
-    # in 500k steps. This config ended at 500 in 10 of 12 runs, at 471.4 in one,
-    # and below 475 in one; the staleness sweep in docs/results.md shows why.
+    # in 500k steps. Timing-dependent (tests/timing_cases.py): this config ended
+    # at 500 in 10 of 12 earlier runs, at 471.4 in one and below 475 in one, and
+    # at 500.0 in 10 of 10 reruns of experiments/timing_spread.py (lag max 3 in
+    # each, so the equality above holds too); the staleness sweep in
+    # docs/results.md shows why lag costs return here.
     assert report.episode_return_mean >= 200.0, report.episode_return_mean

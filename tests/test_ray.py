@@ -17,6 +17,7 @@ import time
 import flax.serialization
 import numpy as np
 import pytest
+from timing_cases import RAY_CARTPOLE
 
 from ppo_async import (
     ActorError,
@@ -171,7 +172,12 @@ def test_two_lock_step_ray_runs_are_byte_identical(ray_local):
 
 
 def test_two_ray_actors_learn_cartpole_with_the_lag_bound(ray_local):
-    config = dataclasses.replace(
+    """Timing-dependent (tests/timing_cases.py): 10 reruns ended between 177.2
+    and 371.2 (median 267.7), lag max 2 in each (experiments/timing_spread.py,
+    2-core machine under a load of 5-7); a random policy scores about 22, so
+    the bound of 100 is far below the spread and far above chance."""
+    config = RAY_CARTPOLE
+    assert config == dataclasses.replace(  # RAY_TINY's settings but the run's size
         RAY_TINY, envs_per_actor=4, num_steps=32, num_epochs=4, num_minibatches=4,
         total_env_steps=60_000, max_lead_steps=3 * 32,
     )

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict, unflatten_dict
+from timing_cases import MEMORY_CHAIN, MEMORY_CHAIN_LSTM
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, train
 from ppo_async.actor import Experience, make_actor_program
@@ -509,17 +510,18 @@ def test_the_rollout_resets_a_hand_written_memory_policy_in_time():
 @pytest.mark.slow
 def test_an_asynchronous_lstm_remembers_what_the_mlp_cannot():
     """MemoryChain: the context bit is shown at the first two steps and must be
-    repeated at the sixth for +1 (else -1); memoryless, the best is 0 on average."""
+    repeated at the sixth for +1 (else -1); memoryless, the best is 0 on average.
+
+    Timing-dependent (tests/timing_cases.py): over 10 reruns
+    (experiments/timing_spread.py) the LSTM ended at 0.98 and the MLP between
+    -0.02 and 0.00 every time, so both bounds below hold with a wide margin."""
     # experiments/recurrent_results.py's config at 80 updates (20,480 steps),
     # where its async curves (seeds 0-2) stood at 0.98, 1.00, 0.96 for the LSTM
     # and 0.00, 0.18, -0.14 for the MLP. A memoryless policy's mean over 100
     # episodes of +-1 has a standard deviation of 0.1, so 0.5 is a clear margin.
-    base = AsyncActorLearnerConfig(
-        env_id=MEMORY_ENV, num_actors=2, envs_per_actor=4, num_steps=32,
-        num_minibatches=4, total_env_steps=80 * 256, rnn_hidden_size=64, seed=0,
-    )
-    lstm = train(dataclasses.replace(base, network="lstm"), progress=False).report
-    mlp = train(base, progress=False).report
+    assert MEMORY_CHAIN.env_id == MEMORY_ENV
+    lstm = train(MEMORY_CHAIN_LSTM, progress=False).report
+    mlp = train(MEMORY_CHAIN, progress=False).report
     assert lstm.policy_lag_max >= 1  # asynchronous: the default lead allows lag 1
     print(f"MemoryChain return: lstm {lstm.episode_return_mean:.2f}, "
           f"mlp {mlp.episode_return_mean:.2f}")
