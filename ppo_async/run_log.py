@@ -121,6 +121,21 @@ class RunLog:
                 refresh=False,
             )
 
+    def evaluation(self, metrics: dict[str, Any]) -> None:
+        """Log one periodic evaluation (`ppo_async.learner.drain_evaluations`), which arrives
+        updates after the one it evaluated: a ``metrics.jsonl`` line of its own keyed by that
+        update (``read_metrics`` merges it into the update's row), a TensorBoard event at that
+        update's ``env_steps``, and W&B (see `WandbRun.log_evaluation`). The bar does not move.
+        """
+        if self.metrics is not None:
+            self.metrics.write(metrics)
+        if self.events is not None:
+            values = [self.summary.Value(tag=name, simple_value=float(value))
+                      for name, value in metrics.items() if name.startswith("eval_")]
+            self.events.add_summary(self.summary(value=values), int(metrics["env_steps"]))
+        if self.wandb is not None:
+            self.wandb.log_evaluation(metrics)
+
     def close(self, failed: bool = False) -> None:
         """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so)."""
         if self.metrics is not None:
