@@ -758,8 +758,7 @@ def learner_loop(
 
     ``state`` must already be on ``device`` and its params already published
     on ``channels.transport``. ``on_update`` receives each update's flat
-    metrics dict (host floats); ``on_evaluation`` each periodic evaluation's
-    (`drain_evaluations`) as it arrives. When an actor fails, ``on_actor_failure`` may
+    metrics dict (host floats). When an actor fails, ``on_actor_failure`` may
     restart it (returning True): it is told how many rows the learner counts as
     produced by that actor (consumed plus buffered). When actors the learner
     waits on send nothing for ``learner_timeout_s``, ``on_stuck_actors`` may
@@ -775,6 +774,9 @@ def learner_loop(
     next batch, the metrics, the broadcast) runs while the device computes;
     False reads every update back before the next (``experiments/bench_learner.py``
     and ``experiments/bench_throughput.py`` measure both).
+
+    ``on_evaluation`` receives each periodic evaluation's metrics line
+    (`drain_evaluations`) as it arrives, updates after the one it evaluated.
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` naming the actors the learner waits on

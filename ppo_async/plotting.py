@@ -84,7 +84,8 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
     """Write a figure of ``run_dirs`` (directories or loaded `Run`s) to ``out`` (PNG); returns its path.
 
     ``x`` is ``env_steps`` or ``wall_time_s`` (or ``wall_time``). Raises FileNotFoundError for
-    a run without metrics and ValueError for an unknown ``x``.
+    a run without metrics, `ConfigError` for a damaged ``config.json`` and ValueError for an
+    unknown ``x``.
     """
     x = {"wall_time": "wall_time_s"}.get(x, x)  # the CLI's name for it
     if x not in X_AXES:
@@ -148,7 +149,7 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
 
 def _draw_points(ax, run: Run, metric: str, x: str, from_start: bool, fmt: str = "-",
                  **style) -> None:
-    """``run``'s ``metric`` against ``x``, NaN left out (nothing if the run lacks it)."""
+    """``run``'s ``metric`` against ``x`` (a NaN leaves a gap; nothing if the run lacks it)."""
     values = run.metrics.get(metric)
     if values is not None:
         ax.plot(run_x(run, x, from_start), values, fmt, **style)

@@ -52,7 +52,9 @@ class RunLog:
     (``pip install 'ppo-async[tb]'``; the ``dev`` extra has it), one
     TensorBoard event holding the same scalars under the same names, at step
     ``env_steps``, in an ``events.out.tfevents.*`` file beside it:
-    ``tensorboard --logdir runs/`` shows every run.
+    ``tensorboard --logdir runs/`` shows every run. A periodic evaluation,
+    which finishes updates after the one it evaluated, is logged by
+    `evaluation` as a line and an event of its own.
 
     ``start_update`` is the update the run starts from: 0 for a fresh run
     (``metrics.jsonl`` and old event files are cleared), the checkpoint's

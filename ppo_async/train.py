@@ -151,7 +151,8 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
                     return
                 # Seeded apart from training, and the same every time, so that
                 # changes in the eval return come from the policy alone.
-                result = evaluator.evaluate_broadcast(message.broadcast, seed=config.seed + 1_000_003)
+                result = evaluator.evaluate_broadcast(message.broadcast,
+                                                      seed=config.seed + 1_000_003)
                 channels.eval_results.put(
                     EvalOutcome(message.broadcast.version, message.env_steps, result))
         except BaseException as error:  # noqa: BLE001 - reported, never swallowed

@@ -172,7 +172,8 @@ def test_an_evaluation_is_logged_at_the_newest_step_naming_the_update_it_evaluat
 
     logged = []
     run = WandbRun.__new__(WandbRun)  # no wandb: only the step bookkeeping is under test
-    run.run, run.step = types.SimpleNamespace(log=lambda values, step: logged.append((values, step))), 0
+    run.run = types.SimpleNamespace(log=lambda values, step: logged.append((values, step)))
+    run.step = 0
     run.log({"update": 5, "env_steps": 320, "policy_loss": 0.5})
     # Update 2's evaluation finished after update 5: W&B drops a point below the last step.
     run.log_evaluation({"update": 2, "env_steps": 128, "eval_return_mean": 9.0,
