@@ -35,7 +35,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ppo_async.run_dir import CONFIG_FILE, METRICS_FILE, SEGMENTS_FILE, SUMMARY_FILE, metrics_lines
+from ppo_async.run_dir import (
+    METRICS_FILE,
+    SEGMENTS_FILE,
+    SUMMARY_FILE,
+    metrics_lines,
+    read_config_fields,
+)
 
 # The config field that tells the seeds of one experiment apart.
 SEED_FIELD = "seed"
@@ -43,20 +49,62 @@ SEED_FIELD = "seed"
 RATE_WINDOW = 10
 
 
-def read_metrics(run_dir: str | pathlib.Path) -> list[dict[str, float]]:
+class MetricsWarning(UserWarning):
+    """A line of ``metrics.jsonl`` that is not a JSON object, skipped when the run was read."""
+
+
+# The keys of an evaluation's own line (`ppo_async.learner.drain_evaluations`).
+EVALUATION_KEYS = frozenset({"update", "env_steps", "eval_return_mean", "eval_return_std",
+                             "eval_policy_version"})
+
+
+def read_metrics(run_dir: str | pathlib.Path) -> list[dict[str, Any]]:
     """The per-update metrics of a run (``metrics.jsonl``), in order; ``null`` becomes NaN.
 
-    Raises FileNotFoundError if there is no ``metrics.jsonl`` or it holds no
-    update yet.
+    A periodic evaluation has a line of its own, written when it finished
+    (updates later); its values are merged into the record of the update it
+    evaluated. A line that is not a JSON object (the last one, cut by a
+    crash, or a damaged one) is skipped with a `MetricsWarning` naming the
+    file and the line. Raises FileNotFoundError if there is no
+    ``metrics.jsonl`` or it holds no update yet.
     """
     path = pathlib.Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics; is {run_dir} a run directory?")
-    records = [{k: math.nan if v is None else v for k, v in record.items()}
-               for _, record in metrics_lines(path)]
-    if not records:
+    updates: list[dict[str, Any]] = []
+    evaluations: list[dict[str, Any]] = []
+    for number, _, record in metrics_lines(path):
+        if record is None:
+            warnings.warn(f"{path}, line {number}: not a JSON object (cut by a crash?); skipped",
+                          MetricsWarning, stacklevel=2)
+            continue
+        record = {k: math.nan if v is None else v for k, v in record.items()}
+        is_evaluation = "update" in record and record.keys() <= EVALUATION_KEYS
+        (evaluations if is_evaluation else updates).append(record)
+    if not updates:
         raise FileNotFoundError(f"{path}: no update recorded yet; plot again once the run has made one")
-    return records
+    return _merge_evaluations(updates, evaluations)
+
+
+def _merge_evaluations(updates: list[dict[str, Any]],
+                       evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each evaluation's values in the record of the update it evaluated (its own, if none)."""
+    by_update = {record.get("update"): record for record in updates}
+    orphans = []
+    for evaluation in evaluations:
+        if evaluation["update"] in by_update:
+            by_update[evaluation["update"]].update(
+                (k, v) for k, v in evaluation.items() if k not in ("update", "env_steps"))
+        else:
+            orphans.append(evaluation)
+    if not orphans:
+        return updates
+    return sorted(updates + orphans, key=lambda record: _as_float(record.get("update")))
+
+
+def _as_float(value: Any) -> float:
+    """A metric's value as a float: NaN for a missing or non-numeric one."""
+    return float(value) if isinstance(value, (int, float)) else math.nan
 
 
 class Run(NamedTuple):
@@ -115,15 +163,18 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
     ``env_steps_per_s_window`` (the throughput over the last `RATE_WINDOW` updates; the file's
     ``env_steps_per_s`` averages over the whole segment, the first update's compile included).
 
-    Raises FileNotFoundError if the run has no metrics yet.
+    Raises FileNotFoundError if the run has no metrics yet, and `ConfigError` if its
+    ``config.json`` is not a JSON object (`ppo_async.run_dir.read_config_fields`).
     """
     path = pathlib.Path(run_dir)
+    config = read_config_fields(path)
     records = read_metrics(path)
-    names = list(dict.fromkeys(name for record in records for name in record))
-    metrics = {name: np.array([float(r.get(name, math.nan)) for r in records], dtype=np.float64)
+    # Only metrics: a field no record holds a number in (a label, say) is left out.
+    names = list(dict.fromkeys(name for record in records for name, value in record.items()
+                               if isinstance(value, (int, float))))
+    metrics = {name: np.array([_as_float(r.get(name)) for r in records], dtype=np.float64)
                for name in names}
-    config_path, summary_path = path / CONFIG_FILE, path / SUMMARY_FILE
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    summary_path = path / SUMMARY_FILE
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     segments_path = path / SEGMENTS_FILE
     segments = json.loads(segments_path.read_text()) if segments_path.is_file() else []
@@ -131,7 +182,7 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
         metrics["wall_time_s"] = _wall_time(metrics, segments)
     if "wall_time_s" in metrics:
         metrics["env_steps_per_s_window"] = _windowed_rate(metrics["env_steps"], metrics["wall_time_s"])
-    return Run(path, config, metrics, summary)
+    return Run(path, config or {}, metrics, summary)
 
 
 def load_runs(run_dirs: Iterable[str | pathlib.Path]) -> list[Run]:
@@ -172,22 +223,36 @@ def group_runs(runs: Sequence[Run], ignore: Sequence[str] = (SEED_FIELD,)) -> di
     return labelled
 
 
+def run_x(run: Run, x: str = "env_steps", from_start: bool = False) -> np.ndarray:
+    """``run``'s ``x`` at each update; with ``from_start``, counted from its first update's."""
+    xs = run.metrics[x]
+    if from_start and np.isfinite(xs).any():
+        xs = xs - np.nanmin(xs)
+    return xs
+
+
 def aligned(runs: Sequence[Run], metric: str, x: str = "env_steps",
-            num_points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+            num_points: int = 200, from_start: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(grid [points], values [runs, points])``: ``metric`` of each run against ``x``.
 
     Runs that share their ``x`` values (seeds of one config against
     ``env_steps``) keep them; otherwise each run is linearly interpolated onto
-    ``num_points`` points spanning the range all runs cover. NaN where a run
-    has no value there (e.g. the return before the first finished episode).
+    ``num_points`` points spanning the range all runs cover, so that a mean
+    over runs averages the same runs at every point. NaN where a run has no
+    value there (e.g. the return before the first finished episode).
+
+    ``from_start`` counts each run's ``x`` from its own first update
+    (`run_x`): seeds whose wall-clock times are offset (a slower compile
+    before the first update, runs started one after another) line up at 0,
+    and their common range is as long as the shortest of them.
     """
-    xs = [run.metrics[x] for run in runs]
+    xs = [run_x(run, x, from_start) for run in runs]
     ys = [run.metrics.get(metric, np.full_like(run.metrics[x], math.nan)) for run in runs]
     if all(len(v) == len(xs[0]) and np.array_equal(v, xs[0]) for v in xs):
         return xs[0].copy(), np.stack(ys)
     low = max(float(np.nanmin(v)) for v in xs)
     high = min(float(np.nanmax(v)) for v in xs)
-    if not high > low:  # no common range: fall back to the shortest run's own points
+    if not high > low:  # no common range: fall back to the union of the runs' ranges
         low, high = min(float(np.nanmin(v)) for v in xs), max(float(np.nanmax(v)) for v in xs)
     grid = np.linspace(low, high, num_points)
     values = np.empty((len(runs), num_points))

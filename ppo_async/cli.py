@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import pathlib
 import sys
 import traceback
+import warnings
 from typing import Annotated, Any, Literal
 
 import tyro
@@ -41,17 +41,23 @@ PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
 def load_run_config(run_dir: pathlib.Path) -> AsyncActorLearnerConfig:
-    """The config a run directory was trained with (its ``config.json``)."""
-    path = pathlib.Path(run_dir) / "config.json"
-    if not path.is_file():
+    """The config a run directory was trained with (its ``config.json``).
+
+    Fields this version does not know (the run was written by another
+    version) are left out with a one-line warning on stderr: the run stays
+    usable, and the warning says what was not applied.
+    """
+    from ppo_async.run_dir import read_config_fields
+
+    fields = read_config_fields(run_dir)
+    if fields is None:
         raise ConfigError(f"run_dir={str(run_dir)!r}: no config.json there; is it a run directory?")
-    try:
-        fields = json.loads(path.read_text())
-    except ValueError as error:
-        raise ConfigError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(fields, dict):
-        raise ConfigError(f"{path}: expected a JSON object of config fields")
     known = {f.name for f in dataclasses.fields(AsyncActorLearnerConfig)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        print(f"ppo-async: warning: {pathlib.Path(run_dir) / 'config.json'}: ignoring "
+              f"{', '.join(unknown)}, not config fields of ppo-async {__version__} "
+              "(written by another version?)", file=sys.stderr)
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items() if k in known}
     return AsyncActorLearnerConfig(**fields)
 
@@ -241,7 +247,8 @@ def plot_command(
 
     Runs whose configs differ only by seed are drawn as one group: the mean
     over seeds with a 95% bootstrap band. One run: RUN_DIR/curves.png by
-    default; several: --out FILE (default runs_overview.png here).
+    default; several: --out FILE (default runs_overview.png here). Of
+    several, a run with no update recorded yet is skipped with a note.
 
     Args:
         run_dirs: Run directories to overlay.
@@ -254,7 +261,36 @@ def plot_command(
         raise ConfigError("plot needs at least one run directory: ppo-async plot runs/NAME")
     if out is None:
         out = run_dirs[0] / "curves.png" if len(run_dirs) == 1 else pathlib.Path("runs_overview.png")
-    print(f"wrote {plot_runs(run_dirs, out, x=x)}")
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning  # e.g. a damaged metrics.jsonl line
+        runs = _runs_with_data(run_dirs)
+        print(f"wrote {plot_runs(runs, out, x=x)}")
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"ppo-async: warning: {message}", file=sys.stderr)
+
+
+def _runs_with_data(run_dirs: tuple[pathlib.Path, ...]) -> list:
+    """The `ppo_async.analysis.Run` of each directory that has an update recorded.
+
+    The others (a run refused before its first update, a stray directory)
+    are skipped with a one-line note; FileNotFoundError if none is left.
+    """
+    from ppo_async.analysis import load_run
+
+    runs = []
+    for run_dir in run_dirs:
+        try:
+            runs.append(load_run(run_dir))
+        except FileNotFoundError as error:
+            if len(run_dirs) == 1:
+                raise
+            print(f"ppo-async: plot: skipping {run_dir}: {error}", file=sys.stderr)
+    if not runs:
+        raise FileNotFoundError(f"none of the {len(run_dirs)} run directories has an update "
+                                "recorded; nothing to plot")
+    return runs
 
 
 def _take_option(argv: list[str], flag: str, example: str,

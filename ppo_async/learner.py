@@ -50,6 +50,7 @@ from ppo_async.normalization import (
 from ppo_async.policy_io import PolicyBroadcast, place, serialize_policy
 
 if TYPE_CHECKING:  # the transport module builds on this one's callers, not on it
+    from ppo_async.evaluate import EvalResult
     from ppo_async.transport import LearnerTransport
 
 
@@ -642,8 +643,45 @@ class LearnerChannels(NamedTuple):
     """The learner's ends: the actors' transport and the evaluator's queues."""
 
     transport: LearnerTransport  # experience (and failures of any thread) in, broadcasts out
-    evaluator_queue: queue.Queue | None = None  # PolicyBroadcasts to evaluate
-    eval_results: queue.Queue | None = None  # (policy version, EvalResult) back
+    evaluator_queue: queue.Queue | None = None  # EvalRequests (None: the evaluator ends)
+    eval_results: queue.Queue | None = None  # EvalOutcomes back
+
+
+class EvalRequest(NamedTuple):
+    """One evaluation asked of the evaluator thread."""
+
+    broadcast: PolicyBroadcast  # the params after update ``broadcast.version``
+    env_steps: int  # env steps consumed by that update
+
+
+class EvalOutcome(NamedTuple):
+    """One finished evaluation, back from the evaluator thread."""
+
+    version: int  # the update whose params were evaluated
+    env_steps: int  # env steps consumed by that update
+    result: EvalResult
+
+
+def drain_evaluations(channels: LearnerChannels, report: LearnerReport) -> list[dict[str, float]]:
+    """The evaluations finished since the last call, each counted in ``report.eval_returns``.
+
+    Each is a metrics line of its own, keyed by the ``update`` and
+    ``env_steps`` it evaluated: an evaluation finishes updates after the one
+    it belongs to, whose line is already written by then
+    (`ppo_async.analysis.read_metrics` merges it into that update's row).
+    """
+    lines = []
+    while channels.eval_results is not None:
+        try:
+            outcome = channels.eval_results.get_nowait()
+        except queue.Empty:
+            break
+        report.eval_returns.append((outcome.version, outcome.result.mean_return))
+        lines.append({"update": outcome.version, "env_steps": outcome.env_steps,
+                      "eval_return_mean": outcome.result.mean_return,
+                      "eval_return_std": outcome.result.std_return,
+                      "eval_policy_version": outcome.version})
+    return lines
 
 
 # on_actor_failure(failure, produced_steps) -> restarted?
@@ -667,7 +705,7 @@ def _check_finite(metrics: dict[str, float], update: int) -> None:
 AfterUpdate = Callable[[LearnerState, "LearnerReport", list[Any]], None]
 
 
-def _request_evaluation(channels: LearnerChannels, message: PolicyBroadcast) -> bool:
+def _request_evaluation(channels: LearnerChannels, message: EvalRequest) -> bool:
     """Queue ``message`` for the evaluator, replacing a request it has not started.
 
     The evaluator may be slower than the learner; only the newest policy is
@@ -714,6 +752,7 @@ def learner_loop(
     update: UpdateFn | None = None,
     end_update: int | None = None,
     pipeline: bool = True,
+    on_evaluation: Callable[[dict[str, float]], None] | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
@@ -735,6 +774,9 @@ def learner_loop(
     next batch, the metrics, the broadcast) runs while the device computes;
     False reads every update back before the next (``experiments/bench_learner.py``
     and ``experiments/bench_throughput.py`` measure both).
+
+    ``on_evaluation`` receives each periodic evaluation's metrics line
+    (`drain_evaluations`) as it arrives, updates after the one it evaluated.
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` naming the actors the learner waits on
@@ -850,14 +892,11 @@ def learner_loop(
             eval_message = PolicyBroadcast(
                 report.updates, report.updates, serialize_policy(state.params)
             )
-            report.eval_requests_skipped += _request_evaluation(channels, eval_message)
-        eval_metrics = {}
-        while channels.eval_results is not None and not channels.eval_results.empty():
-            version, result = channels.eval_results.get_nowait()
-            report.eval_returns.append((version, result.mean_return))
-            eval_metrics = {"eval_return_mean": result.mean_return,
-                            "eval_return_std": result.std_return,
-                            "eval_policy_version": version}
+            report.eval_requests_skipped += _request_evaluation(
+                channels, EvalRequest(eval_message, report.env_steps))
+        for evaluation in drain_evaluations(channels, report):
+            if on_evaluation is not None:
+                on_evaluation(evaluation)
         carries = [e.env_carry for e in experiences]
         if on_update is None:
             if after_update is not None:
@@ -873,7 +912,6 @@ def learner_loop(
             queue_depth=channels.transport.queue_depth(),
             learner_wait_s=report.learner_wait_s,
             broadcast_s=broadcast_s,
-            **eval_metrics,
         )
         try:
             on_update(host_metrics)  # writes this update's metrics line...

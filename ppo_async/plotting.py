@@ -5,6 +5,13 @@ policy and value losses, the entropy, the approximate KL, the clip fraction,
 the throughput and the policy lag, plus a histogram of the policy lag. Runs
 whose configs differ only by seed form a group (`ppo_async.analysis.group_runs`):
 its mean curve and a 95% bootstrap band over seeds, each seed a thin line.
+
+Against wall-clock time each run is counted from its own first update
+(`ppo_async.analysis.aligned` with ``from_start``): seeds whose clocks are
+offset (a slower compile, runs started one after another) line up at 0, and
+a group's mean covers the time its shortest seed ran, so it never averages a
+changing set of seeds. Greedy evaluations (``eval_every_updates``) are dots
+at the update they evaluated, for the runs that have them.
 """
 
 from __future__ import annotations
@@ -16,7 +23,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ppo_async.analysis import Run, aligned, bootstrap_mean_band, group_runs, load_runs, read_metrics
+from ppo_async.analysis import (
+    Run,
+    aligned,
+    bootstrap_mean_band,
+    group_runs,
+    load_runs,
+    read_metrics,
+    run_x,
+)
 from ppo_async.run_dir import write_atomically
 
 __all__ = ["PANELS", "X_AXES", "plot_run", "plot_runs", "read_metrics"]
@@ -32,7 +47,8 @@ PANELS = (
     ("env_steps_per_s_window", "env steps/s (over 10 updates)"),
     ("policy_lag_mean", "policy lag (mean; max dashed)"),
 )
-X_AXES = {"env_steps": "env steps", "wall_time_s": "wall-clock time (s)"}
+X_AXES = {"env_steps": "env steps",
+          "wall_time_s": "wall-clock time (s) from each run's first update"}
 
 
 def _figure(**kwargs):
@@ -68,7 +84,8 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
     """Write a figure of ``run_dirs`` (directories or loaded `Run`s) to ``out`` (PNG); returns its path.
 
     ``x`` is ``env_steps`` or ``wall_time_s`` (or ``wall_time``). Raises FileNotFoundError for
-    a run without metrics and ValueError for an unknown ``x``.
+    a run without metrics, `ConfigError` for a damaged ``config.json`` and ValueError for an
+    unknown ``x``.
     """
     x = {"wall_time": "wall_time_s"}.get(x, x)  # the CLI's name for it
     if x not in X_AXES:
@@ -84,31 +101,32 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
     fig = _figure(figsize=(15, 10.5))
     axes = fig.subplots(3, 3).ravel()
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    from_start = x == "wall_time_s"
     for (metric, panel_title), ax in zip(PANELS, axes):
         drawn = False
         for g, (label, group) in enumerate(groups.items()):
             if not any(metric in run.metrics for run in group):
                 continue
             color = colors[g % len(colors)]
-            grid, values = aligned(group, metric, x)
+            grid, values = aligned(group, metric, x, from_start=from_start)
             mean, low, high = bootstrap_mean_band(values, seed=g)
             if len(group) > 1:
-                for seed_values in values:
-                    ax.plot(grid, seed_values, color=color, alpha=0.25, linewidth=0.7)
+                for run in group:  # each seed over its own range
+                    _draw_points(ax, run, metric, x, from_start, color=color, alpha=0.25,
+                                 linewidth=0.7)
                 ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
             seeds = f" ({len(group)} seeds)" if len(group) > 1 else ""
             ax.plot(grid, mean, color=color, linewidth=1.8, label=f"{label}{seeds}")
             if metric == "policy_lag_mean":
-                _, lag_max = aligned(group, "policy_lag_max", x)
+                _, lag_max = aligned(group, "policy_lag_max", x, from_start=from_start)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # points no seed covers
                     lag_max = np.nanmax(lag_max, axis=0)
                 ax.plot(grid, lag_max, color=color, linestyle="--", linewidth=1)
-            if metric == "episode_return" and any("eval_return_mean" in r.metrics for r in group):
+            if metric == "episode_return":
                 for run in group:
-                    xs, evals = run.metrics[x], run.metrics.get("eval_return_mean")
-                    ok = np.isfinite(evals)
-                    ax.plot(xs[ok], evals[ok], "o", color=color, markersize=3)
+                    _draw_points(ax, run, "eval_return_mean", x, from_start, fmt="o",
+                                 color=color, markersize=3)
             drawn = True
         ax.set_title(panel_title + (" and greedy evaluation (dots)" if metric == "episode_return"
                                     and any("eval_return_mean" in r.metrics for r in runs) else ""),
@@ -127,6 +145,14 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=90)
     return write_atomically(out, image.getvalue())
+
+
+def _draw_points(ax, run: Run, metric: str, x: str, from_start: bool, fmt: str = "-",
+                 **style) -> None:
+    """``run``'s ``metric`` against ``x`` (a NaN leaves a gap; nothing if the run lacks it)."""
+    values = run.metrics.get(metric)
+    if values is not None:
+        ax.plot(run_x(run, x, from_start), values, fmt, **style)
 
 
 def _lag_histogram(ax, groups: dict[str, list[Run]], colors: list[str]) -> None:

@@ -8,7 +8,9 @@ A run directory holds
                     where it started, its config, and its provenance
                     (package version, git commit, command line, JAX backend
                     and devices, start time)
-``metrics.jsonl``   one strict-JSON object per learner update (NaN -> null)
+``metrics.jsonl``   one strict-JSON object per learner update (NaN -> null),
+                    and one per periodic evaluation, keyed by the update
+                    it evaluated and written when it finished
 ``checkpoints/``    ``ckpt_<update>.msgpack`` (`ppo_async.checkpoint`)
 ``params.msgpack``  flax bytes of the final params
 ``summary.json``    the final `LearnerReport`
@@ -277,23 +279,45 @@ def cut_metrics_after(run_dir: pathlib.Path, update: int) -> int:
     refuse_link(path)
     if not path.is_file():
         return 0
-    kept = [line for line, record in metrics_lines(path)
-            if isinstance(record.get("update"), int) and record["update"] <= update]
+    kept = [line for _, line, record in metrics_lines(path)
+            if record is not None and isinstance(record.get("update"), int)
+            and record["update"] <= update]
     write_atomically(path, "".join(line + "\n" for line in kept).encode())
     return len(kept)
 
 
-def metrics_lines(path: pathlib.Path) -> list[tuple[str, dict[str, Any]]]:
-    """``(line, record)`` of each whole JSON object line of a ``metrics.jsonl``.
+def metrics_lines(path: pathlib.Path) -> list[tuple[int, str, dict[str, Any] | None]]:
+    """``(line number, line, record)`` of each non-blank line of a ``metrics.jsonl``.
 
-    A line cut by a crash (or anything that is not a JSON object) is skipped.
+    ``record`` is None for a line that is not a JSON object (one cut by a
+    crash, or damaged); line numbers count from 1.
     """
     lines = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
         try:
             record = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(record, dict):
-            lines.append((line, record))
+            record = None
+        lines.append((number, line, record if isinstance(record, dict) else None))
     return lines
+
+
+def read_config_fields(run_dir: pathlib.Path) -> dict[str, Any] | None:
+    """The JSON object in ``run_dir``'s ``config.json``; None if there is none.
+
+    Raises `ConfigError` naming the file when it is not valid JSON (cut by a
+    crash) or not an object of fields.
+    """
+    path = pathlib.Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        fields = json.loads(path.read_text())
+    except ValueError as error:
+        raise ConfigError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{path}: expected a JSON object of config fields, "
+                          f"found {type(fields).__name__}")
+    return fields

@@ -52,7 +52,9 @@ class RunLog:
     (``pip install 'ppo-async[tb]'``; the ``dev`` extra has it), one
     TensorBoard event holding the same scalars under the same names, at step
     ``env_steps``, in an ``events.out.tfevents.*`` file beside it:
-    ``tensorboard --logdir runs/`` shows every run.
+    ``tensorboard --logdir runs/`` shows every run. A periodic evaluation,
+    which finishes updates after the one it evaluated, is logged by
+    `evaluation` as a line and an event of its own.
 
     ``start_update`` is the update the run starts from: 0 for a fresh run
     (``metrics.jsonl`` and old event files are cleared), the checkpoint's
@@ -120,6 +122,21 @@ class RunLog:
                 lag=f"{metrics['policy_lag_max']:.0f}",
                 refresh=False,
             )
+
+    def evaluation(self, metrics: dict[str, Any]) -> None:
+        """Log one periodic evaluation (`ppo_async.learner.drain_evaluations`), which arrives
+        updates after the one it evaluated: a ``metrics.jsonl`` line of its own keyed by that
+        update (``read_metrics`` merges it into the update's row), a TensorBoard event at that
+        update's ``env_steps``, and W&B (see `WandbRun.log_evaluation`). The bar does not move.
+        """
+        if self.metrics is not None:
+            self.metrics.write(metrics)
+        if self.events is not None:
+            values = [self.summary.Value(tag=name, simple_value=float(value))
+                      for name, value in metrics.items() if name.startswith("eval_")]
+            self.events.add_summary(self.summary(value=values), int(metrics["env_steps"]))
+        if self.wandb is not None:
+            self.wandb.log_evaluation(metrics)
 
     def close(self, failed: bool = False) -> None:
         """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so)."""

@@ -44,12 +44,14 @@ from ppo_async.compile_cache import enable_compilation_cache
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_device
 from ppo_async.learner import (
     Batch,
+    EvalOutcome,
     LearnerChannels,
     LearnerReport,
     LearnerState,
     LearningRateSchedule,
     UpdateFn,
     default_schedule,
+    drain_evaluations,
     init_learner_state,
     learner_loop,
     make_update_fn,
@@ -127,7 +129,7 @@ def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
 
 def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
                      stop: threading.Event) -> threading.Thread:
-    """A thread that evaluates each `PolicyBroadcast` put on ``channels.evaluator_queue``.
+    """A thread that evaluates each `EvalRequest` put on ``channels.evaluator_queue``.
 
     It receives the same bytes as the actors, so the learner never waits for
     it; results go back on ``channels.eval_results``, failures on the
@@ -149,8 +151,10 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
                     return
                 # Seeded apart from training, and the same every time, so that
                 # changes in the eval return come from the policy alone.
-                result = evaluator.evaluate_broadcast(message, seed=config.seed + 1_000_003)
-                channels.eval_results.put((message.version, result))
+                result = evaluator.evaluate_broadcast(message.broadcast,
+                                                      seed=config.seed + 1_000_003)
+                channels.eval_results.put(
+                    EvalOutcome(message.broadcast.version, message.env_steps, result))
         except BaseException as error:  # noqa: BLE001 - reported, never swallowed
             channels.transport.report_failure(
                 ActorFailure(EVALUATOR_ID, error, traceback.format_exc())
@@ -413,10 +417,10 @@ def train(
             config, program.network, state, channels, learner_device, record,
             on_actor_failure=supervisor.on_failure, on_stuck_actors=supervisor.on_stuck,
             after_update=checkpoints.after_update, report=report,
-            update=warm_up.before(update), end_update=end_update,
+            update=warm_up.before(update), end_update=end_update, on_evaluation=run_log.evaluation,
         )
         if evaluator_thread is not None:
-            # Let the evaluation asked for last finish, so that it is reported.
+            # Let the evaluations asked for finish, so that they are reported and logged.
             channels.evaluator_queue.put(None)
             evaluator_thread.join(config.shutdown_timeout_s)
     except BaseException as caught:  # noqa: BLE001 - re-raised below, after the shutdown
@@ -433,6 +437,12 @@ def train(
                                      known_stuck=getattr(error, "actor_ids", ()))
         late = transport.late_failures()
         supervisor.annotate(error)
+    if error is None and evaluating:
+        try:  # evaluations that finished after the last update: the shutdown waited for them
+            for evaluation in drain_evaluations(channels, report):
+                run_log.evaluation(evaluation)
+        except Exception as caught:  # noqa: BLE001 - raised below, like the run's own errors
+            error = caught
     run_log.close(failed=error is not None)
     saved = checkpoints.save_latest() if run_dir is not None else None
 
@@ -448,9 +458,6 @@ def train(
 
     report.actor_stats = transport.actor_stats()
     report.actor_restarts = sum(stats.restarts for stats in report.actor_stats)
-    while evaluating and not channels.eval_results.empty():
-        version, result = channels.eval_results.get_nowait()
-        report.eval_returns.append((version, result.mean_return))
     result = TrainResult(jax.device_get(state.params), report)
     if run_dir is not None:
         write_atomically(run_dir / PARAMS_FILE, flax.serialization.to_bytes(result.params))

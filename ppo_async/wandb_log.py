@@ -10,7 +10,9 @@ What is logged, by `ppo_async.run_log.RunLog`:
 
 - at the start, the config (``config.to_dict()``) as the W&B run's config;
 - every update, the same scalars under the same names as ``metrics.jsonl``,
-  at W&B step ``env_steps``;
+  at W&B step ``env_steps``; each periodic evaluation's ``eval_*`` values at
+  the step of the update logged last (``eval_policy_version`` names the update
+  evaluated);
 - at the end, with a run directory, the run's figure (``curves.png``, from
   `ppo_async.plotting`) as the image ``curves``.
 
@@ -85,6 +87,16 @@ class WandbRun:
         # metrics.jsonl writes it as null: a missing point, not a zero.
         self.run.log({k: float(v) for k, v in metrics.items()
                       if not (isinstance(v, float) and math.isnan(v))}, step=self.step)
+
+    def log_evaluation(self, metrics: dict[str, Any]) -> None:
+        """The ``eval_*`` values of one periodic evaluation, at the newest update's step.
+
+        W&B drops a point logged at a step below the last one, and an
+        evaluation arrives updates after the one it evaluated; its
+        ``eval_policy_version`` names that update.
+        """
+        self.run.log({k: float(v) for k, v in metrics.items() if k.startswith("eval_")},
+                     step=max(self.step, int(metrics["env_steps"])))
 
     def finish(self, exit_code: int = 0) -> None:
         """Log the run's figure (with a run directory that holds metrics) and close the W&B run.

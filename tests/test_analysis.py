@@ -29,8 +29,12 @@ BATCH = 64
 
 
 def write_run(run_dir, *, seed=0, num_actors=2, updates=UPDATES, rate=1000.0, lags=(0, 1),
-              summary=True, segments=None):
-    """A run directory as train() leaves it: config.json, segments.json, metrics.jsonl, summary.json."""
+              summary=True, segments=None, compile_s=2.0, evaluations=()):
+    """A run directory as train() leaves it: config.json, segments.json, metrics.jsonl, summary.json.
+
+    ``compile_s``: seconds before the first update; ``evaluations``: the updates a periodic
+    evaluation evaluated, each a line of its own after the updates' (it finished later).
+    """
     rng = np.random.default_rng(seed)
     run_dir.mkdir(parents=True)
     config = AsyncActorLearnerConfig(num_actors=num_actors, envs_per_actor=2, num_steps=64 // (2 * num_actors),
@@ -46,10 +50,13 @@ def write_run(run_dir, *, seed=0, num_actors=2, updates=UPDATES, rate=1000.0, la
             "entropy": 0.69 - 0.01 * u, "approx_kl": 1e-3, "clip_fraction": 0.1,
             "update": u, "env_steps": env_steps,
             # The segment's average since the learner started (2 s of compile at the start).
-            "env_steps_per_s": env_steps / (2.0 + env_steps / rate),
+            "env_steps_per_s": env_steps / (compile_s + env_steps / rate),
             "episode_return": None if u == 1 else 10.0 * u + seed,
             "policy_lag_mean": float(np.mean(lags)), "policy_lag_max": max(lags),
         }))
+    for u in evaluations:
+        lines.append(json.dumps({"update": u, "env_steps": u * BATCH, "eval_return_mean": 100.0 + u,
+                                 "eval_return_std": 1.0, "eval_policy_version": u}))
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if summary:
         counts = {str(lag): 1 + lag for lag in lags}
@@ -225,3 +232,112 @@ def test_plot_errors_are_one_line(tmp_path, capsys):
         assert info.value.code == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1, err
+
+
+def _drawn_figures(monkeypatch):
+    """The matplotlib Figures that get saved from now on, in order."""
+    import matplotlib.figure
+
+    figures = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return figures
+
+
+def test_evaluation_lines_merge_into_their_update_and_plot_beside_runs_without(
+    tmp_path, monkeypatch
+):
+    # Two seeds of one config: one evaluated every 4 updates, the other never.
+    evaluated = load_run(write_run(tmp_path / "e0", seed=0, evaluations=(4, 8, 12)))
+    assert evaluated.num_updates == UPDATES  # merged, not rows of their own
+    evals = evaluated.metrics["eval_return_mean"]
+    np.testing.assert_array_equal(evaluated.metrics["update"][np.isfinite(evals)], [4, 8, 12])
+    np.testing.assert_array_equal(evals[np.isfinite(evals)], [104.0, 108.0, 112.0])
+    assert np.isfinite(evaluated.metrics["policy_loss"]).all()
+    plain = write_run(tmp_path / "p1", seed=1)
+    figures = _drawn_figures(monkeypatch)
+    plot_runs([evaluated.path, plain], tmp_path / "mixed.png")
+    (figure,) = figures
+    dots = [line for line in figure.axes[0].lines if line.get_marker() == "o"]
+    assert [list(d.get_ydata()[np.isfinite(d.get_ydata())]) for d in dots] == [[104, 108, 112]]
+    assert "greedy evaluation" in figure.axes[0].get_title()
+
+
+def test_wall_clock_groups_line_seeds_up_from_their_first_update(tmp_path, monkeypatch):
+    # Seeds of one config whose clocks do not overlap at all (the second compiled for 30 s).
+    dirs = [write_run(tmp_path / "w0", seed=0, compile_s=2.0),
+            write_run(tmp_path / "w1", seed=1, compile_s=30.0, rate=1100.0)]
+    runs = load_runs(dirs)
+    assert runs[0].metrics["wall_time_s"][-1] < runs[1].metrics["wall_time_s"][0]
+    grid, values = aligned(runs, "entropy", x="wall_time_s", from_start=True)
+    span = (UPDATES - 1) * BATCH / 1100.0  # the shorter seed: from its first update to its last
+    assert grid[0] == 0.0 and grid[-1] == pytest.approx(span)
+    assert np.isfinite(values).all()
+    mean, _, _ = bootstrap_mean_band(values)
+    # Entropy falls 0.01 per update in both seeds: the mean falls at one rate, without a jump.
+    assert np.diff(mean)[0] < 0
+    np.testing.assert_allclose(np.diff(mean), np.diff(mean)[0])
+    figures = _drawn_figures(monkeypatch)
+    plot_runs(dirs, tmp_path / "wall.png", x="wall_time")
+    entropy_ax = figures[0].axes[[m for m, _ in PANELS].index("entropy")]
+    mean_line = max(entropy_ax.lines, key=lambda line: line.get_linewidth())
+    np.testing.assert_allclose(mean_line.get_xdata()[[0, -1]], [0.0, span])
+    assert np.isfinite(mean_line.get_ydata()).all()
+    assert "first update" in entropy_ax.get_xlabel()
+
+
+def test_a_damaged_metrics_line_is_skipped_with_a_warning(tmp_path, capsys):
+    from ppo_async.analysis import MetricsWarning
+    from ppo_async.cli import main
+
+    run_dir = write_run(tmp_path / "damaged")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines[2] = lines[2][:17]  # line 3 cut
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.warns(MetricsWarning, match=r"metrics\.jsonl, line 3: not a JSON object"):
+        run = load_run(run_dir)
+    assert run.num_updates == UPDATES - 1 and 3 not in run.metrics["update"]
+    main(["plot", str(run_dir)])
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"ppo-async: warning: {run_dir / 'metrics.jsonl'}, line 3: "
+                                "not a JSON object (cut by a crash?); skipped"]
+
+
+def test_plot_skips_a_run_without_updates_and_fails_when_none_has_any(three_runs, tmp_path, capsys):
+    from ppo_async.cli import main
+
+    refused = tmp_path / "refused"  # what a run refused before its first update leaves
+    refused.mkdir()
+    (refused / "config.json").write_text((three_runs[0] / "config.json").read_text())
+    (refused / "metrics.jsonl").write_text("")
+    out = tmp_path / "overview.png"
+    main(["plot", *map(str, three_runs), str(refused), "--out", str(out)])
+    assert out.stat().st_size > 20_000
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ppo-async: plot: skipping {refused}: ")
+    with pytest.raises(SystemExit) as info:
+        main(["plot", str(refused), str(tmp_path / "missing"), "--out", str(out)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "none of the 2 run directories has an update recorded" in err[-1]
+
+
+@pytest.mark.parametrize("content, expected", [
+    ('{"env_id": "CartPole-v1", "se', "not valid JSON"),
+    ("[1, 2, 3]", "expected a JSON object of config fields, found list"),
+])
+def test_plot_of_a_damaged_config_is_one_line(three_runs, capsys, content, expected):
+    from ppo_async.cli import main
+
+    (three_runs[0] / "config.json").write_text(content)
+    with pytest.raises(SystemExit) as info:
+        main(["plot", str(three_runs[0])])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err and "config.json" in err, err
+    assert "Traceback" not in err

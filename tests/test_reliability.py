@@ -450,6 +450,20 @@ def test_cli_errors_are_one_line(tmp_path, capsys, args, expected):
     assert len(err.splitlines()) == 1 and expected in err
 
 
+def test_unknown_fields_of_a_run_config_are_named_in_one_warning_line(tmp_path, capsys):
+    from ppo_async.cli import load_run_config  # what eval, enjoy and --resume read a run with
+
+    fields = dict(TINY.to_dict(), added_later=1, also_unknown=True)
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    assert load_run_config(tmp_path).to_dict() == TINY.to_dict()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ppo-async: warning: ")
+    assert "ignoring added_later, also_unknown" in err[0] and "config.json" in err[0]
+    (tmp_path / "config.json").write_text(json.dumps(TINY.to_dict()))
+    load_run_config(tmp_path)
+    assert capsys.readouterr().err == ""  # nothing to say about a config of this version
+
+
 def test_cli_eval_runs_greedy_episodes_of_a_gymnasium_run(tmp_path, capsys):
     from ppo_async.cli import main
 

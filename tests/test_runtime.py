@@ -573,10 +573,11 @@ def test_a_nan_reward_stops_the_run_naming_the_update(monkeypatch):
     assert "nan" in str(info.value).lower()
 
 
-def test_periodic_evaluation_runs_on_its_own_thread_and_reports():
-    seen = []
+def test_periodic_evaluation_runs_on_its_own_thread_and_reports(tmp_path):
+    from ppo_async.analysis import load_run
+
     config = dataclasses.replace(TINY, eval_every_updates=2, eval_episodes=3)
-    report = train(config, progress=False, on_update=seen.append).report
+    report = train(config, run_dir=tmp_path, progress=False).report
     # Evaluations were asked for at updates 2, 4 and 6. One that waited while the
     # evaluator was busy is replaced by the newer one; the last is always finished
     # before train returns.
@@ -584,8 +585,18 @@ def test_periodic_evaluation_runs_on_its_own_thread_and_reports():
     assert versions[-1] == 6 and versions == sorted(versions) and set(versions) <= {2, 4, 6}
     assert len(versions) + report.eval_requests_skipped == 3
     assert all(np.isfinite(mean) and mean > 0 for _, mean in report.eval_returns)
-    reported = [m["eval_policy_version"] for m in seen if "eval_return_mean" in m]
-    assert reported == sorted(reported) and set(reported) <= {2, 4, 6}
+    # Every evaluation of summary.json is in metrics.jsonl too, in the row of the update it
+    # evaluated, the ones that finished after the last update included.
+    summary = json.loads((tmp_path / "summary.json").read_text())["eval_returns"]
+    assert [version for version, _ in summary] == versions
+    run = load_run(tmp_path)
+    assert run.num_updates == 6
+    evaluated = np.isfinite(run.metrics["eval_return_mean"])
+    assert run.metrics["update"][evaluated].tolist() == versions
+    np.testing.assert_allclose(run.metrics["eval_return_mean"][evaluated],
+                               [mean for _, mean in summary])
+    np.testing.assert_array_equal(run.metrics["env_steps"][evaluated],
+                                  np.array(versions) * config.batch_size)
 
 
 def test_an_evaluator_that_raises_stops_the_run(monkeypatch):

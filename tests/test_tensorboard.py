@@ -94,3 +94,18 @@ def test_without_tensorboardx_only_the_json_is_written(tmp_path, monkeypatch):
     run_log.close()
     assert not list(tmp_path.glob("events.out.tfevents.*"))
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_an_evaluation_is_a_line_and_an_event_at_the_update_it_evaluated(tmp_path):
+    run_log = RunLog(TINY, tmp_path, progress=False)
+    for update in (1, 2, 3):
+        run_log(fake_metrics(update))
+    evaluation = {"update": 2, "env_steps": 64, "eval_return_mean": 20.0, "eval_return_std": 1.5,
+                  "eval_policy_version": 2}
+    run_log.evaluation(evaluation)  # it finished after update 3
+    run_log.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1] == evaluation and len(lines) == 4
+    (events_file,) = tmp_path.glob("events.out.tfevents.*")
+    assert read_scalar_events(events_file)[-1] == (
+        64, {"eval_return_mean": 20.0, "eval_return_std": 1.5, "eval_policy_version": 2.0})

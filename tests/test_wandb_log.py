@@ -5,6 +5,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -164,3 +165,18 @@ def test_progress_bar_outside_a_notebook_is_a_terminal_bar(monkeypatch):
         assert type(bar) is text_tqdm and bar.n == 3 and bar.mininterval < 1
     finally:
         bar.close()
+
+
+def test_an_evaluation_is_logged_at_the_newest_step_naming_the_update_it_evaluated():
+    from ppo_async.wandb_log import WandbRun
+
+    logged = []
+    run = WandbRun.__new__(WandbRun)  # no wandb: only the step bookkeeping is under test
+    run.run = types.SimpleNamespace(log=lambda values, step: logged.append((values, step)))
+    run.step = 0
+    run.log({"update": 5, "env_steps": 320, "policy_loss": 0.5})
+    # Update 2's evaluation finished after update 5: W&B drops a point below the last step.
+    run.log_evaluation({"update": 2, "env_steps": 128, "eval_return_mean": 9.0,
+                        "eval_return_std": 1.0, "eval_policy_version": 2})
+    assert logged[-1] == ({"eval_return_mean": 9.0, "eval_return_std": 1.0,
+                           "eval_policy_version": 2.0}, 320)
