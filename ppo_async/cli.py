@@ -207,7 +207,8 @@ def enjoy_command(
     settings: whole games, sticky actions), and host: envs whose batch has
     render(). Any other env, another file type, or a renderer that fails is
     refused with a one-line error. Without a display, headless backends are
-    used (SDL_VIDEODRIVER=dummy; MUJOCO_GL=egl, else osmesa) unless set. Needs pip install 'ppo-async[video]' (imageio; pygame for classic
+    used (SDL_VIDEODRIVER=dummy; MUJOCO_GL=egl, else osmesa) unless set.
+    Needs pip install 'ppo-async[video]' (imageio; pygame for classic
     control; imageio-ffmpeg for .mp4).
 
     Args:
