@@ -714,6 +714,7 @@ def learner_loop(
     update: UpdateFn | None = None,
     end_update: int | None = None,
     pipeline: bool = True,
+    heartbeat: Callable[[int], None] | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
@@ -734,7 +735,9 @@ def learner_loop(
     reading the first one back, so that the learner's Python (stacking the
     next batch, the metrics, the broadcast) runs while the device computes;
     False reads every update back before the next (``experiments/bench_learner.py``
-    and ``experiments/bench_throughput.py`` measure both).
+    and ``experiments/bench_throughput.py`` measure both). ``heartbeat`` is
+    called with the updates done so far on every wait and after every update
+    (`train` re-arms its freeze watchdog there: `ppo_async.watchdog`).
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` naming the actors the learner waits on
@@ -788,6 +791,8 @@ def learner_loop(
         blocks on the actors while an update's params are still unpublished.
         """
         while not buffer.ready():
+            if heartbeat is not None:
+                heartbeat(report.updates)
             wait_s = wait_budget() if wait else 0.0
             if wait_s is None:
                 continue  # fresh actors
@@ -902,6 +907,8 @@ def learner_loop(
             if buffer.ready():
                 following = dispatch(in_flight.state)
         going_on = finish(in_flight)
+        if heartbeat is not None:
+            heartbeat(report.updates)
         state, in_flight = in_flight.state, following
         if not going_on:
             break
