@@ -20,8 +20,8 @@ that needs the GIL can run when it fires. The descriptor is a pipe to a tiny
 ``sh`` relay (a process, started with the run) that keeps what it is sent and,
 only if a dump arrives, writes it to stderr and to ``RUN_DIR/error.txt``
 (with a run directory), after the one-line explanation and the names of the
-actor threads sent when the run started (faulthandler names threads only by
-id). A run that ends normally closes the pipe, and the relay exits without a
+threads sent when the actors started or restarted (faulthandler names threads by
+id only). A run that ends normally closes the pipe, and the relay exits without a
 word. Where there is no ``sh``, the dump goes straight to stderr, without
 the explanation.
 
@@ -79,7 +79,7 @@ class FreezeWatchdog:
                  header: str, error_file: pathlib.Path | None):
         self.timeout_s = timeout_s
         self._allowance_s = start_up_s
-        self._updates = start_updates
+        self._start_updates, self._starting = start_updates, True
         self._armed_at = 0.0
         self._fd, self._relay = _start_relay(error_file)
         if self._relay is not None:
@@ -122,13 +122,13 @@ class FreezeWatchdog:
     def heartbeat(self, updates: int) -> None:
         """The learner came round (``updates`` done so far); the first update ends the start-up.
 
-        Re-arming starts a C thread (about 20 us), so it happens only when an
-        update finished or 5% of the allowance has gone; otherwise this costs
-        a clock read (well under a microsecond).
+        Re-arming starts a C thread (20-40 us), so it happens only once 5% of
+        the allowance has gone (and at the first update); otherwise this is a
+        clock read and a comparison (about half a microsecond).
         """
         now = time.monotonic()
-        if updates != self._updates:
-            self._updates, self._allowance_s = updates, self.timeout_s
+        if self._starting and updates != self._start_updates:
+            self._starting, self._allowance_s = False, self.timeout_s
         elif now - self._armed_at < self._allowance_s * _REARM_FRACTION:
             return
         self._arm(now)

@@ -544,6 +544,36 @@ def test_an_env_holding_the_gil_ends_the_process_with_the_stuck_threads_stack(tm
     assert len(list_checkpoints(run_dir / "checkpoints")) >= 2  # written before the freeze stay
 
 
+def test_the_watchdog_is_released_on_every_way_out_and_says_nothing_after_a_normal_run(
+        tmp_path, monkeypatch):
+    from ppo_async import watchdog
+
+    relays = []
+    original = watchdog._start_relay
+
+    def start_relay(error_file):
+        fd, relay = original(error_file)
+        relays.append(relay)
+        return fd, relay
+
+    monkeypatch.setattr(watchdog, "_start_relay", start_relay)
+    train(TINY, run_dir=tmp_path / "run", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(TINY, progress=False, on_update=_interrupt_at(2))
+    assert watchdog._owner is None  # released: the next run (or the program) may arm it
+    assert len(relays) == 2 and all(relay.poll() is not None for relay in relays)
+    assert not (tmp_path / "run" / watchdog.ERROR_FILE).exists()
+    # Not armed with Ray actors, when switched off, or while another run holds it.
+    for config in (dataclasses.replace(TINY, actor_backend="ray"),
+                   dataclasses.replace(TINY, freeze_watchdog=False)):
+        assert watchdog.FreezeWatchdog.for_run(config, None, 0) is None
+    held = watchdog.FreezeWatchdog.for_run(TINY, None, 0)
+    try:
+        assert held is not None and watchdog.FreezeWatchdog.for_run(TINY, None, 0) is None
+    finally:
+        held.close()
+
+
 # --- the lag bound is reached, not only respected ---------------------------------------
 
 
