@@ -207,12 +207,14 @@ def enjoy_command(
 ) -> None:
     """Watch a saved run: play greedy episodes with its final params (or newest checkpoint's) and write them as a video.
 
-    Renders gymnax envs that gymnax's Visualizer draws (classic control such
-    as CartPole-v1, the MinAtar games, Catch), gymnasium: and envpool: envs
+    Renders gymnax envs that gymnax can draw (classic control such as
+    CartPole-v1, the MinAtar games, Catch), gymnasium: and envpool: envs
     made with render_mode="rgb_array" (envpool Atari games with the evaluation
     settings: whole games, sticky actions), and host: envs whose batch has
-    render(). Any other env, or another file type, is refused with a one-line
-    error. Needs pip install 'ppo-async[video]' (imageio; pygame for classic
+    render(). Any other env, another file type, or a renderer that fails is
+    refused with a one-line error. Without a display, headless backends are
+    used (SDL_VIDEODRIVER=dummy; MUJOCO_GL=egl, else osmesa) unless set.
+    Needs pip install 'ppo-async[video]' (imageio; pygame for classic
     control; imageio-ffmpeg for .mp4).
 
     Args:
@@ -222,8 +224,9 @@ def enjoy_command(
         seed: Seeds the env resets.
         fps: Frames per second of the video.
     """
-    from ppo_async.video import check_video_path, record_episodes, write_video
+    from ppo_async.video import check_video_path, record_episodes, use_headless_backends, write_video
 
+    use_headless_backends()  # before loading the run can import pygame or MuJoCo
     if isinstance(episodes, bool) or episodes < 1:
         raise ConfigError(f"--episodes {episodes}: must be an integer >= 1")
     if not fps > 0:

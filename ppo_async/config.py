@@ -62,6 +62,8 @@ class AsyncActorLearnerConfig:
     """The run fails, naming the actor, if an actor the learner waits on sends nothing for this long."""
     shutdown_timeout_s: float = 30.0
     """How long the end of a run waits for each thread (actors, evaluator, compile) to stop before reporting it as stuck."""
+    freeze_watchdog: bool = True
+    """With thread actors: a learner that cannot run for 2 x learner_timeout_s (a thread holds the GIL, as an env stuck in C code does) ends the process with every thread's stack on stderr and in RUN_DIR/error.txt (faulthandler.dump_traceback_later; a process has one such timer: False leaves it to your own)."""
 
     # --- transport ---
     actor_backend: Literal["threads", "ray"] = "threads"
@@ -289,7 +291,8 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
     _require(_is_number(cfg.checkpoint_every_s) and cfg.checkpoint_every_s >= 0,
              "checkpoint_every_s", cfg.checkpoint_every_s, "must be a number >= 0 (0: off)")
-    for name in ("use_vtrace", "anneal_lr", "normalize_observations", "normalize_rewards"):
+    for name in ("use_vtrace", "anneal_lr", "normalize_observations", "normalize_rewards",
+                 "freeze_watchdog"):
         _require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name),
                  "must be True or False")
     _require(cfg.ppo_ratio_anchor in PPO_RATIO_ANCHORS, "ppo_ratio_anchor",

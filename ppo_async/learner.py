@@ -753,6 +753,7 @@ def learner_loop(
     end_update: int | None = None,
     pipeline: bool = True,
     on_evaluation: Callable[[dict[str, float]], None] | None = None,
+    heartbeat: Callable[[int], None] | None = None,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
@@ -773,7 +774,9 @@ def learner_loop(
     reading the first one back, so that the learner's Python (stacking the
     next batch, the metrics, the broadcast) runs while the device computes;
     False reads every update back before the next (``experiments/bench_learner.py``
-    and ``experiments/bench_throughput.py`` measure both).
+    and ``experiments/bench_throughput.py`` measure both). ``heartbeat`` is
+    called with the updates done so far on every wait and after every update
+    (`train` re-arms its freeze watchdog there: `ppo_async.watchdog`).
 
     ``on_evaluation`` receives each periodic evaluation's metrics line
     (`drain_evaluations`) as it arrives, updates after the one it evaluated.
@@ -830,6 +833,8 @@ def learner_loop(
         blocks on the actors while an update's params are still unpublished.
         """
         while not buffer.ready():
+            if heartbeat is not None:
+                heartbeat(report.updates)
             wait_s = wait_budget() if wait else 0.0
             if wait_s is None:
                 continue  # fresh actors
@@ -940,6 +945,8 @@ def learner_loop(
             if buffer.ready():
                 following = dispatch(in_flight.state)
         going_on = finish(in_flight)
+        if heartbeat is not None:
+            heartbeat(report.updates)
         state, in_flight = in_flight.state, following
         if not going_on:
             break

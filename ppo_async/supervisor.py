@@ -6,7 +6,8 @@ and `Supervisor.on_stuck` when actors it waits on sent nothing for
 ``learner_timeout_s``. A failed actor is restarted under
 ``max_actor_restarts``; a stuck one is first killed, which only a transport
 of processes can do (a thread stuck in an env cannot be ended, so the run
-then fails naming it, as before).
+then fails naming it, as before). With thread actors, a restarted actor's
+new thread is named to the run's freeze watchdog.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ppo_async.actor import ActorFailure, ActorStart
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.learner import LearnerTimeoutError
 from ppo_async.transport import LearnerTransport
+from ppo_async.watchdog import FreezeWatchdog
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +26,9 @@ logger = logging.getLogger(__name__)
 class Supervisor:
     """Restarts for one run's actors; ``killed`` lists the actors it had to kill."""
 
-    def __init__(self, config: AsyncActorLearnerConfig, transport: LearnerTransport):
-        self.config, self.transport = config, transport
+    def __init__(self, config: AsyncActorLearnerConfig, transport: LearnerTransport,
+                 watchdog: FreezeWatchdog | None = None):
+        self.config, self.transport, self.watchdog = config, transport, watchdog
         self.killed: list[int] = []
 
     def _budget_left(self, actor_id: int) -> bool:
@@ -36,6 +39,8 @@ class Supervisor:
         stats.restarts += 1
         start = ActorStart(restart=stats.restarts, produced_steps=produced_steps)
         self.transport.restart_actor(actor_id, start)
+        if self.watchdog is not None:
+            self.watchdog.name_threads()
 
     def on_failure(self, failure: ActorFailure, produced_steps: int) -> bool:
         """Restart the failed actor if its budget allows; True if it was restarted."""

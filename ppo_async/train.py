@@ -16,6 +16,7 @@ a process is killed.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import pathlib
@@ -75,6 +76,7 @@ from ppo_async.run_log import RunLog
 from ppo_async.wandb_log import WandbSettings
 from ppo_async.supervisor import Supervisor
 from ppo_async.transport import LearnerTransport, ThreadTransport, stop_threads
+from ppo_async.watchdog import FreezeWatchdog
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +351,26 @@ def train(
         reached and how to resume.
       ShutdownTimeoutError: the run finished, but a thread did not stop within
         ``config.shutdown_timeout_s`` (the params and summary were written).
+
+    With thread actors, a learner that cannot run for ``2 x learner_timeout_s``
+    (a thread holds the GIL) ends the process instead (`ppo_async.watchdog`).
     """
+    with contextlib.ExitStack() as cleanup:  # what must be undone on every way out
+        return _train(config, cleanup, run_dir=run_dir, resume_from=resume_from,
+                      progress=progress, on_update=on_update, wandb=wandb)
+
+
+def _train(
+    config: AsyncActorLearnerConfig,
+    cleanup: contextlib.ExitStack,
+    *,
+    run_dir: str | pathlib.Path | None,
+    resume_from: str | pathlib.Path | None,
+    progress: bool,
+    on_update: Callable[[dict[str, float]], None] | None,
+    wandb: WandbSettings | None,
+) -> TrainResult:
+    """`train`'s body; ``cleanup`` is closed whenever it returns or raises."""
     enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
     learner_device = resolve_device(config.learner_device)
     actor_device = resolve_device(config.actor_device)
@@ -386,6 +407,9 @@ def train(
         raise
 
     start_updates = report.updates
+    watchdog = FreezeWatchdog.for_run(config, run_dir, start_updates)
+    if watchdog is not None:
+        cleanup.callback(watchdog.close)
     stop = threading.Event()  # the evaluator's
     evaluating = config.eval_every_updates > 0
     checkpoints = _Checkpoints(config, run_dir, schedule)
@@ -397,7 +421,7 @@ def train(
         channels = LearnerChannels(
             transport, queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
         )
-        supervisor = Supervisor(config, transport)
+        supervisor = Supervisor(config, transport, watchdog)
 
         def record(metrics: dict[str, float]) -> None:
             run_log(metrics)
@@ -413,11 +437,14 @@ def train(
                 carry=jax.device_put(carry, actor_device) if carry is not None else None,
             ))
         transport.wait_started()  # processes take seconds to start; threads none
+        if watchdog is not None:
+            watchdog.name_threads()
         state, report = learner_loop(
             config, program.network, state, channels, learner_device, record,
             on_actor_failure=supervisor.on_failure, on_stuck_actors=supervisor.on_stuck,
             after_update=checkpoints.after_update, report=report,
             update=warm_up.before(update), end_update=end_update, on_evaluation=run_log.evaluation,
+            heartbeat=watchdog.heartbeat if watchdog is not None else None,
         )
         if evaluator_thread is not None:
             # Let the evaluations asked for finish, so that they are reported and logged.
@@ -427,6 +454,8 @@ def train(
         error = caught
 
     # Shutdown, on every path: stop the actors and threads, then keep the newest good state.
+    if watchdog is not None:
+        watchdog.allow(watchdog.timeout_s + config.shutdown_timeout_s)
     stop.set()
     deadline = time.monotonic() + config.shutdown_timeout_s
     stragglers = stop_threads([t for t in (warm_up.thread, evaluator_thread) if t],

@@ -4,27 +4,36 @@
 (argmax, or the Gaussian mean) and returns their frames; `write_video` writes
 them. ``ppo-async enjoy RUN`` is the two in a row. What can be rendered:
 
-- gymnax envs that gymnax's own ``Visualizer`` draws (the classic-control
-  envs, through gymnasium's pygame renderer; the MinAtar games, Catch and a
-  few more, through matplotlib): the gymnax env the policy was trained on is
-  stepped, and each of its states is drawn, titled with the return so far;
+- gymnax envs that gymnax can draw: the gymnax env the policy was trained on
+  is stepped, and each of its states drawn. The classic-control envs are
+  drawn by gymnasium's own pygame renderer (one env made once, its state set
+  to each gymnax state: a few milliseconds a frame); the MinAtar games, Catch
+  and a few more by gymnax's matplotlib ``Visualizer``, titled with the step;
 - ``gymnasium:`` and ``envpool:`` ids, made with ``render_mode="rgb_array"``;
   envpool's Atari games get the evaluation settings
   (`ppo_async.env_registry.ATARI_EVAL_KWARGS`: whole games, the game's own
   score, sticky actions), and the frames are the game's full-colour screen;
 - ``host:`` envs whose batch has ``render() -> [E, H, W, 3]`` uint8.
 
-Anything else raises `RenderError` before an episode is played. Auto-reset is
+Anything else raises `RenderError` before an episode is played, as does a
+renderer that fails (a MuJoCo env with no OpenGL it can use). Without a
+display (Linux, neither ``DISPLAY`` nor ``WAYLAND_DISPLAY`` set), headless
+backends are chosen before anything renders (`headless_backends`): SDL's
+dummy video driver for pygame, and EGL (else OSMesa) for MuJoCo; a variable
+the user set is left as it is. Auto-reset is
 same-step in every backend, so an episode's last state (the one its final
 action reached) is not drawn: the next frame is the next episode's first.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import importlib.util
 import os
 import pathlib
+import sys
 import warnings
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -48,6 +57,38 @@ class Recording(NamedTuple):
     frames: np.ndarray  # [F, H, W, 3] uint8
     episode_returns: np.ndarray  # [N] float32, undiscounted, the env's reward
     episode_lengths: np.ndarray  # [N] int32, env steps
+
+
+def headless_backends(environ: Mapping[str, str], platform: str = sys.platform,
+                      find_library: Callable[[str], str | None] = ctypes.util.find_library,
+                      ) -> dict[str, str]:
+    """The environment variables (name -> value) rendering needs set, given ``environ``.
+
+    A recording never plays sound, so pygame's audio is always the dummy
+    driver (its probe prints errors on a machine without sound). On Linux
+    without a display, pygame gets SDL's dummy video driver (else SDL prints
+    a warning per frame) and MuJoCo a headless OpenGL: EGL if libEGL is
+    installed, else OSMesa if libOSMesa is (MuJoCo's default, GLFW, needs a
+    display). A variable already in ``environ`` is never overridden.
+    """
+    chosen = {"SDL_AUDIODRIVER": "dummy"}
+    if platform.startswith("linux") and not (environ.get("DISPLAY")
+                                             or environ.get("WAYLAND_DISPLAY")):
+        chosen["SDL_VIDEODRIVER"] = "dummy"
+        if "MUJOCO_GL" not in environ and "PYOPENGL_PLATFORM" not in environ:
+            opengl = next((backend for backend, library in (("egl", "EGL"), ("osmesa", "OSMesa"))
+                           if find_library(library)), None)
+            if opengl is not None:
+                # PyOpenGL must agree with MuJoCo, and reads this when first imported.
+                chosen.update(MUJOCO_GL=opengl, PYOPENGL_PLATFORM=opengl)
+    return {name: value for name, value in chosen.items() if name not in environ}
+
+
+def use_headless_backends() -> dict[str, str]:
+    """Set `headless_backends` in ``os.environ`` (before pygame or MuJoCo start); what it set."""
+    chosen = headless_backends(os.environ)
+    os.environ.update(chosen)
+    return chosen
 
 
 def check_video_path(path: str | pathlib.Path) -> pathlib.Path:
@@ -93,6 +134,7 @@ def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: 
     """
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes={num_episodes!r}: must be an integer >= 1")
+    use_headless_backends()
     backend, name = split_env_id(config.env_id)
     player = _GymnaxPlayer(config, name, seed) if backend == GYMNAX else _HostPlayer(config, seed)
     try:
@@ -132,7 +174,8 @@ def _play(player: Any, params: Any, num_episodes: int, seed: int) -> Recording:
 
 
 class _GymnaxPlayer:
-    """One gymnax env stepped with the policy; its states drawn by gymnax's ``Visualizer``."""
+    """One gymnax env stepped with the policy; its states drawn by `_ClassicControlCanvas`
+    or gymnax's ``Visualizer``."""
 
     def __init__(self, config: AsyncActorLearnerConfig, name: str, seed: int):
         from ppo_async.envs import BatchedEnv
@@ -145,6 +188,7 @@ class _GymnaxPlayer:
         self._step = jax.jit(self.env.step)
         self._carry = self.env.reset(self._key)
         self.state = self._carry.env_state
+        self._canvas: _ClassicControlCanvas | None = None
         self.draw([self.snapshot()], [])  # refuses an env gymnax cannot draw, before playing
 
     def reset(self) -> np.ndarray:
@@ -161,25 +205,33 @@ class _GymnaxPlayer:
 
     def draw(self, states: list[Any], returns: list[float]) -> list[np.ndarray]:
         import gymnasium
-        import matplotlib.pyplot as plt
-        from gymnax.visualize import Visualizer
+        from gymnax.visualize import vis_gym
 
-        del returns  # the Visualizer titles each frame with its step number
-        # gymnasium's classic-control renderer calls pygame.init(), whose audio
-        # probe prints ALSA errors once per frame on a machine without sound.
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-        visualizer = Visualizer(self.env.env, self.env.env_params, states)
-        try:
+        del returns
+        states = jax.device_get(states)  # one transfer, not one per field per frame
+        if self.env.env.name not in vis_gym.SUPPORTED_GYM_ENVS:
+            return self._draw_with_matplotlib(states)
+        if self._canvas is None:
             try:
-                visualizer.init()
+                self._canvas = _ClassicControlCanvas(self.env.env.name, self.env.env_params)
             except gymnasium.error.DependencyNotInstalled as error:
                 raise RenderError(f"{self.config.env_id}: drawing it needs pygame "
                                   f"({VIDEO_EXTRA}): {error}") from None
+        return [self._canvas.draw(state) for state in states]
+
+    def _draw_with_matplotlib(self, states: list[Any]) -> list[np.ndarray]:
+        """gymnax's ``Visualizer`` (MinAtar, Catch, mazes, PointRobot), titled with the step."""
+        import matplotlib.pyplot as plt
+        from gymnax.visualize import Visualizer
+
+        visualizer = Visualizer(self.env.env, self.env.env_params, states)
+        try:
+            visualizer.init()
             if not hasattr(visualizer, "im"):
                 raise RenderError(
                     f"{self.config.env_id}: gymnax has no renderer for this env, so it cannot "
-                    "be watched (gymnax's Visualizer draws classic control, MinAtar, Catch, "
-                    "mazes and PointRobot)")
+                    "be watched (gymnax draws classic control, MinAtar, Catch, mazes and "
+                    "PointRobot)")
             frames = []
             for index in range(len(states)):
                 visualizer.update(index)
@@ -190,7 +242,37 @@ class _GymnaxPlayer:
             plt.close(visualizer.fig)
 
     def close(self) -> None:
-        pass
+        if self._canvas is not None:
+            self._canvas.close()
+
+
+class _ClassicControlCanvas:
+    """gymnasium's pygame renderer of a classic-control env, fed gymnax states.
+
+    gymnax's own adapter makes, resets and closes a gymnasium env for every
+    frame (pygame started and stopped each time: about 75 ms a frame); this
+    keeps one env and only sets its state, with gymnax's mappings of the
+    env's parameters and state onto gymnasium's.
+    """
+
+    def __init__(self, name: str, env_params: Any):
+        import gymnasium
+        from gymnax.visualize import vis_gym
+
+        self._name, self._vis_gym = name, vis_gym
+        self._env = gymnasium.make(name, render_mode="rgb_array")
+        self._env.reset(seed=0)  # gymnasium renders only after a reset
+        vis_gym.set_gym_params(self._env.unwrapped, name, env_params)
+
+    def draw(self, state: Any) -> np.ndarray:
+        unwrapped = self._env.unwrapped
+        unwrapped.state = self._vis_gym.get_gym_state(state, self._name)
+        if self._name == "Pendulum-v1":
+            unwrapped.last_u = np.asarray(state.last_u, dtype=np.float64)
+        return np.asarray(self._env.render(), np.uint8)
+
+    def close(self) -> None:
+        self._env.close()
 
 
 class _HostPlayer:
@@ -232,7 +314,10 @@ class _HostPlayer:
         return np.asarray(obs, np.float32), float(np.asarray(reward)[0]), done
 
     def snapshot(self) -> np.ndarray:
-        frames = np.asarray(self.envs.render())
+        try:
+            frames = np.asarray(self.envs.render())
+        except Exception as error:  # noqa: BLE001 - any renderer's failure, said in one line
+            raise RenderError(_render_failure(self.config.env_id, error)) from error
         if frames.ndim != 4 or frames.shape[-1] != 3:
             raise RenderError(f"{self.config.env_id}: render() returned shape {frames.shape}, "
                               "expected [E, H, W, 3]")
@@ -244,3 +329,13 @@ class _HostPlayer:
 
     def close(self) -> None:
         self._close(self.envs)
+
+
+def _render_failure(env_id: str, error: Exception) -> str:
+    """One line: what the renderer raised and, without a display, what MuJoCo needs."""
+    message = " ".join(str(error).split()) or "(no message)"
+    line = f"{env_id}: rendering failed: {type(error).__name__}: {message}"
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        line += (f" (no display; MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r}: a MuJoCo env "
+                 "renders headless with MUJOCO_GL=egl (libEGL) or MUJOCO_GL=osmesa (libOSMesa))")
+    return line

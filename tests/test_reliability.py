@@ -503,6 +503,91 @@ def test_ctrl_c_in_the_cli_prints_the_update_and_the_resume_command(tmp_path):
     assert list_checkpoints(run_dir / "checkpoints")[-1].name == f"ckpt_{reached:09d}.msgpack"
 
 
+# A host env whose step, once update 2 is checkpointed, spins in one C call: the GIL is
+# never released, so no other Python thread runs (the learner, Ctrl-C's handler).
+_FREEZING_RUN = """
+import pathlib, sys
+import gymnasium, numpy as np
+from ppo_async import AsyncActorLearnerConfig, train
+from ppo_async.host_envs import register_host_env
+
+run_dir = pathlib.Path(sys.argv[1])
+
+class FreezesAfterTwoCheckpoints:
+    observation_shape = (3,)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, num_envs):
+        self.num_envs = num_envs
+
+    def reset(self, seed):
+        return np.zeros((self.num_envs, 3), np.float32)
+
+    def step(self, actions):
+        if len(list((run_dir / "checkpoints").glob("ckpt_*.msgpack"))) >= 2:
+            sum(range(10**15))
+        obs = np.zeros((self.num_envs, 3), np.float32)
+        done = np.zeros(self.num_envs, bool)
+        return obs, np.ones(self.num_envs, np.float32), done, done, obs
+
+register_host_env("freezes", FreezesAfterTwoCheckpoints)
+train(AsyncActorLearnerConfig(
+    env_id="host:freezes", num_actors=1, envs_per_actor=1, num_steps=8, num_epochs=1,
+    num_minibatches=1, learner_timeout_s=5.0, checkpoint_every_updates=1,
+    total_env_steps=8 * 100_000), run_dir=run_dir, progress=False)
+"""
+
+
+def test_an_env_holding_the_gil_ends_the_process_with_the_stuck_threads_stack(tmp_path):
+    script, run_dir = tmp_path / "freezing_run.py", tmp_path / "run"
+    script.write_text(_FREEZING_RUN)
+    # Before the watchdog, this process never ended: the timeout keeps the test from hanging.
+    run = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True,
+                         text=True, timeout=180)
+    assert run.returncode == 1, run.stderr
+    err = run.stderr
+    assert "the learner could not run for 10 s (2 x learner_timeout_s)" in err
+    assert "actor_backend='ray'" in err and f"--resume {run_dir}" in err
+    # The dump names threads only by id; the line before it says which id is the actor.
+    actor_id = err.split("ppo-actor-0 is Thread ")[1].split(",")[0].split()[0]
+    blocks = err.split("hread " + actor_id)
+    assert len(blocks) >= 3, err  # named, then dumped ("Thread 0x..." / "Current thread 0x...")
+    actor_stack = blocks[-1].split("\n\n")[0]
+    assert f'File "{script}"' in actor_stack and "in step" in actor_stack, err
+    assert (run_dir / "error.txt").read_text().strip() == err.strip()
+    assert len(list_checkpoints(run_dir / "checkpoints")) >= 2  # written before the freeze stay
+
+
+def test_the_watchdog_is_released_on_every_way_out_and_says_nothing_after_a_normal_run(
+        tmp_path, monkeypatch):
+    from ppo_async import watchdog
+
+    relays = []
+    original = watchdog._start_relay
+
+    def start_relay(error_file):
+        fd, relay = original(error_file)
+        relays.append(relay)
+        return fd, relay
+
+    monkeypatch.setattr(watchdog, "_start_relay", start_relay)
+    train(TINY, run_dir=tmp_path / "run", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(TINY, progress=False, on_update=_interrupt_at(2))
+    assert watchdog._owner is None  # released: the next run (or the program) may arm it
+    assert len(relays) == 2 and all(relay.poll() is not None for relay in relays)
+    assert not (tmp_path / "run" / watchdog.ERROR_FILE).exists()
+    # Not armed with Ray actors, when switched off, or while another run holds it.
+    for config in (dataclasses.replace(TINY, actor_backend="ray"),
+                   dataclasses.replace(TINY, freeze_watchdog=False)):
+        assert watchdog.FreezeWatchdog.for_run(config, None, 0) is None
+    held = watchdog.FreezeWatchdog.for_run(TINY, None, 0)
+    try:
+        assert held is not None and watchdog.FreezeWatchdog.for_run(TINY, None, 0) is None
+    finally:
+        held.close()
+
+
 # --- the lag bound is reached, not only respected ---------------------------------------
 
 

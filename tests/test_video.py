@@ -1,6 +1,10 @@
 """``ppo-async enjoy`` (`ppo_async.video`): greedy episodes written as a video, or a clear refusal."""
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import flax.serialization
 import gymnasium
@@ -12,6 +16,8 @@ from ppo_async.cli import main
 from ppo_async.host_envs import register_host_env
 
 imageio = pytest.importorskip("imageio.v3")
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +109,70 @@ def test_a_gymnax_env_without_a_renderer_is_refused_before_playing():
     config = AsyncActorLearnerConfig(env_id="MemoryChain-bsuite")
     with pytest.raises(RenderError, match="gymnax has no renderer for this env"):
         record_episodes(config, params=None)  # refused before the params are needed
+
+
+def test_headless_backends_are_chosen_without_a_display_and_a_users_choice_is_kept():
+    from ppo_async.video import headless_backends
+
+    def libraries(*present):
+        return lambda name: f"lib{name}.so" if name in present else None
+
+    egl = headless_backends({}, "linux", libraries("EGL", "OSMesa"))
+    assert egl == {"SDL_AUDIODRIVER": "dummy", "SDL_VIDEODRIVER": "dummy",
+                   "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl"}
+    osmesa = headless_backends({}, "linux", libraries("OSMesa"))
+    assert osmesa["MUJOCO_GL"] == "osmesa" and osmesa["PYOPENGL_PLATFORM"] == "osmesa"
+    assert "MUJOCO_GL" not in headless_backends({}, "linux", libraries())  # nothing to pick
+    # A display, or another platform: only the (silent) audio driver.
+    for environ, platform in (({"DISPLAY": ":0"}, "linux"), ({"WAYLAND_DISPLAY": "w"}, "linux"),
+                              ({}, "darwin")):
+        assert headless_backends(environ, platform, libraries("EGL")) == {
+            "SDL_AUDIODRIVER": "dummy"}
+    users = {"MUJOCO_GL": "glfw", "SDL_VIDEODRIVER": "x11", "SDL_AUDIODRIVER": "alsa"}
+    assert headless_backends(users, "linux", libraries("EGL")) == {}
+    # PyOpenGL chosen by the user: MuJoCo is left to agree with it.
+    assert headless_backends({"PYOPENGL_PLATFORM": "glx"}, "linux", libraries("EGL")) == {
+        "SDL_AUDIODRIVER": "dummy", "SDL_VIDEODRIVER": "dummy"}
+
+
+def test_enjoy_without_a_display_writes_cartpole_quietly(cartpole_run, tmp_path):
+    pytest.importorskip("pygame")
+    out = tmp_path / "video.gif"
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER", "XDG_RUNTIME_DIR")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, "-m", "ppo_async.cli", "enjoy", str(cartpole_run), "--episodes", "1",
+         "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    frames = imageio.imread(out, index=None)
+    assert frames.shape[0] > 1 and frames.std() > 0
+    # Not a line per frame (SDL's "XDG_RUNTIME_DIR is invalid", ALSA's probe).
+    assert "XDG_RUNTIME_DIR" not in run.stderr and "ALSA" not in run.stderr, run.stderr
+    assert len(run.stderr.splitlines()) < 5, run.stderr
+
+
+class _BrokenRenderer(_Unrenderable):
+    """Renders like MuJoCo without an OpenGL it can load."""
+
+    def render(self):
+        raise RuntimeError("an OpenGL platform library has not been loaded\ninto this process")
+
+
+def test_a_renderer_that_fails_is_one_line(tmp_path, capsys):
+    from ppo_async.actor import make_actor_program
+    from ppo_async.run_dir import PARAMS_FILE
+
+    register_host_env("broken-renderer", _BrokenRenderer)
+    config = AsyncActorLearnerConfig(env_id="host:broken-renderer", num_actors=1,
+                                     envs_per_actor=1, num_minibatches=1)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    template = make_actor_program(config).params_template
+    (tmp_path / PARAMS_FILE).write_bytes(flax.serialization.to_bytes(template))
+    with pytest.raises(SystemExit) as info:
+        main(["enjoy", str(tmp_path), "--out", str(tmp_path / "video.gif")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert ("host:broken-renderer: rendering failed: RuntimeError: an OpenGL platform library "
+            "has not been loaded into this process") in err
