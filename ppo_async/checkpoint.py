@@ -53,15 +53,14 @@ _NAME = re.compile(r"ckpt_(\d{9,})\.msgpack")
 #   hidden_sizes -- the param (and Adam moment) shapes;
 #   network, rnn_hidden_size -- the params (a recurrent cell or none) and the
 #                   hidden state each actor's carry holds;
-#   anneal_lr    -- the optax state's structure (a schedule adds a counter).
 #   normalize_observations, normalize_rewards -- the params' structure (their
 #                   statistics travel in them) and the actors' env carries.
-# Everything else (total_env_steps, learning_rate, timeouts, topology...) may
-# change: the params and optimizer state still fit. (With anneal_lr, a new
-# total_env_steps continues the schedule from the rate reached: see
-# ppo_async.resume.)
+# Everything else (total_env_steps, learning_rate, anneal_lr, timeouts,
+# topology...) may change: the params still fit, and the optimizer state is
+# fitted (anneal_lr adds or drops the schedule's step counter). A new budget or
+# learning_rate re-plans the annealed schedule: see ppo_async.resume.
 RESUME_LOCKED_FIELDS: tuple[str, ...] = (
-    "env_id", "hidden_sizes", "anneal_lr", "network", "rnn_hidden_size",
+    "env_id", "hidden_sizes", "network", "rnn_hidden_size",
     "normalize_observations", "normalize_rewards")
 
 # Locked fields that checkpoints written before them do not record: such a

@@ -93,6 +93,20 @@ def test_a_default_cli_run_can_be_resumed_and_evaluated(tmp_path, capsys):
     assert "CartPole-v1: return" in capsys.readouterr().out
 
 
+def test_learning_rate_on_resume_sets_the_new_initial_rate(tmp_path, caplog):
+    from ppo_async.cli import main
+
+    main(["train", *CLI_TINY, "--total-env-steps", "96", "--run-root", str(tmp_path)])
+    (run_dir,) = tmp_path.iterdir()
+    # A finished run (rate 0 at its end), extended to 6 updates with a new initial rate.
+    main(["train", "--resume", str(run_dir), "--total-env-steps", "192", "--learning-rate", "1e-3"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    rates = [r["learning_rate"] for r in records if r["update"] > 3]
+    assert rates == pytest.approx([1e-3 * (1 - u / 6) for u in (3, 4, 5)], rel=1e-6)
+    (line,) = [r.getMessage() for r in caplog.records if "learning rate" in r.getMessage()]
+    assert "changes from 0 to 0.0005" in line
+
+
 def test_resume_flag_without_a_directory_is_one_line(capsys):
     from ppo_async.cli import main
 
@@ -119,7 +133,7 @@ def test_resume_with_another_topology_starts_fresh_episodes_with_a_warning(tmp_p
     assert report.updates == 8 and report.env_steps == 304
 
 
-def test_an_extended_budget_continues_the_learning_rate_without_a_jump(tmp_path):
+def test_an_extended_budget_re_plans_the_learning_rate_from_the_initial_rate(tmp_path):
     seen = []
     config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10)
     with pytest.raises(TrainingInterrupted):
@@ -128,27 +142,27 @@ def test_an_extended_budget_continues_the_learning_rate_without_a_jump(tmp_path)
     longer = dataclasses.replace(config, total_env_steps=config.batch_size * 20)
     train(longer, resume_from=tmp_path, progress=False, on_update=seen.append)
     rates = [m["learning_rate"] for m in seen]
-    steps_per_update = config.num_epochs * config.num_minibatches
-    first_step = config.learning_rate / (10 * steps_per_update)
-    assert rates[0] == pytest.approx(config.learning_rate)
-    # Every update lowers the rate by at most one first-segment update's worth: no jump.
-    drops = np.diff(rates)
-    assert np.all(drops < 0) and np.all(-drops <= steps_per_update * first_step * 1.0001)
-    # The second segment starts at the rate reached (optimizer step 12 of 20:
-    # 0.4 of the initial rate) and falls to 0 at its new end.
-    assert rates[6] == pytest.approx(0.4 * config.learning_rate, rel=1e-5)
-    assert rates[-1] == pytest.approx(rates[6] / 14, rel=1e-4)
+    # Update u+1 starts at optimizer step 2u: the first segment follows the
+    # 10-update plan, the second the 20-update plan, as if planned so from the start.
+    planned = ([config.learning_rate * (1 - u / 10) for u in range(6)]
+               + [config.learning_rate * (1 - u / 20) for u in range(6, 20)])
+    assert rates == pytest.approx(planned, rel=1e-5)
 
 
-def test_continue_schedule_keeps_an_unchanged_end_and_rebases_a_new_one():
+def test_continue_schedule_keeps_an_unchanged_plan_and_re_plans_a_new_one():
     schedule = default_schedule(dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10))
     assert schedule == LearningRateSchedule(0, TINY.learning_rate, 20)
-    assert continue_schedule(schedule, 8, 20) is schedule
-    extended = continue_schedule(schedule, 8, 40)
-    assert extended == LearningRateSchedule(8, pytest.approx(float(schedule(8))), 40)
+    rate = TINY.learning_rate
+    assert continue_schedule(schedule, 20, rate, rate) is schedule
+    # An older version's continued piece is kept too, when nothing changed.
+    piece = LearningRateSchedule(8, 0.6 * rate, 20)
+    assert continue_schedule(piece, 20, rate, rate) is piece
+    # A new end, or a new initial rate, re-plans from step 0.
+    assert continue_schedule(piece, 40, rate, rate) == LearningRateSchedule(0, rate, 40)
+    assert continue_schedule(schedule, 20, 2 * rate, rate) == LearningRateSchedule(0, 2 * rate, 20)
+    extended = continue_schedule(schedule, 40, rate, rate)
     for step in (8, 9, 20, 39, 40):
-        expected = float(schedule(8)) * (40 - step) / 32
-        assert float(extended(step)) == pytest.approx(expected, rel=1e-5, abs=1e-9)
+        assert float(extended(step)) == pytest.approx(rate * (1 - step / 40), rel=1e-5, abs=1e-9)
 
 
 def test_progress_and_throughput_count_from_the_resume_point(tmp_path):
