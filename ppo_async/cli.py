@@ -90,10 +90,6 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
     try:
         report = train(config, run_dir=run_dir, resume_from=resume, progress=progress,
                        wandb=wandb).report
-    except ConfigError:
-        if resume is None and run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()  # made for this run, which never started
-        raise
     except (ActorError, LearnerTimeoutError, NonFiniteError, ShutdownTimeoutError) as error:
         log = write_atomically(run_dir / "error.txt", traceback.format_exc().encode())
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -104,6 +100,11 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
             file=sys.stderr,
         )
         raise SystemExit(1) from None
+    finally:
+        # train() writes nothing before every check has passed: an empty directory was
+        # made for a run that was refused (or stopped before it began).
+        if resume is None and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
     segment = (
         f" ({report.segment_env_steps} in this segment, from update {report.start_update})"
         if report.start_update else ""

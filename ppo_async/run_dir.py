@@ -139,7 +139,13 @@ def unique_run_dir(root: str | os.PathLike, name: str) -> pathlib.Path:
 
 
 def prepare_fresh(run_dir: pathlib.Path) -> None:
-    """Create ``run_dir`` for a fresh run; refuse one that already holds anything.
+    """Create ``run_dir`` for a fresh run; refuse one that already holds anything (`check_fresh`)."""
+    check_fresh(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def check_fresh(run_dir: pathlib.Path) -> None:
+    """Raise `ConfigError` unless ``run_dir`` is missing or an empty directory.
 
     A fresh run into a used directory would mix its checkpoints and metrics
     with the old run's: resume that run instead, or choose another directory.
@@ -157,7 +163,6 @@ def prepare_fresh(run_dir: pathlib.Path) -> None:
                 f"(train(config, resume_from=...) or ppo-async train --resume "
                 f"{run_dir}), or choose another directory"
             )
-    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def checkpoint_dir(run_dir: pathlib.Path) -> pathlib.Path:

@@ -381,6 +381,62 @@ def test_a_fresh_run_into_a_used_directory_is_a_config_error(tmp_path):
         train(TINY, run_dir=tmp_path, progress=False)
 
 
+def _ray_with_one_cpu(monkeypatch):
+    """Ray as a one-CPU cluster, without starting it: the resource check refuses 2 actors."""
+    import ray
+
+    from ppo_async import ray_transport
+
+    monkeypatch.setattr(ray_transport, "connect", lambda ray, config: False)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 1.0})
+
+
+def _refused(capsys, args):
+    from ppo_async.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_refused_config_leaves_no_run_directory(tmp_path, capsys, monkeypatch):
+    _ray_with_one_cpu(monkeypatch)
+    err = _refused(capsys, ["train", *CLI_TINY, "--actor-backend", "ray",
+                            "--total-env-steps", "64", "--run-root", str(tmp_path / "runs")])
+    assert "ray_num_cpus_per_actor" in err
+    assert list((tmp_path / "runs").iterdir()) == []
+    # The same from Python, and for a late error of another kind (W&B refusing the login).
+    ray_config = dataclasses.replace(TINY, actor_backend="ray")
+    with pytest.raises(ConfigError, match="Ray cluster has 1.0 CPU"):
+        train(ray_config, run_dir=tmp_path / "python", progress=False)
+    monkeypatch.undo()
+
+    def not_logged_in(*args, **kwargs):
+        raise ConfigError("wandb: not logged in")
+
+    from ppo_async import run_log
+    from ppo_async.wandb_log import WandbSettings
+
+    monkeypatch.setattr(run_log, "WandbRun", not_logged_in)
+    with pytest.raises(ConfigError, match="not logged in"):
+        train(TINY, run_dir=tmp_path / "python", progress=False, wandb=WandbSettings("p"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path, capsys, monkeypatch):
+    from ppo_async.cli import main
+
+    main(["train", *CLI_TINY, "--total-env-steps", "64", "--run-root", str(tmp_path)])
+    (run_dir,) = tmp_path.iterdir()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    _ray_with_one_cpu(monkeypatch)
+    _refused(capsys, ["train", "--resume", str(run_dir), "--actor-backend", "ray",
+                      "--total-env-steps", "128", "--no-progress"])
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+
 def test_nothing_a_run_writes_follows_a_symlink(tmp_path):
     train(TINY, run_dir=tmp_path / "run", progress=False)
     outside = tmp_path / "outside.txt"
