@@ -68,6 +68,7 @@ from ppo_async.run_dir import (
     prepare_fresh,
     read_segments,
     record_segment,
+    remove_stale_temps,
     write_atomically,
     write_json,
 )
@@ -332,6 +333,7 @@ def _open_run(config: AsyncActorLearnerConfig, directories: _RunDirectories, pro
         raise
     if run_dir is not None:
         try:
+            remove_stale_temps(run_dir)  # a killed writer's, left in a resumed run's directory
             record_segment(run_dir, config, start_update=report.updates,
                            start_env_steps=report.env_steps,
                            resumed_from=str(resume.path) if resume is not None else None)

@@ -207,3 +207,20 @@ def test_anneal_lr_may_be_switched_on_resume(tmp_path, caplog):
     assert [m["learning_rate"] for m in seen] == pytest.approx([SHORT.learning_rate] * 2)
     assert all(m["approx_kl"] > 0 for m in seen) and _params_moved(second.params, third.params)
     assert len(_rate_changes(caplog)) == 2  # one line per resume that changed the rate
+
+
+def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=_interrupt_at(7))
+    checkpoints = tmp_path / "checkpoints"
+    stale = [checkpoints / ".ckpt_x1y2.tmp",  # an older version's checkpoint temporary
+             checkpoints / ".tmp-ckpt_000000008.msgpack.a1b2", tmp_path / ".tmp-params.msgpack.c3"]
+    kept = [tmp_path / "notes.tmp", checkpoints / "README"]
+    for path in stale + kept:
+        path.write_bytes(b"partial")
+    # The run's own budget: it ends at update 10 and writes its last checkpoint.
+    train(LOCK_STEP, resume_from=tmp_path, progress=False)
+    assert [p for p in stale if p.exists()] == []
+    assert all(p.read_bytes() == b"partial" for p in kept)
+    assert [p.name for p in list_checkpoints(checkpoints)] == [
+        "ckpt_000000009.msgpack", "ckpt_000000010.msgpack"]
