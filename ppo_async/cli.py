@@ -297,10 +297,16 @@ def _commands(argv: list[str]) -> dict[str, Any]:
         preset_name, argv[:] = _take_option(argv, "--preset", "cartpole", "a preset name")
         config_path, argv[:] = _take_option(argv, "--config", "my_run.toml", "a config file")
         if resume is not None:
+            run_root, argv[:] = _take_option(argv, "--run-root", "runs", "a directory")
             if preset_name is not None or config_path is not None:
                 raise ConfigError(
                     f"--{'preset' if preset_name is not None else 'config'} with --resume: a "
                     "resumed run keeps its own config.json; change single fields with flags"
+                )
+            if run_root is not None:
+                raise ConfigError(
+                    f"--run-root with --resume: a resumed run continues in its own directory "
+                    f"({resume}); --run-root only places new runs"
                 )
             commands["train"] = _make_train_command(load_run_config(resume), resume)
         else:

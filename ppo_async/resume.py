@@ -200,8 +200,8 @@ def load_newest_checkpoint(
     )
     if loaded is None:
         raise ConfigError(
-            f"run directory {checkpoints.parent}: no checkpoint in {checkpoints}, so "
-            "there is nothing to resume_from or evaluate"
+            f"run directory {checkpoints.parent}: no checkpoint in {checkpoints}, so there "
+            "is nothing to resume (ppo-async train --resume, train(resume_from=...)) or evaluate"
         )
     return loaded
 

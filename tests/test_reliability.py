@@ -117,6 +117,26 @@ def test_resume_flag_without_a_directory_is_one_line(capsys):
     assert len(err.splitlines()) == 1 and "--resume needs a run directory" in err
 
 
+def test_resume_refuses_run_root_and_names_the_flag_when_there_is_no_checkpoint(tmp_path, capsys):
+    from ppo_async.cli import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(TINY.to_dict()))
+    for args, expected in [
+        (["--run-root", str(tmp_path / "elsewhere")], "--run-root with --resume"),
+        ([f"--run-root={tmp_path / 'elsewhere'}"], "--run-root with --resume"),
+        # Named for CLI and Python users alike.
+        ([], "nothing to resume (ppo-async train --resume, train(resume_from=...))"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            main(["train", "--resume", str(run_dir), "--no-progress", *args])
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json"]
+
+
 def test_resume_with_another_topology_starts_fresh_episodes_with_a_warning(tmp_path):
     with pytest.raises(TrainingInterrupted):
         train(TINY, run_dir=tmp_path, progress=False, on_update=_interrupt_at(3))
