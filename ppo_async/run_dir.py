@@ -19,9 +19,9 @@ Two rules hold for every file: nothing is written through a symbolic link
 directory prepared by someone else cannot redirect a write outside it), and
 every whole file is written atomically (a temporary file in the same
 directory, fsync, rename; a killed writer's temporary file is removed when a
-run next opens the directory, `remove_stale_temps`). ``metrics.jsonl`` is an append log: each line is
-one ``write`` of a whole line, and cutting it back on resume rewrites it
-atomically.
+run next opens the directory, `remove_stale_temps`). ``metrics.jsonl`` is an
+append log: each line is one ``write`` of a whole line, and cutting it back
+on resume rewrites it atomically.
 """
 
 from __future__ import annotations
@@ -175,10 +175,11 @@ def check_fresh(run_dir: pathlib.Path) -> None:
 
 
 def remove_stale_temps(run_dir: pathlib.Path) -> list[pathlib.Path]:
-    """Remove the temporary files a killed writer left in ``run_dir`` and its checkpoints; the removed.
+    """Remove the temporary files a killed writer left in ``run_dir`` and its checkpoints.
 
-    Called when a run opens its directory for writing: one writer per run
-    directory, so any temporary file there is a dead write's.
+    Returns the paths removed. Called when a run opens its directory for
+    writing: one writer per run directory, so any temporary file there is a
+    dead write's.
     """
     removed = []
     for directory in (run_dir, run_dir / CHECKPOINT_SUBDIR):
