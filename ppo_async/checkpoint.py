@@ -16,7 +16,7 @@ Writing goes to a temporary file in the same directory, which is flushed and
 ``fsync``-ed, then ``os.replace``-d onto its final name, and the directory is
 ``fsync``-ed: a crash at any moment leaves either the old set of checkpoints
 or the new one, plus at worst a stray temporary file that readers ignore and
-the next save removes. One writer per directory is assumed.
+the next save (or the next run opening the directory) removes. One writer per directory is assumed.
 
 The state can be any pytree of arrays that flax serializes (dicts, NamedTuples
 such as `LearnerState` and optax's states, ``flax.struct`` dataclasses).
@@ -41,7 +41,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import ConfigError
-from ppo_async.run_dir import TEMP_PREFIX, write_atomically
+from ppo_async.run_dir import is_temp_file, write_atomically
 
 _FORMAT = "ppo_async-checkpoint"
 _FORMAT_VERSION = 1
@@ -53,15 +53,14 @@ _NAME = re.compile(r"ckpt_(\d{9,})\.msgpack")
 #   hidden_sizes -- the param (and Adam moment) shapes;
 #   network, rnn_hidden_size -- the params (a recurrent cell or none) and the
 #                   hidden state each actor's carry holds;
-#   anneal_lr    -- the optax state's structure (a schedule adds a counter).
 #   normalize_observations, normalize_rewards -- the params' structure (their
 #                   statistics travel in them) and the actors' env carries.
-# Everything else (total_env_steps, learning_rate, timeouts, topology...) may
-# change: the params and optimizer state still fit. (With anneal_lr, a new
-# total_env_steps continues the schedule from the rate reached: see
-# ppo_async.resume.)
+# Everything else (total_env_steps, learning_rate, anneal_lr, timeouts,
+# topology...) may change: the params still fit, and the optimizer state is
+# fitted (anneal_lr adds or drops the schedule's step counter). A new budget or
+# learning_rate re-plans the annealed schedule: see ppo_async.resume.
 RESUME_LOCKED_FIELDS: tuple[str, ...] = (
-    "env_id", "hidden_sizes", "anneal_lr", "network", "rnn_hidden_size",
+    "env_id", "hidden_sizes", "network", "rnn_hidden_size",
     "normalize_observations", "normalize_rewards")
 
 # Locked fields that checkpoints written before them do not record: such a
@@ -233,7 +232,7 @@ def save_checkpoint(
     older = [p for p in existing if _step_of(p) < step]
     stale = older[: max(0, len(older) - (keep - 1))]
     stale += [p for p in existing if _step_of(p) > step]
-    stale += [p for p in directory.iterdir() if p.name.startswith(TEMP_PREFIX)]
+    stale += [p for p in directory.iterdir() if is_temp_file(p.name)]
     for stale_path in stale:
         try:
             stale_path.unlink()

@@ -96,10 +96,6 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
     try:
         report = train(config, run_dir=run_dir, resume_from=resume, progress=progress,
                        wandb=wandb).report
-    except ConfigError:
-        if resume is None and run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()  # made for this run, which never started
-        raise
     except (ActorError, LearnerTimeoutError, NonFiniteError, ShutdownTimeoutError) as error:
         log = write_atomically(run_dir / "error.txt", traceback.format_exc().encode())
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -110,6 +106,11 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
             file=sys.stderr,
         )
         raise SystemExit(1) from None
+    finally:
+        # train() writes nothing before every check has passed: an empty directory was
+        # made for a run that was refused (or stopped before it began).
+        if resume is None and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
     segment = (
         f" ({report.segment_env_steps} in this segment, from update {report.start_update})"
         if report.start_update else ""
@@ -335,10 +336,16 @@ def _commands(argv: list[str]) -> dict[str, Any]:
         preset_name, argv[:] = _take_option(argv, "--preset", "cartpole", "a preset name")
         config_path, argv[:] = _take_option(argv, "--config", "my_run.toml", "a config file")
         if resume is not None:
+            run_root, argv[:] = _take_option(argv, "--run-root", "runs", "a directory")
             if preset_name is not None or config_path is not None:
                 raise ConfigError(
                     f"--{'preset' if preset_name is not None else 'config'} with --resume: a "
                     "resumed run keeps its own config.json; change single fields with flags"
+                )
+            if run_root is not None:
+                raise ConfigError(
+                    f"--run-root with --resume: a resumed run continues in its own directory "
+                    f"({resume}); --run-root only places new runs"
                 )
             commands["train"] = _make_train_command(load_run_config(resume), resume)
         else:

@@ -196,9 +196,11 @@ class LearningRateSchedule(NamedTuple):
 
     The rate is ``begin_value`` up to ``begin_step`` and falls linearly to 0
     at ``end_step``. A fresh run's piece is ``(0, learning_rate,
-    num_updates * num_epochs * num_minibatches)``; a run resumed with another
-    budget continues from the rate it had reached (`continue_schedule`), so
-    the rate never jumps.
+    num_updates * num_epochs * num_minibatches)``. A run resumed with another
+    budget or ``learning_rate`` is re-planned as if it had been planned so
+    from the start: ``(0, learning_rate, new end)`` (`continue_schedule`).
+    (Checkpoints of older versions may hold a piece with ``begin_step > 0``;
+    resumed with their own budget, they keep it.)
     """
 
     begin_step: int
@@ -230,19 +232,27 @@ def default_schedule(config: AsyncActorLearnerConfig) -> LearningRateSchedule:
 
 
 def continue_schedule(
-    schedule: LearningRateSchedule, optimizer_steps: int, end_step: int
+    schedule: LearningRateSchedule, end_step: int, learning_rate: float,
+    saved_learning_rate: float,
 ) -> LearningRateSchedule:
-    """The schedule of a run resumed after ``optimizer_steps`` that now ends at ``end_step``.
+    """The schedule of a resumed run that now ends at optimizer step ``end_step``.
 
-    An unchanged end keeps the piece as it was (so a resumed run computes
-    exactly the rates an uninterrupted one would); a new end starts a new
-    piece at the rate reached, ``schedule(optimizer_steps)``, falling to 0 at
-    ``end_step``.
+    ``schedule`` and ``saved_learning_rate`` are the checkpoint's;
+    ``learning_rate`` is the resuming config's. The same end and rate keep the
+    piece as it was, so an interrupted run resumed with its own budget computes
+    exactly the rates an uninterrupted one would. Otherwise the schedule is
+    re-planned from the initial rate over the new total,
+    ``(0, learning_rate, end_step)``: at the resume point, after
+    ``steps_done`` optimizer steps, the rate is
+    ``learning_rate * (1 - steps_done / end_step)``, the schedule of a run
+    planned for the new budget from the start. (``end_step`` counts the
+    optimizer steps taken so far plus those of the updates left, at the
+    resuming config's ``num_epochs * num_minibatches``, so the rate reaches 0
+    at the last step even if the batch changed.)
     """
-    if end_step == schedule.end_step:
+    if end_step == schedule.end_step and learning_rate == saved_learning_rate:
         return schedule
-    reached = float(schedule(optimizer_steps))
-    return LearningRateSchedule(optimizer_steps, reached, end_step)
+    return LearningRateSchedule(0, float(learning_rate), end_step)
 
 
 def make_optimizer(

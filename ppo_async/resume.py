@@ -15,9 +15,22 @@ Resuming continues the same run: the newest checkpoint that passes every
 check (`validate_checkpoint`: a damaged or malformed one is skipped with a
 warning, like a truncated file) gives the state and counters; a changed
 ``num_actors`` or ``envs_per_actor`` is allowed and starts fresh episodes for
-the actors whose envs no longer fit (with a warning); a longer budget
-extends the annealed learning rate from the rate reached
-(`ppo_async.learner.continue_schedule`).
+the actors whose envs no longer fit (with a warning).
+
+The learning rate: resumed with its own budget and ``learning_rate``, a run
+keeps its schedule exactly (a lock-step resume is byte-identical to an
+uninterrupted run). A new budget or ``learning_rate`` re-plans the linear
+schedule as if the run had been planned so from the start: from
+``learning_rate`` at optimizer step 0 to 0 at the new last step, so that the
+rate at the resume point is ``learning_rate * (1 - steps_done / new_total)``
+(`ppo_async.learner.continue_schedule`; extending a finished run does not
+continue from its final rate of 0). Steps are optimizer steps: ``new_total`` is
+those taken so far plus the updates left times the resuming config's
+``num_epochs * num_minibatches``. ``anneal_lr`` may be switched: off, the rate
+is the constant ``learning_rate``; on, the re-planned schedule (the optimizer
+state gains or drops the schedule's step counter; Adam's moments carry over).
+A rate at the resume point that differs from the saved run's is logged as one
+warning line, from X to Y.
 """
 
 from __future__ import annotations
@@ -171,8 +184,12 @@ def load_newest_checkpoint(
     params_template = program.params_template
 
     def template(saved: dict[str, Any]) -> dict[str, Any]:
+        # The optimizer state is shaped by the saved anneal_lr (load_resume_point switches it).
+        anneal_lr = saved.get("anneal_lr", config.anneal_lr)
+        saved_config = dataclasses.replace(
+            config, anneal_lr=anneal_lr if isinstance(anneal_lr, bool) else config.anneal_lr)
         return {
-            "learner": init_learner_state(config, params_template, jax.random.key(0)),
+            "learner": init_learner_state(saved_config, params_template, jax.random.key(0)),
             "actor_carries": _carries_template(config, program, saved),
             "recent_returns": np.zeros(RECENT_EPISODES, np.float32),
             "lr_begin_value": np.float64(0.0),
@@ -183,8 +200,8 @@ def load_newest_checkpoint(
     )
     if loaded is None:
         raise ConfigError(
-            f"run directory {checkpoints.parent}: no checkpoint in {checkpoints}, so "
-            "there is nothing to resume_from or evaluate"
+            f"run directory {checkpoints.parent}: no checkpoint in {checkpoints}, so there "
+            "is nothing to resume (ppo-async train --resume, train(resume_from=...)) or evaluate"
         )
     return loaded
 
@@ -223,20 +240,70 @@ def load_resume_point(
     saved_schedule = LearningRateSchedule(
         counters["lr_begin_step"], float(loaded.state["lr_begin_value"]), counters["lr_end_step"]
     )
-    optimizer_steps = _optimizer_steps(loaded.state["learner"].opt_state)
+    state = loaded.state["learner"]
+    optimizer_steps = _optimizer_steps(state.opt_state)
+    saved = _SavedRate.of(loaded.config, config, saved_schedule)
     schedule = continue_schedule(
-        saved_schedule, optimizer_steps,
-        optimizer_steps + remaining * optimizer_steps_per_update(config),
+        saved_schedule, optimizer_steps + remaining * optimizer_steps_per_update(config),
+        config.learning_rate, saved.learning_rate,
     )
-    if schedule != saved_schedule and config.anneal_lr:
-        logger.info(
-            "the budget changed: the learning rate continues from %.3g at optimizer step %d "
-            "to 0 at step %d", schedule.begin_value, schedule.begin_step, schedule.end_step,
-        )
+    _report_rate_change(config, saved, schedule, optimizer_steps)
+    if saved.anneal_lr != config.anneal_lr:
+        state = _switch_anneal_lr(config, state, optimizer_steps)
     carries = _fit_carries(config, loaded.config, tuple(loaded.state["actor_carries"]))
     logger.info("resuming from %s (update %d)", loaded.path, report.updates)
-    return ResumePoint(loaded.state["learner"], report, carries, schedule,
+    return ResumePoint(state, report, carries, schedule,
                        report.updates + remaining, loaded.path)
+
+
+class _SavedRate(NamedTuple):
+    """How the checkpointed run set its learning rate."""
+
+    anneal_lr: bool
+    learning_rate: float
+    schedule: LearningRateSchedule
+
+    @classmethod
+    def of(cls, saved: dict[str, Any], config: AsyncActorLearnerConfig,
+           schedule: LearningRateSchedule) -> _SavedRate:
+        anneal_lr = saved.get("anneal_lr", config.anneal_lr)
+        learning_rate = saved.get("learning_rate", config.learning_rate)
+        return cls(anneal_lr if isinstance(anneal_lr, bool) else config.anneal_lr,
+                   float(learning_rate) if isinstance(learning_rate, (int, float))
+                   else config.learning_rate, schedule)
+
+    def at(self, step: int) -> float:
+        return float(self.schedule(step)) if self.anneal_lr else self.learning_rate
+
+
+def _report_rate_change(config: AsyncActorLearnerConfig, saved: _SavedRate,
+                        schedule: LearningRateSchedule, optimizer_steps: int) -> None:
+    """One line when the resumed run's rate at the resume point differs from the saved run's."""
+    before = saved.at(optimizer_steps)
+    after = float(schedule(optimizer_steps)) if config.anneal_lr else config.learning_rate
+    if before == after:
+        return
+    how = (f"re-planned as if the run had been planned for this budget from the start: "
+           f"linear from learning_rate={config.learning_rate:.3g} at optimizer step 0 to 0 at "
+           f"step {schedule.end_step}" if config.anneal_lr else "anneal_lr=False: constant")
+    # A warning, so that it shows without any logging set up: it changes what the run trains.
+    logger.warning("resuming at optimizer step %d: the learning rate changes from %.3g to "
+                   "%.3g (%s)", optimizer_steps, before, after, how)
+
+
+def _switch_anneal_lr(config: AsyncActorLearnerConfig, state: LearnerState,
+                      optimizer_steps: int) -> LearnerState:
+    """``state`` with the optimizer state of ``config.anneal_lr`` (the schedule adds a step
+    counter, or drops it); Adam's moments and step count carry over."""
+    import optax
+
+    fresh = init_learner_state(config, state.params, state.key).opt_state
+    count = np.asarray(optimizer_steps, np.int32)
+    opt_state = optax.tree_utils.tree_set(
+        fresh, mu=optax.tree_utils.tree_get(state.opt_state, "mu"),
+        nu=optax.tree_utils.tree_get(state.opt_state, "nu"), count=count,
+    )
+    return state._replace(opt_state=jax.device_get(opt_state))
 
 
 def _optimizer_steps(opt_state: Any) -> int:

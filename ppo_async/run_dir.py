@@ -20,9 +20,10 @@ Two rules hold for every file: nothing is written through a symbolic link
 (a link where a run file should be is refused with `ConfigError`, so a
 directory prepared by someone else cannot redirect a write outside it), and
 every whole file is written atomically (a temporary file in the same
-directory, fsync, rename). ``metrics.jsonl`` is an append log: each line is
-one ``write`` of a whole line, and cutting it back on resume rewrites it
-atomically.
+directory, fsync, rename; a killed writer's temporary file is removed when a
+run next opens the directory, `remove_stale_temps`). ``metrics.jsonl`` is an
+append log: each line is one ``write`` of a whole line, and cutting it back
+on resume rewrites it atomically.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ SUMMARY_FILE = "summary.json"
 CHECKPOINT_SUBDIR = "checkpoints"
 
 TEMP_PREFIX = ".tmp-"  # temporary files of atomic writes; readers ignore them
+# Older versions' checkpoint temporaries were named .ckpt_<random>.tmp.
+_OLD_CHECKPOINT_TEMP = (".ckpt_", ".tmp")
+
+
+def is_temp_file(name: str) -> bool:
+    """Whether ``name`` is the name of an atomic write's temporary file (never a run file)."""
+    prefix, suffix = _OLD_CHECKPOINT_TEMP
+    return name.startswith(TEMP_PREFIX) or (name.startswith(prefix) and name.endswith(suffix))
 
 
 def refuse_link(path: pathlib.Path) -> None:
@@ -141,7 +150,13 @@ def unique_run_dir(root: str | os.PathLike, name: str) -> pathlib.Path:
 
 
 def prepare_fresh(run_dir: pathlib.Path) -> None:
-    """Create ``run_dir`` for a fresh run; refuse one that already holds anything.
+    """Create ``run_dir`` for a fresh run; refuse one that already holds anything (`check_fresh`)."""
+    check_fresh(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def check_fresh(run_dir: pathlib.Path) -> None:
+    """Raise `ConfigError` unless ``run_dir`` is missing or an empty directory.
 
     A fresh run into a used directory would mix its checkpoints and metrics
     with the old run's: resume that run instead, or choose another directory.
@@ -159,7 +174,24 @@ def prepare_fresh(run_dir: pathlib.Path) -> None:
                 f"(train(config, resume_from=...) or ppo-async train --resume "
                 f"{run_dir}), or choose another directory"
             )
-    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def remove_stale_temps(run_dir: pathlib.Path) -> list[pathlib.Path]:
+    """Remove the temporary files a killed writer left in ``run_dir`` and its checkpoints.
+
+    Returns the paths removed. Called when a run opens its directory for
+    writing: one writer per run directory, so any temporary file there is a
+    dead write's.
+    """
+    removed = []
+    for directory in (run_dir, run_dir / CHECKPOINT_SUBDIR):
+        if directory.is_symlink() or not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            if is_temp_file(path.name) and (path.is_symlink() or path.is_file()):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def checkpoint_dir(run_dir: pathlib.Path) -> pathlib.Path:

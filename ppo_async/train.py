@@ -66,9 +66,12 @@ from ppo_async.resume import CheckpointPolicy, ResumePoint, checkpoint_contents,
 from ppo_async.run_dir import (
     PARAMS_FILE,
     SUMMARY_FILE,
+    check_fresh,
     checkpoint_dir,
     prepare_fresh,
+    read_segments,
     record_segment,
+    remove_stale_temps,
     write_atomically,
     write_json,
 )
@@ -286,27 +289,64 @@ class _Checkpoints:
         return self.last_path
 
 
+class _RunDirectories(NamedTuple):
+    run_dir: pathlib.Path | None  # where this run writes
+    resume_from: pathlib.Path | None  # where it reads its checkpoint
+    fresh: bool  # run_dir is a new or empty directory, made only once every check has passed
+
+
 def _run_directories(
     config: AsyncActorLearnerConfig, run_dir: str | pathlib.Path | None,
     resume_from: str | pathlib.Path | None,
-) -> tuple[pathlib.Path | None, pathlib.Path | None]:
-    """(run_dir, resume_from) checked: a fresh run gets an empty directory."""
+) -> _RunDirectories:
+    """The run's directories, checked; nothing is created here (see `_open_run`)."""
+    fresh = run_dir is not None
     if resume_from is not None:
         resume_from = pathlib.Path(resume_from)
         if not resume_from.is_dir():
             raise ConfigError(f"resume_from={str(resume_from)!r}: no such run directory")
         run_dir = pathlib.Path(run_dir) if run_dir is not None else resume_from
-        if run_dir.resolve() != resume_from.resolve():
-            prepare_fresh(run_dir)  # the continuation goes to a new directory
-    elif run_dir is not None:
-        run_dir = pathlib.Path(run_dir)
-        prepare_fresh(run_dir)
+        fresh = run_dir.resolve() != resume_from.resolve()  # a continuation into a new directory
+        if not fresh:
+            read_segments(run_dir)  # a damaged segments.json is refused before anything is written
+    run_dir = pathlib.Path(run_dir) if run_dir is not None else None
+    if fresh:
+        check_fresh(run_dir)
     if config.checkpoint_every_updates and run_dir is None:
         raise ConfigError(
             f"checkpoint_every_updates={config.checkpoint_every_updates}: checkpoints "
             "need a run directory; pass run_dir (or set it to 0)"
         )
-    return run_dir, resume_from
+    return _RunDirectories(run_dir, resume_from, fresh)
+
+
+def _open_run(config: AsyncActorLearnerConfig, directories: _RunDirectories, progress: bool,
+              report: LearnerReport, end_update: int, resume: ResumePoint | None,
+              wandb: WandbSettings | None) -> RunLog:
+    """Create the run directory and open its log; called once every check has passed, so
+    that a refused config leaves no directory and a refused resume leaves its run as it was."""
+    run_dir = directories.run_dir
+    made = directories.fresh and not run_dir.exists()
+    if directories.fresh:
+        prepare_fresh(run_dir)
+    try:
+        # W&B first (RunLog opens it before any file): a login failure writes no run file.
+        run_log = RunLog(config, run_dir, progress, start_update=report.updates,
+                         end_update=end_update, wandb=wandb)
+    except BaseException:
+        if made and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
+    if run_dir is not None:
+        try:
+            remove_stale_temps(run_dir)  # a killed writer's, left in a resumed run's directory
+            record_segment(run_dir, config, start_update=report.updates,
+                           start_env_steps=report.env_steps,
+                           resumed_from=str(resume.path) if resume is not None else None)
+        except BaseException:
+            run_log.close(failed=True)
+            raise
+    return run_log
 
 
 def train(
@@ -327,7 +367,9 @@ def train(
         per update), checkpoints (``checkpoints/``: every
         ``checkpoint_every_s`` seconds or ``checkpoint_every_updates``
         updates, at the end, and when the run stops early) and the final
-        ``params.msgpack`` and ``summary.json`` there.
+        ``params.msgpack`` and ``summary.json`` there. It is created (and a
+        resumed run's files touched) only once every check has passed: a
+        refused config leaves no directory behind.
       resume_from: a run directory to continue from its newest valid
         checkpoint (params, optimizer state, keys, counters, learning-rate
         schedule, and each actor's env state); also the default ``run_dir``.
@@ -341,7 +383,8 @@ def train(
       ConfigError: a device the config names does not exist, a non-empty
         ``run_dir`` for a fresh run, checkpoints without a run directory,
         nothing to resume, a resume that changes the env or network or whose
-        budget is already spent.
+        budget is already spent, a Ray cluster without room for the actors,
+        W&B refusing the run.
       ActorError: an actor or the evaluator raised (chained to its exception).
       LearnerTimeoutError: an actor the learner waits on sent nothing for
         ``config.learner_timeout_s`` (its id is in ``actor_ids``).
@@ -374,7 +417,8 @@ def _train(
     enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
     learner_device = resolve_device(config.learner_device)
     actor_device = resolve_device(config.actor_device)
-    run_dir, resume_from = _run_directories(config, run_dir, resume_from)
+    directories = _run_directories(config, run_dir, resume_from)
+    run_dir, resume_from = directories.run_dir, directories.resume_from
 
     program = make_actor_program(config)
     resume: ResumePoint | None = None
@@ -396,12 +440,6 @@ def _train(
             state, report, carries = resume.state, resume.report, resume.actor_carries
         end_update = resume.end_update if resume is not None else config.num_updates
         state = jax.device_put(state, learner_device)
-        if run_dir is not None:
-            record_segment(run_dir, config, start_update=report.updates,
-                           start_env_steps=report.env_steps,
-                           resumed_from=str(resume.path) if resume is not None else None)
-        run_log = RunLog(config, run_dir, progress, start_update=report.updates,
-                         end_update=end_update, wandb=wandb)
     except BaseException:
         warm_up.join(config.shutdown_timeout_s)
         raise
@@ -414,14 +452,17 @@ def _train(
     evaluating = config.eval_every_updates > 0
     checkpoints = _Checkpoints(config, run_dir, schedule)
     transport: LearnerTransport | None = None
+    run_log: RunLog | None = None
     evaluator_thread = None
     error: BaseException | None = None
     try:
+        # Before any run file: Ray refuses a cluster without room for the actors here.
         transport = _make_transport(config, program, actor_device)
         channels = LearnerChannels(
             transport, queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
         )
         supervisor = Supervisor(config, transport, watchdog)
+        run_log = _open_run(config, directories, progress, report, end_update, resume, wandb)
 
         def record(metrics: dict[str, float]) -> None:
             run_log(metrics)
@@ -466,13 +507,14 @@ def _train(
                                      known_stuck=getattr(error, "actor_ids", ()))
         late = transport.late_failures()
         supervisor.annotate(error)
-    if error is None and evaluating:
+    if error is None and evaluating and run_log is not None:
         try:  # evaluations that finished after the last update: the shutdown waited for them
             for evaluation in drain_evaluations(channels, report):
                 run_log.evaluation(evaluation)
         except Exception as caught:  # noqa: BLE001 - raised below, like the run's own errors
             error = caught
-    run_log.close(failed=error is not None)
+    if run_log is not None:
+        run_log.close(failed=error is not None)
     saved = checkpoints.save_latest() if run_dir is not None else None
 
     if error is not None:

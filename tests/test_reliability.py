@@ -93,6 +93,20 @@ def test_a_default_cli_run_can_be_resumed_and_evaluated(tmp_path, capsys):
     assert "CartPole-v1: return" in capsys.readouterr().out
 
 
+def test_learning_rate_on_resume_sets_the_new_initial_rate(tmp_path, caplog):
+    from ppo_async.cli import main
+
+    main(["train", *CLI_TINY, "--total-env-steps", "96", "--run-root", str(tmp_path)])
+    (run_dir,) = tmp_path.iterdir()
+    # A finished run (rate 0 at its end), extended to 6 updates with a new initial rate.
+    main(["train", "--resume", str(run_dir), "--total-env-steps", "192", "--learning-rate", "1e-3"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    rates = [r["learning_rate"] for r in records if r["update"] > 3]
+    assert rates == pytest.approx([1e-3 * (1 - u / 6) for u in (3, 4, 5)], rel=1e-6)
+    (line,) = [r.getMessage() for r in caplog.records if "learning rate" in r.getMessage()]
+    assert "changes from 0 to 0.0005" in line
+
+
 def test_resume_flag_without_a_directory_is_one_line(capsys):
     from ppo_async.cli import main
 
@@ -101,6 +115,26 @@ def test_resume_flag_without_a_directory_is_one_line(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--resume needs a run directory" in err
+
+
+def test_resume_refuses_run_root_and_names_the_flag_when_there_is_no_checkpoint(tmp_path, capsys):
+    from ppo_async.cli import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(TINY.to_dict()))
+    for args, expected in [
+        (["--run-root", str(tmp_path / "elsewhere")], "--run-root with --resume"),
+        ([f"--run-root={tmp_path / 'elsewhere'}"], "--run-root with --resume"),
+        # Named for CLI and Python users alike.
+        ([], "nothing to resume (ppo-async train --resume, train(resume_from=...))"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            main(["train", "--resume", str(run_dir), "--no-progress", *args])
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json"]
 
 
 def test_resume_with_another_topology_starts_fresh_episodes_with_a_warning(tmp_path):
@@ -119,7 +153,7 @@ def test_resume_with_another_topology_starts_fresh_episodes_with_a_warning(tmp_p
     assert report.updates == 8 and report.env_steps == 304
 
 
-def test_an_extended_budget_continues_the_learning_rate_without_a_jump(tmp_path):
+def test_an_extended_budget_re_plans_the_learning_rate_from_the_initial_rate(tmp_path):
     seen = []
     config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10)
     with pytest.raises(TrainingInterrupted):
@@ -128,27 +162,27 @@ def test_an_extended_budget_continues_the_learning_rate_without_a_jump(tmp_path)
     longer = dataclasses.replace(config, total_env_steps=config.batch_size * 20)
     train(longer, resume_from=tmp_path, progress=False, on_update=seen.append)
     rates = [m["learning_rate"] for m in seen]
-    steps_per_update = config.num_epochs * config.num_minibatches
-    first_step = config.learning_rate / (10 * steps_per_update)
-    assert rates[0] == pytest.approx(config.learning_rate)
-    # Every update lowers the rate by at most one first-segment update's worth: no jump.
-    drops = np.diff(rates)
-    assert np.all(drops < 0) and np.all(-drops <= steps_per_update * first_step * 1.0001)
-    # The second segment starts at the rate reached (optimizer step 12 of 20:
-    # 0.4 of the initial rate) and falls to 0 at its new end.
-    assert rates[6] == pytest.approx(0.4 * config.learning_rate, rel=1e-5)
-    assert rates[-1] == pytest.approx(rates[6] / 14, rel=1e-4)
+    # Update u+1 starts at optimizer step 2u: the first segment follows the
+    # 10-update plan, the second the 20-update plan, as if planned so from the start.
+    planned = ([config.learning_rate * (1 - u / 10) for u in range(6)]
+               + [config.learning_rate * (1 - u / 20) for u in range(6, 20)])
+    assert rates == pytest.approx(planned, rel=1e-5)
 
 
-def test_continue_schedule_keeps_an_unchanged_end_and_rebases_a_new_one():
+def test_continue_schedule_keeps_an_unchanged_plan_and_re_plans_a_new_one():
     schedule = default_schedule(dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10))
     assert schedule == LearningRateSchedule(0, TINY.learning_rate, 20)
-    assert continue_schedule(schedule, 8, 20) is schedule
-    extended = continue_schedule(schedule, 8, 40)
-    assert extended == LearningRateSchedule(8, pytest.approx(float(schedule(8))), 40)
+    rate = TINY.learning_rate
+    assert continue_schedule(schedule, 20, rate, rate) is schedule
+    # An older version's continued piece is kept too, when nothing changed.
+    piece = LearningRateSchedule(8, 0.6 * rate, 20)
+    assert continue_schedule(piece, 20, rate, rate) is piece
+    # A new end, or a new initial rate, re-plans from step 0.
+    assert continue_schedule(piece, 40, rate, rate) == LearningRateSchedule(0, rate, 40)
+    assert continue_schedule(schedule, 20, 2 * rate, rate) == LearningRateSchedule(0, 2 * rate, 20)
+    extended = continue_schedule(schedule, 40, rate, rate)
     for step in (8, 9, 20, 39, 40):
-        expected = float(schedule(8)) * (40 - step) / 32
-        assert float(extended(step)) == pytest.approx(expected, rel=1e-5, abs=1e-9)
+        assert float(extended(step)) == pytest.approx(rate * (1 - step / 40), rel=1e-5, abs=1e-9)
 
 
 def test_progress_and_throughput_count_from_the_resume_point(tmp_path):
@@ -365,6 +399,62 @@ def test_a_fresh_run_into_a_used_directory_is_a_config_error(tmp_path):
     (tmp_path / "notes.txt").write_text("someone's")
     with pytest.raises(ConfigError, match="not empty.*resume"):
         train(TINY, run_dir=tmp_path, progress=False)
+
+
+def _ray_with_one_cpu(monkeypatch):
+    """Ray as a one-CPU cluster, without starting it: the resource check refuses 2 actors."""
+    import ray
+
+    from ppo_async import ray_transport
+
+    monkeypatch.setattr(ray_transport, "connect", lambda ray, config: False)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 1.0})
+
+
+def _refused(capsys, args):
+    from ppo_async.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_refused_config_leaves_no_run_directory(tmp_path, capsys, monkeypatch):
+    _ray_with_one_cpu(monkeypatch)
+    err = _refused(capsys, ["train", *CLI_TINY, "--actor-backend", "ray",
+                            "--total-env-steps", "64", "--run-root", str(tmp_path / "runs")])
+    assert "ray_num_cpus_per_actor" in err
+    assert list((tmp_path / "runs").iterdir()) == []
+    # The same from Python, and for a late error of another kind (W&B refusing the login).
+    ray_config = dataclasses.replace(TINY, actor_backend="ray")
+    with pytest.raises(ConfigError, match="Ray cluster has 1.0 CPU"):
+        train(ray_config, run_dir=tmp_path / "python", progress=False)
+    monkeypatch.undo()
+
+    def not_logged_in(*args, **kwargs):
+        raise ConfigError("wandb: not logged in")
+
+    from ppo_async import run_log
+    from ppo_async.wandb_log import WandbSettings
+
+    monkeypatch.setattr(run_log, "WandbRun", not_logged_in)
+    with pytest.raises(ConfigError, match="not logged in"):
+        train(TINY, run_dir=tmp_path / "python", progress=False, wandb=WandbSettings("p"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path, capsys, monkeypatch):
+    from ppo_async.cli import main
+
+    main(["train", *CLI_TINY, "--total-env-steps", "64", "--run-root", str(tmp_path)])
+    (run_dir,) = tmp_path.iterdir()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    _ray_with_one_cpu(monkeypatch)
+    _refused(capsys, ["train", "--resume", str(run_dir), "--actor-backend", "ray",
+                      "--total-env-steps", "128", "--no-progress"])
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
 
 
 def test_nothing_a_run_writes_follows_a_symlink(tmp_path):

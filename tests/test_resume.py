@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -158,3 +159,68 @@ def test_bad_resumes_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="hidden_sizes"):
         train(wider, resume_from=tmp_path, progress=False)
     assert pathlib.Path(tmp_path / "checkpoints").is_dir()
+
+
+SHORT = dataclasses.replace(LOCK_STEP, total_env_steps=LOCK_STEP.batch_size * 4,
+                            checkpoint_every_updates=0)
+
+
+def _rate_changes(caplog):
+    return [r.getMessage() for r in caplog.records if "learning rate changes" in r.getMessage()]
+
+
+def _params_moved(before, after):
+    return any(not np.array_equal(a, b) for a, b in zip(_leaves(before), _leaves(after)))
+
+
+def test_extending_a_finished_run_re_plans_the_learning_rate_and_trains(tmp_path, caplog):
+    finished = train(SHORT, run_dir=tmp_path, progress=False)
+    longer = dataclasses.replace(SHORT, total_env_steps=SHORT.batch_size * 8)
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="ppo_async.resume"):
+        extended = train(longer, resume_from=tmp_path, progress=False, on_update=seen.append)
+    # Update u starts at optimizer step 2 (u - 1) of 16: the schedule of a run
+    # planned for 8 updates from the start, not the finished run's rate of 0.
+    rates = [m["learning_rate"] for m in seen]
+    assert rates == pytest.approx([longer.learning_rate * (1 - u / 8) for u in range(4, 8)],
+                                  rel=1e-6)
+    assert min(rates) > 0
+    assert all(m["approx_kl"] > 0 for m in seen)
+    assert _params_moved(finished.params, extended.params)
+    (line,) = _rate_changes(caplog)
+    assert "optimizer step 8: the learning rate changes from 0 to 0.00025" in line
+
+
+def test_anneal_lr_may_be_switched_on_resume(tmp_path, caplog):
+    constant = dataclasses.replace(SHORT, anneal_lr=False)
+    first = train(constant, run_dir=tmp_path, progress=False)
+    seen = []
+    annealed = dataclasses.replace(constant, anneal_lr=True, total_env_steps=SHORT.batch_size * 8)
+    with caplog.at_level(logging.WARNING, logger="ppo_async.resume"):
+        second = train(annealed, resume_from=tmp_path, progress=False, on_update=seen.append)
+    assert [m["learning_rate"] for m in seen] == pytest.approx(
+        [SHORT.learning_rate * (1 - u / 8) for u in range(4, 8)], rel=1e-6)
+    assert _params_moved(first.params, second.params)
+    seen.clear()
+    constant_again = dataclasses.replace(constant, total_env_steps=SHORT.batch_size * 10)
+    third = train(constant_again, resume_from=tmp_path, progress=False, on_update=seen.append)
+    assert [m["learning_rate"] for m in seen] == pytest.approx([SHORT.learning_rate] * 2)
+    assert all(m["approx_kl"] > 0 for m in seen) and _params_moved(second.params, third.params)
+    assert len(_rate_changes(caplog)) == 2  # one line per resume that changed the rate
+
+
+def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=_interrupt_at(7))
+    checkpoints = tmp_path / "checkpoints"
+    stale = [checkpoints / ".ckpt_x1y2.tmp",  # an older version's checkpoint temporary
+             checkpoints / ".tmp-ckpt_000000008.msgpack.a1b2", tmp_path / ".tmp-params.msgpack.c3"]
+    kept = [tmp_path / "notes.tmp", checkpoints / "README"]
+    for path in stale + kept:
+        path.write_bytes(b"partial")
+    # The run's own budget: it ends at update 10 and writes its last checkpoint.
+    train(LOCK_STEP, resume_from=tmp_path, progress=False)
+    assert [p for p in stale if p.exists()] == []
+    assert all(p.read_bytes() == b"partial" for p in kept)
+    assert [p.name for p in list_checkpoints(checkpoints)] == [
+        "ckpt_000000009.msgpack", "ckpt_000000010.msgpack"]
