@@ -13,9 +13,10 @@ before: the dataclass defaults < ``--preset NAME`` (`ppo_async.presets`) <
 flags. With ``--resume`` the run's own ``config.json`` takes the place of
 preset and file.
 
-Every error a user can cause (a bad flag value, a missing or damaged run
-directory, nothing to resume) is one line on stderr with the fix, exit code
-2. A run that fails while training (an actor raised, a stuck env, NaN) prints
+Every error a user can cause (a bad flag value, a misspelled flag, a missing
+or damaged run directory, nothing to resume) is one line on stderr with the
+fix, exit code 2; tyro's parse errors are condensed to one line that keeps
+its suggestion (`one_line_parse_error`). A run that fails while training (an actor raised, a stuck env, NaN) prints
 one line, keeps the traceback in ``RUN_DIR/error.txt`` and exits with 1;
 Ctrl-C prints the update reached and the resume command and exits with 130.
 """

@@ -152,9 +152,11 @@ def test_actors_are_placed_on_the_node_with_their_custom_resource():
 
 @pytest.fixture(scope="module")
 def ray_local():
+    from ppo_async.ray_transport import _ray_init  # without JAX's os.fork warning, as train's
+
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024**2,
-             log_to_driver=False, configure_logging=False)
+    _ray_init(ray, num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024**2,
+              log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
