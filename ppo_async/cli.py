@@ -16,9 +16,10 @@ preset and file.
 Every error a user can cause (a bad flag value, a misspelled flag, a missing
 or damaged run directory, nothing to resume) is one line on stderr with the
 fix, exit code 2; tyro's parse errors are condensed to one line that keeps
-its suggestion (`one_line_parse_error`). A run that fails while training (an actor raised, a stuck env, NaN) prints
-one line, keeps the traceback in ``RUN_DIR/error.txt`` and exits with 1;
-Ctrl-C prints the update reached and the resume command and exits with 130.
+its suggestion (`one_line_parse_error`). A run that fails while training (an
+actor raised, a stuck env, NaN) prints one line, keeps the traceback in
+``RUN_DIR/error.txt`` and exits with 1; Ctrl-C prints the update reached and
+the resume command and exits with 130.
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ def _wandb_settings(project: str | None, entity: str | None, group: str | None,
 
 def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | None):
     """The ``train`` subcommand, its config defaults ``base`` (flags given override them)."""
-    # A lead read from a resumed run's config.json is a plain number, and --help says so.
-    config_type = _DerivedLeadConfig if type(base.max_lead_steps) is not int else AsyncActorLearnerConfig
+    # A lead read from a resumed run's config.json is a plain number, and --help shows it.
+    derived_lead = type(base.max_lead_steps) is not int  # config's _DerivedLead
+    config_type = _DerivedLeadConfig if derived_lead else AsyncActorLearnerConfig
 
     def train_command(
         config: ConfigArg = _as_config(base, config_type),
@@ -168,7 +170,8 @@ def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | No
         progress: bool = True,
         preset: PresetName | None = None,
         config_file: Annotated[pathlib.Path | None, tyro.conf.arg(name="config")] = None,
-        resume_dir: Annotated[pathlib.Path | None, tyro.conf.arg(name="resume", metavar="RUN_DIR")] = None,
+        resume_dir: Annotated[pathlib.Path | None,
+                              tyro.conf.arg(name="resume", metavar="RUN_DIR")] = None,
         wandb_project: str | None = None,
         wandb_entity: str | None = None,
         wandb_group: str | None = None,
@@ -454,7 +457,8 @@ def _deferred(command):
 
 def _parse(commands: dict[str, Any], argv: list[str]):
     """The chosen subcommand with its parsed arguments, ready to call."""
-    help_command = f"ppo-async {argv[0]} --help" if argv[:1] and argv[0] in commands else "ppo-async --help"
+    known = argv[:1] and argv[0] in commands
+    help_command = f"ppo-async {argv[0]} --help" if known else "ppo-async --help"
     with _parse_errors_on_one_line(help_command):
         return tyro.extras.subcommand_cli_from_dict(
             {name: _deferred(command) for name, command in commands.items()},
