@@ -13,18 +13,25 @@ before: the dataclass defaults < ``--preset NAME`` (`ppo_async.presets`) <
 flags. With ``--resume`` the run's own ``config.json`` takes the place of
 preset and file.
 
-Every error a user can cause (a bad flag value, a missing or damaged run
-directory, nothing to resume) is one line on stderr with the fix, exit code
-2. A run that fails while training (an actor raised, a stuck env, NaN) prints
-one line, keeps the traceback in ``RUN_DIR/error.txt`` and exits with 1;
-Ctrl-C prints the update reached and the resume command and exits with 130.
+Every error a user can cause (a bad flag value, a misspelled flag, a missing
+or damaged run directory, nothing to resume) is one line on stderr with the
+fix, exit code 2; tyro's parse errors are condensed to one line that keeps
+its suggestion (`one_line_parse_error`). A run that fails while training (an
+actor raised, a stuck env, NaN) prints one line, keeps the traceback in
+``RUN_DIR/error.txt`` and exits with 1; Ctrl-C prints the update reached and
+the resume command and exits with 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import functools
+import io
+import math
 import pathlib
+import re
 import sys
 import traceback
 import warnings
@@ -38,6 +45,24 @@ from ppo_async.version import __version__
 
 ConfigArg = Annotated[AsyncActorLearnerConfig, tyro.conf.arg(name="")]
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class _DerivedLeadConfig(AsyncActorLearnerConfig):
+    """The config's fields as ``train`` flags when ``max_lead_steps`` is derived from the sizes.
+
+    tyro would print the number the default resolved to ("default: 128"),
+    though an unset lead follows --num-steps and --broadcast-every.
+    """
+
+    max_lead_steps: Annotated[int | None, tyro.conf.arg(
+        help_behavior_hint="(default: 2 * num_steps * broadcast_every)")] = None
+
+
+def _as_config(config: AsyncActorLearnerConfig,
+               config_type: type = AsyncActorLearnerConfig) -> AsyncActorLearnerConfig:
+    """``config``'s values as a ``config_type`` (a derived lead stays derived)."""
+    return config_type(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
 
 
 def load_run_config(run_dir: pathlib.Path) -> AsyncActorLearnerConfig:
@@ -142,13 +167,18 @@ def _wandb_settings(project: str | None, entity: str | None, group: str | None,
 
 def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | None):
     """The ``train`` subcommand, its config defaults ``base`` (flags given override them)."""
+    # A lead read from a resumed run's config.json is a plain number, and --help shows it.
+    derived_lead = type(base.max_lead_steps) is not int  # config's _DerivedLead
+    config_type = _DerivedLeadConfig if derived_lead else AsyncActorLearnerConfig
 
     def train_command(
-        config: ConfigArg = base,
+        config: ConfigArg = _as_config(base, config_type),
         run_root: pathlib.Path = pathlib.Path("runs"),
         progress: bool = True,
         preset: PresetName | None = None,
         config_file: Annotated[pathlib.Path | None, tyro.conf.arg(name="config")] = None,
+        resume_dir: Annotated[pathlib.Path | None,
+                              tyro.conf.arg(name="resume", metavar="RUN_DIR")] = None,
         wandb_project: str | None = None,
         wandb_entity: str | None = None,
         wandb_group: str | None = None,
@@ -163,22 +193,35 @@ def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | No
         Args:
             config: Every field of the run's config.
             run_root: A new run directory is made under it (not with --resume).
-            progress: Show a progress bar.
+            progress: Show a progress bar (on a terminal; a plain line every 30 s and one at the end when stderr is a file or a pipe).
             preset: A named config (ppo_async.presets), e.g. the README's learning-results runs.
             config_file: A TOML file (or YAML, with pyyaml installed) of config field = value lines, applied over the preset.
+            resume_dir: Continue this run directory from its newest checkpoint, with its config.json as the defaults (no --preset or --config with it).
             wandb_project: Also log to this Weights & Biases project (pip install 'ppo-async[wandb]'; WANDB_MODE=offline works without an account).
             wandb_entity: The W&B entity (team or user); default: yours.
             wandb_group: The W&B group, e.g. one experiment's seeds.
             wandb_tags: W&B tags of the run.
         """
-        del preset, config_file  # applied to ``base`` before parsing (see _commands)
+        del preset, config_file, resume_dir  # applied to ``base`` before parsing (see _commands)
+        config = _as_config(config)
         wandb = _wandb_settings(wandb_project, wandb_entity, wandb_group, wandb_tags)
         if resume is not None:
             _train(config, resume, resume, progress, wandb)
         else:
             _train(config, _new_run_dir(run_root, config.env_id), None, progress, wandb)
 
+    train_command.__annotations__["config"] = Annotated[config_type, tyro.conf.arg(name="")]
     return train_command
+
+
+def _check_count(flag: str, value: int) -> None:
+    if isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{flag} {value}: must be an integer >= 1")
+
+
+def _check_seed(seed: int) -> None:
+    if seed < 0:  # the config's seed is >= 0 too; host envs' numpy seeding refuses one below
+        raise ConfigError(f"--seed {seed}: must be an integer >= 0")
 
 
 def eval_command(
@@ -187,9 +230,20 @@ def eval_command(
     seed: int = 0,
     greedy: bool = True,
 ) -> None:
-    """Evaluate a saved run's final params, or its newest checkpoint's (greedy actions by default)."""
+    """Evaluate a saved run's final params, or its newest checkpoint's (greedy actions by default).
+
+    Prints the mean and spread of the episode returns.
+
+    Args:
+        run_dir: The run directory (ppo-async train wrote it).
+        num_episodes: Whole episodes to play and average over.
+        seed: Seeds the env resets (and the actions, with --no-greedy).
+        greedy: Take the most likely action (the mode of the policy); --no-greedy samples.
+    """
     from ppo_async.evaluate import evaluate
 
+    _check_count("--num-episodes", num_episodes)
+    _check_seed(seed)
     config = load_run_config(run_dir)
     params = load_run_params(run_dir, config)
     result = evaluate(config, params, num_episodes=num_episodes, seed=seed, greedy=greedy)
@@ -228,10 +282,10 @@ def enjoy_command(
     from ppo_async.video import check_video_path, record_episodes, use_headless_backends, write_video
 
     use_headless_backends()  # before loading the run can import pygame or MuJoCo
-    if isinstance(episodes, bool) or episodes < 1:
-        raise ConfigError(f"--episodes {episodes}: must be an integer >= 1")
-    if not fps > 0:
-        raise ConfigError(f"--fps {fps}: must be a number > 0")
+    _check_count("--episodes", episodes)
+    _check_seed(seed)
+    if not (math.isfinite(fps) and fps > 0):
+        raise ConfigError(f"--fps {fps}: must be a finite number > 0")
     check_video_path(out)  # before any loading: a wrong suffix fails at once
     config = load_run_config(run_dir)
     params = load_run_params(run_dir, config)
@@ -356,6 +410,110 @@ def _commands(argv: list[str]) -> dict[str, Any]:
     return commands
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Sections of tyro's error box that list flags under a header; only the flags are kept.
+_FLAG_SECTIONS = {"Perhaps you meant:": "perhaps you meant", "Argument helptext:": "usage"}
+
+
+def _is_rule(line: str) -> bool:
+    return len(line) >= 10 and set(line) <= {"─", "-"}
+
+
+def _error_box(text: str) -> tuple[str, list[list[str]]]:
+    """tyro's error box: its title and the lines of each section between its rules.
+
+    tyro draws it with box characters when stdout's encoding is UTF-8, else
+    as a title line over a rule of dashes.
+    """
+    lines = [line.strip().strip("│").strip() for line in _ANSI_ESCAPE.sub("", text).splitlines()]
+    lines = [line for line in lines if line and not line.startswith("╰")]
+    title = ""
+    if lines and lines[0].startswith("╭"):
+        title, lines = lines[0].strip("╭╮─ "), lines[1:]
+    elif len(lines) > 1 and _is_rule(lines[1]):
+        title, lines = lines[0], lines[2:]
+    sections: list[list[str]] = [[]]
+    for line in lines:
+        if _is_rule(line):
+            sections.append([])
+        else:
+            sections[-1].append(line)
+    return title, [section for section in sections if section]
+
+
+def one_line_parse_error(text: str, help_command: str) -> str:
+    """tyro's parse-error box (5-15 lines on stderr) as one line, its suggestions kept.
+
+    The box's footer (where the full help is) becomes ``help_command``; a
+    "Perhaps you meant:" or "Argument helptext:" section keeps only its flags
+    (``--num-actors INT``), not their help text. Text that is not a box is
+    joined as it is.
+    """
+    title, sections = _error_box(text)
+    parts = []
+    for head, *rest in sections:
+        if head.startswith("For full helptext"):
+            continue
+        flags = [line for line in rest if line.startswith("-")]
+        if head in _FLAG_SECTIONS and flags:
+            parts.append(f"{_FLAG_SECTIONS[head]}: {', '.join(flags)}")
+        else:
+            parts.append(" ".join([head, *rest]).rstrip("."))
+    message = "; ".join(parts) or "the command line could not be parsed"
+    if title and not message.lower().startswith(title.lower()):
+        message = f"{title}: {message}"
+    return f"{message}; see {help_command}"
+
+
+@contextlib.contextmanager
+def _parse_errors_on_one_line(help_command: str):
+    """Inside: tyro's parse errors become one line on stderr (exit code 2, as tyro's).
+
+    tyro prints an error box to stderr, then raises SystemExit(2); stderr is
+    held while it parses and let through as it was for anything else (help is
+    on stdout; a warning it printed is passed on).
+    """
+    real_stderr, held = sys.stderr, io.StringIO()
+    sys.stderr = held
+    try:
+        yield
+    except SystemExit as stop:
+        sys.stderr = real_stderr
+        if stop.code != 2 or not held.getvalue().strip():
+            real_stderr.write(held.getvalue())
+            raise
+        print(f"ppo-async: {one_line_parse_error(held.getvalue(), help_command)}",
+              file=real_stderr)
+        raise SystemExit(2) from None
+    finally:
+        if sys.stderr is held:  # parsed, or a ConfigError from the config tyro built
+            sys.stderr = real_stderr
+            real_stderr.write(held.getvalue())
+
+
+def _deferred(command):
+    """``command`` as tyro's target: parsing returns the call to make, made once stderr is back."""
+
+    @functools.wraps(command)
+    def parsed(*args: Any, **kwargs: Any):
+        return functools.partial(command, *args, **kwargs)
+
+    return parsed
+
+
+def _parse(commands: dict[str, Any], argv: list[str]):
+    """The chosen subcommand with its parsed arguments, ready to call."""
+    known = argv[:1] and argv[0] in commands
+    help_command = f"ppo-async {argv[0]} --help" if known else "ppo-async --help"
+    with _parse_errors_on_one_line(help_command):
+        return tyro.extras.subcommand_cli_from_dict(
+            {name: _deferred(command) for name, command in commands.items()},
+            prog="ppo-async", args=argv,
+            description=f"ppo-async {__version__}: asynchronous actor-learner PPO with V-trace. "
+                        "ppo-async --version prints the version.",
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["--version"], ["-V"]):
@@ -368,12 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     from ppo_async.video import RenderError
 
     try:
-        commands = _commands(argv)
-        tyro.extras.subcommand_cli_from_dict(
-            commands, prog="ppo-async", args=argv,
-            description=f"ppo-async {__version__}: asynchronous actor-learner PPO with V-trace. "
-                        "ppo-async --version prints the version.",
-        )
+        _parse(_commands(argv), argv)()
     except KeyboardInterrupt as interrupt:
         # train() raises TrainingInterrupted, whose message names the update and the resume command.
         print(f"\nppo-async: {interrupt or 'interrupted'}", file=sys.stderr)

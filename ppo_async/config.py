@@ -10,14 +10,16 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-
-NETWORKS = ("mlp", "lstm", "gru")  # the values of AsyncActorLearnerConfig.network
+# Literal types, so that the CLI's --help lists the choices; the tuples are what validation reads.
+NetworkName = Literal["mlp", "lstm", "gru"]
+NETWORKS = get_args(NetworkName)  # the values of AsyncActorLearnerConfig.network
 RECURRENT_NETWORKS = ("lstm", "gru")
 PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.ppo_ratio_anchor
 # The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.TORSOS.
-TORSOS = ("auto", "none", "minatar", "nature")
+TorsoName = Literal["auto", "none", "minatar", "nature"]
+TORSOS = get_args(TorsoName)
 
 
 class ConfigError(ValueError):
@@ -132,11 +134,11 @@ class AsyncActorLearnerConfig:
     # --- network ---
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Widths of the actor and critic MLPs."""
-    network: str = "mlp"
+    network: NetworkName = "mlp"
     """Policy network: mlp (feed-forward), or lstm / gru (a recurrent cell whose state the actors carry across chunks and the learner re-unrolls from; needs num_minibatches to divide the envs)."""
     rnn_hidden_size: int = 128
     """Features of the LSTM / GRU cell (ignored by mlp)."""
-    torso: str = "auto"
+    torso: TorsoName = "auto"
     """What reads the observation before the actor and critic MLPs: none (vectors), minatar (one 3x3 conv, MinAtar's 10x10 images), nature (the Nature-DQN CNN, 84x84 frames scaled by 1/255 inside the network), or auto: nature for envpool: Atari ids, minatar for other images, none for vectors."""
 
     # --- reliability ---

@@ -25,7 +25,10 @@ import dataclasses
 import difflib
 import math
 import pathlib
+import re
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -123,7 +126,9 @@ def read_config_file(path: str | pathlib.Path) -> dict[str, Any]:
 
     The file is a flat table of config field names and values. TOML has no
     null: leave a key out to keep its default (``max_lead_steps``,
-    ``learner_device``). Raises `ConfigError` for a missing or unreadable file.
+    ``learner_device``). In YAML a numeric field may be written ``3e-4``
+    (YAML 1.2 reads it as a number; PyYAML, on its own, as a string). Raises
+    `ConfigError` for a missing or unreadable file.
     """
     path = pathlib.Path(path)
     if not path.is_file():
@@ -146,7 +151,7 @@ def read_config_file(path: str | pathlib.Path) -> dict[str, Any]:
         except yaml.YAMLError as error:
             problem = " ".join(str(error).split())
             raise ConfigError(f"config file {str(path)!r}: not valid YAML ({problem})") from None
-        fields = {} if fields is None else fields
+        fields = _yaml_numbers({} if fields is None else fields)
     elif suffix == ".toml":
         try:
             fields = tomllib.loads(text)
@@ -166,6 +171,37 @@ def read_config_file(path: str | pathlib.Path) -> dict[str, Any]:
                 "(field = value, no sections)"
             )
     return fields
+
+
+# A number in e-notation without a dot (3e-4, 1E6): YAML 1.2 reads it as a float,
+# PyYAML (YAML 1.1) as a string.
+_E_NOTATION = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _numeric_fields() -> set[str]:
+    """The config fields whose type is a number (int or float, maybe None)."""
+    hints = typing.get_type_hints(AsyncActorLearnerConfig)
+
+    def numeric(hint: Any) -> bool:
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+            return all(numeric(arg) for arg in typing.get_args(hint) if arg is not type(None))
+        return hint in (int, float)
+
+    return {name for name, hint in hints.items() if numeric(hint)}
+
+
+def _yaml_numbers(fields: Any) -> Any:
+    """``fields`` with the e-notation strings of numeric fields read as floats, as YAML 1.2 does.
+
+    Any other string stays as it is, so the config's validation names a true
+    non-number (``learning_rate='fast': must be a number > 0``).
+    """
+    if not isinstance(fields, dict):
+        return fields
+    numeric = _numeric_fields()
+    return {key: float(value) if key in numeric and isinstance(value, str)
+            and _E_NOTATION.fullmatch(value.strip()) else value
+            for key, value in fields.items()}
 
 
 def load_config_file(path: str | pathlib.Path,

@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -257,11 +258,28 @@ def connect(ray: Any, config: AsyncActorLearnerConfig) -> bool:
     common = dict(log_to_driver=False, configure_logging=False)
     if config.ray_address is None:
         os.environ["RAY_AUTH_MODE"] = "disabled"  # a private instance, on this machine only
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
-                 object_store_memory=PRIVATE_OBJECT_STORE_BYTES, **common)
+        _ray_init(ray, num_cpus=os.cpu_count(), include_dashboard=False,
+                  object_store_memory=PRIVATE_OBJECT_STORE_BYTES, **common)
     else:
-        ray.init(address=config.ray_address, **common)
+        _ray_init(ray, address=config.ray_address, **common)
     return True
+
+
+def _ray_init(ray: Any, **options: Any) -> None:
+    """``ray.init(**options)`` without JAX's warning that a fork will likely deadlock.
+
+    ray.init starts Ray's own processes (gcs_server, raylet, the monitors)
+    with ``subprocess.Popen(preexec_fn=...)``; a preexec_fn makes CPython run
+    the at-fork hooks, and JAX's warns of a deadlock (a forked child has none
+    of JAX's threads). That child only blocks SIGINT, sets its parent-death
+    signal and execs the Ray binary or script: it never runs JAX, so nothing
+    can wait on the threads it lacks. Actor processes are started by the
+    raylet, not forked from here. Only that warning, only here, is silenced.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
+        ray.init(**options)
 
 
 def _check_resources(ray: Any, config: AsyncActorLearnerConfig) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pathlib
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.run_dir import MetricsFile, cut_metrics_after
@@ -13,6 +15,8 @@ from ppo_async.wandb_log import WandbRun, WandbSettings
 # Seconds between redraws of the text progress bar in a notebook without
 # ipywidgets: each redraw is kept in the cell's output, so few of them.
 NOTEBOOK_TEXT_REFRESH_S = 10.0
+# Seconds between the plain progress lines written to a stderr that is not a terminal.
+LOG_LINE_INTERVAL_S = 30.0
 
 
 def _in_notebook() -> bool:
@@ -22,12 +26,63 @@ def _in_notebook() -> bool:
     return type(shell).__name__ == "ZMQInteractiveShell"
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed file
+        return False
+
+
+class ProgressLines:
+    """Progress as plain lines: one every ``interval_s`` seconds, and one at the end.
+
+    For a stderr that is a file or a pipe (``make train > log 2>&1``), where
+    tqdm's carriage-return redraws, ten a second, would all be kept. It has
+    the part of tqdm's interface that `RunLog` uses.
+    """
+
+    def __init__(self, total: int, initial: int, desc: str, file: TextIO | None = None,
+                 interval_s: float = LOG_LINE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total, self.initial, self.n, self.desc = total, initial, initial, desc
+        self.file = sys.stderr if file is None else file
+        self.interval_s, self.clock = interval_s, clock
+        self.start = self.last_line_at = clock()
+        self.last_line_n = initial
+        self.postfix: dict[str, Any] = {}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.clock() - self.last_line_at >= self.interval_s:
+            self._write_line()
+
+    def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+        del refresh  # lines are written by time, not by new values
+        self.postfix = values
+
+    def close(self) -> None:
+        if self.n > self.last_line_n:  # the end, unless the last line already showed it
+            self._write_line()
+
+    def _write_line(self) -> None:
+        now = self.clock()
+        elapsed, done = now - self.start, self.n - self.initial
+        left = self.total - self.n
+        eta = f", about {left * elapsed / done:.0f} s left" if done and left > 0 else ""
+        values = "".join(f", {name}={value}" for name, value in self.postfix.items())
+        percent = 100 * self.n / self.total if self.total else 100.0
+        print(f"{self.desc}: update {self.n}/{self.total} ({percent:.0f}%) after "
+              f"{elapsed:.0f} s{eta}{values}", file=self.file, flush=True)
+        self.last_line_at, self.last_line_n = now, self.n
+
+
 def progress_bar(total: int, initial: int, desc: str):
     """A tqdm bar: a widget in Jupyter with ipywidgets, plain text elsewhere.
 
     In a notebook without ipywidgets (tqdm.auto would warn and redraw text
     ten times a second, all of it kept in the cell's output), a text bar
-    redrawn every `NOTEBOOK_TEXT_REFRESH_S` seconds.
+    redrawn every `NOTEBOOK_TEXT_REFRESH_S` seconds. Outside a notebook, when
+    stderr is not a terminal, `ProgressLines`.
     """
     from tqdm.std import tqdm as text_tqdm
 
@@ -40,6 +95,8 @@ def progress_bar(total: int, initial: int, desc: str):
             return widget_tqdm(**options)
         except ImportError:  # no ipywidgets, or one tqdm cannot use ("IProgress not found")
             return text_tqdm(mininterval=NOTEBOOK_TEXT_REFRESH_S, **options)
+    if not _is_terminal(sys.stderr):
+        return ProgressLines(total, initial, desc)
     return text_tqdm(**options)
 
 

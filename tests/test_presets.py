@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -109,6 +110,32 @@ def test_a_yaml_file_is_read_too(tmp_path):
     config = load_config_file(path)
     assert (config.env_id, config.hidden_sizes, config.learner_device, config.seed) == (
         "Acrobot-v1", (32, 32), None, 4)
+
+
+def test_yaml_e_notation_is_a_number_for_numeric_fields(tmp_path):
+    pytest.importorskip("yaml")
+    path = tmp_path / "run.yaml"
+    # PyYAML reads 3e-4 and 1E-3 (no dot) as strings; YAML 1.2 and TOML read numbers.
+    path.write_text("learning_rate: 3e-4\nent_coef: 1E-3\nvtrace_pg_rho_bar: 2e0\n"
+                    "env_id: 1e5\n")
+    with pytest.raises(ConfigError, match="env_id='1e5'"):  # a string field keeps its string
+        load_config_file(path)
+    path.write_text("learning_rate: 3e-4\nent_coef: 1E-3\nvtrace_pg_rho_bar: 2e0\n")
+    config = load_config_file(path)
+    assert (config.learning_rate, config.ent_coef, config.vtrace_pg_rho_bar) == (3e-4, 1e-3, 2.0)
+    # A true non-number is still named; an int field refuses 1e6 as TOML's 1e6 is refused.
+    for text, message in [("learning_rate: fast", "learning_rate='fast': must be a number > 0"),
+                          ("total_env_steps: 1e6", "total_env_steps=1000000.0: must be an integer")]:
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config_file(path)
+    toml = tmp_path / "run.toml"
+    toml.write_text("total_env_steps = 1e6\n")
+    with pytest.raises(ConfigError, match=re.escape("total_env_steps=1000000.0: must be an integer")):
+        load_config_file(toml)
+    toml.write_text('learning_rate = "3e-4"\n')  # TOML has numbers; a quoted one is a string
+    with pytest.raises(ConfigError, match=re.escape("learning_rate='3e-4'")):
+        load_config_file(toml)
 
 
 @pytest.mark.parametrize("text, field", [

@@ -554,6 +554,114 @@ def test_unknown_fields_of_a_run_config_are_named_in_one_warning_line(tmp_path, 
     assert capsys.readouterr().err == ""  # nothing to say about a config of this version
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["eval", "{empty}", "--num-episodes", "0"], "--num-episodes 0: must be an integer >= 1"),
+    (["eval", "{empty}", "--num-episodes", "-3"], "--num-episodes -3: must be an integer >= 1"),
+    (["eval", "{empty}", "--seed", "-1"], "--seed -1: must be an integer >= 0"),
+    (["enjoy", "{empty}", "--seed", "-2"], "--seed -2: must be an integer >= 0"),
+    (["enjoy", "{empty}", "--fps", "inf"], "--fps inf: must be a finite number > 0"),
+    (["enjoy", "{empty}", "--episodes", "0"], "--episodes 0: must be an integer >= 1"),
+])
+def test_cli_eval_and_enjoy_refuse_bad_numbers_in_one_line(tmp_path, capsys, args, expected):
+    from ppo_async.cli import main
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as info:
+        main([a.replace("{empty}", str(tmp_path / "empty")) for a in args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+@pytest.mark.parametrize("args, expected", [
+    # A misspelled flag keeps tyro's suggestion.
+    (["train", "--num-actor", "4"], ["--num-actor", "perhaps you meant: --num-actors INT",
+                                     "see ppo-async train --help"]),
+    (["enjoy", "r", "--episodez", "3"], ["perhaps you meant: --episodes INT"]),
+    (["train", "--num-actors", "x"], ["Error parsing --num-actors", "'x'", "--num-actors INT"]),
+    (["train", "--network", "cnn"], ["invalid choice 'cnn'", "'mlp', 'lstm', 'gru'"]),
+    (["eval"], ["Missing from ppo-async eval", "see ppo-async eval --help"]),
+    (["eval", "r", "--num-episodes"], ["Missing value for argument '--num-episodes'"]),
+    (["evaluate", "r"], ["Unrecognized options: evaluate", "train, eval, enjoy, plot",
+                         "see ppo-async --help"]),
+    ([], ["Missing subcommand", "train, eval, enjoy, plot"]),
+])
+def test_cli_parse_errors_are_one_line_with_the_suggestion(capsys, args, expected):
+    from ppo_async.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("ppo-async: ") and not set(err) & set("╭╰│─"), err
+    for part in expected:
+        assert part in err, err
+
+
+def test_a_utf8_error_box_becomes_one_line_too():
+    from ppo_async.cli import one_line_parse_error
+
+    # tyro draws this box when stdout's encoding is UTF-8 (pytest's capture is not).
+    box = "\n".join([
+        "╭─ Unrecognized options ──────────────────────╮",
+        "│ Unrecognized options: --num-actor, 4        │",
+        "│ ─────────────────────────────────────────── │",
+        "│ Perhaps you meant:                          │",
+        "│     --num-actors INT                        │",
+        "│         Actors (threads or processes). (de- │",
+        "│         fault: 2)                           │",
+        "│         in ppo-async train --help           │",
+        "│ ─────────────────────────────────────────── │",
+        "│ For full helptext, run ppo-async --help     │",
+        "╰─────────────────────────────────────────────╯",
+    ])
+    assert one_line_parse_error(box, "ppo-async train --help") == (
+        "Unrecognized options: --num-actor, 4; perhaps you meant: --num-actors INT; "
+        "see ppo-async train --help")
+
+
+def test_cli_help_still_prints_the_whole_help(capsys):
+    from ppo_async.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--help"])
+    assert info.value.code == 0
+    out, err = capsys.readouterr()
+    assert err == "" and len(out.splitlines()) > 100 and "--num-actors" in out
+
+
+def test_cli_help_names_every_option_and_its_real_default(capsys):
+    from ppo_async.cli import main
+
+    def help_text(args):
+        with pytest.raises(SystemExit):
+            main([*args, "--help"])
+        return " ".join(capsys.readouterr().out.replace("│", " ").split())
+
+    train_help = help_text(["train"])
+    assert "--resume RUN_DIR Continue this run directory from its newest checkpoint" in train_help
+    lead = train_help.split("--max-lead-steps")[1].split("--learner-timeout-s")[0]
+    assert "(default: 2 * num_steps * broadcast_every)" in lead and "128" not in lead
+    assert "--network {mlp,lstm,gru}" in train_help
+    assert "--torso {auto,none,minatar,nature}" in train_help
+    eval_help = help_text(["eval"])
+    for description in ("The run directory", "Whole episodes to play", "Seeds the env resets",
+                        "Take the most likely action"):
+        assert description in eval_help
+
+
+def test_cli_resume_help_shows_the_runs_own_lead(tmp_path, capsys):
+    from ppo_async.cli import main
+
+    config = dataclasses.replace(TINY, max_lead_steps=24)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", str(tmp_path), "--help"])
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "(default: 24)" in out.split("--max-lead-steps")[1].split("--learner-timeout-s")[0]
+
+
 def test_cli_eval_runs_greedy_episodes_of_a_gymnasium_run(tmp_path, capsys):
     from ppo_async.cli import main
 

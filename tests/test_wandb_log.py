@@ -156,10 +156,11 @@ def test_progress_bar_in_a_notebook_without_ipywidgets_is_slow_plain_text(monkey
         bar.close()
 
 
-def test_progress_bar_outside_a_notebook_is_a_terminal_bar(monkeypatch):
+def test_progress_bar_on_a_terminal_is_a_terminal_bar(monkeypatch):
     from tqdm.std import tqdm as text_tqdm
 
     monkeypatch.setattr(run_log, "_in_notebook", lambda: False)
+    monkeypatch.setattr(run_log, "_is_terminal", lambda stream: True)
     bar = run_log.progress_bar(10, 3, "CartPole-v1")
     try:
         assert type(bar) is text_tqdm and bar.n == 3 and bar.mininterval < 1
@@ -180,3 +181,36 @@ def test_an_evaluation_is_logged_at_the_newest_step_naming_the_update_it_evaluat
                         "eval_return_std": 1.0, "eval_policy_version": 2})
     assert logged[-1] == ({"eval_return_mean": 9.0, "eval_return_std": 1.0,
                            "eval_policy_version": 2.0}, 320)
+
+
+def test_progress_to_a_file_is_a_plain_line_every_interval_and_at_the_end():
+    import io
+
+    now = [0.0]
+    log = io.StringIO()
+    lines = run_log.ProgressLines(1000, 0, "CartPole-v1", file=log, clock=lambda: now[0])
+    for update in range(1000):  # 100 s of updates, 0.1 s each
+        now[0] = (update + 1) / 10
+        lines.update(1)
+        lines.set_postfix(sps="5000", ret=f"{update / 10:.1f}", lag="1", refresh=False)
+    lines.close()
+    written = log.getvalue()
+    assert "\r" not in written and len(written) < 1000
+    assert [line.split(" (")[0] for line in written.splitlines()] == [
+        "CartPole-v1: update 300/1000", "CartPole-v1: update 600/1000",
+        "CartPole-v1: update 900/1000", "CartPole-v1: update 1000/1000"]
+    assert written.splitlines()[0].endswith("(30%) after 30 s, about 70 s left, "
+                                            "sps=5000, ret=29.8, lag=1")
+    assert written.splitlines()[-1] == (
+        "CartPole-v1: update 1000/1000 (100%) after 100 s, sps=5000, ret=99.9, lag=1")
+
+
+def test_a_run_with_progress_into_a_file_writes_no_carriage_returns(capsys):
+    from ppo_async import AsyncActorLearnerConfig, train
+
+    config = AsyncActorLearnerConfig(num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1,
+                                     num_minibatches=2, total_env_steps=2 * 2 * 8 * 6)
+    train(config, progress=True)  # capsys's stderr is not a terminal, as a log file is not
+    err = capsys.readouterr().err
+    assert "\r" not in err and len(err) < 300, err
+    assert err.splitlines()[-1].startswith("CartPole-v1: update 6/6 (100%) after"), err
