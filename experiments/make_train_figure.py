@@ -8,11 +8,17 @@ the load average before each run. Writes ``results.json`` under
 ``experiments/out/make_train_figure/``.
 
     python experiments/make_train_figure.py --repeats 5
+    python experiments/make_train_figure.py --repeats 5 --busy-cores 1   # another job on one core
+
+``--busy-cores N`` keeps N processes spinning beside each run, as other work
+on a shared machine does, to show what the figure becomes under load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import multiprocessing
 import os
 import pathlib
 import re
@@ -45,15 +51,35 @@ def one_run(run_root: str) -> dict:
     return {**figures, "load_average_1min_before": load}
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """``count`` processes spinning on a core each, ended on the way out."""
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(count)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.terminate()
+            spinner.join(10)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--busy-cores", type=int, default=0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    if args.repeats < 1 or args.busy_cores < 0:
+        parser.error("--repeats must be >= 1 and --busy-cores >= 0")
     runs = []
-    with tempfile.TemporaryDirectory() as run_root:
+    with tempfile.TemporaryDirectory() as run_root, busy_cores(args.busy_cores):
         for repeat in range(args.repeats):
             runs.append(one_run(run_root))
             print(f"run {repeat}: {runs[-1]}", flush=True)
@@ -63,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     for key, (low, high) in ranges.items():
         print(f"{key:26s} {low:10.2f} .. {high:10.2f}")
     save_result("make_train_figure", args.out, __file__, sys.argv[1:] if argv is None else argv,
-                {"runs": runs, "ranges": ranges})
+                {"busy_cores": args.busy_cores, "runs": runs, "ranges": ranges})
 
 
 if __name__ == "__main__":
