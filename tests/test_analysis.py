@@ -194,21 +194,11 @@ def test_plot_of_three_runs_writes_a_figure(three_runs, tmp_path, capsys):
     assert (three_runs[0] / "curves.png").stat().st_size > 20_000
 
 
-def test_every_panel_is_drawn_and_the_lag_ticks_do_not_collide(tmp_path):
-    import matplotlib.figure
-
-    figures = []
-    original = matplotlib.figure.Figure.savefig
-
-    def keep(self, *args, **kwargs):
-        figures.append(self)
-        return original(self, *args, **kwargs)
-
+def test_every_panel_is_drawn_and_the_lag_ticks_do_not_collide(tmp_path, monkeypatch):
     # Lags 0..59: a tick per lag would put 60 labels on one small axis.
     run = write_run(tmp_path / "lagged", lags=tuple(range(60)))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(matplotlib.figure.Figure, "savefig", keep)
-        plot_runs([run], tmp_path / "lagged.png")
+    figures = _drawn_figures(monkeypatch)
+    plot_runs([run], tmp_path / "lagged.png")
     (figure,) = figures
     axes = figure.axes
     assert len(axes) == len(PANELS) + 1

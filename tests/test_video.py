@@ -85,21 +85,27 @@ class _Unrenderable:
         return obs, np.ones(self.num_envs, np.float32), done, np.zeros_like(done), obs
 
 
-def test_enjoy_says_when_an_env_cannot_be_rendered(tmp_path, capsys):
+def _enjoy_error(name, env_class, run_dir, capsys) -> str:
+    """The one stderr line of ``ppo-async enjoy`` on a saved run of ``host:name`` (exit 2)."""
     from ppo_async.actor import make_actor_program
     from ppo_async.run_dir import PARAMS_FILE
 
-    register_host_env("unrenderable", _Unrenderable)
-    config = AsyncActorLearnerConfig(env_id="host:unrenderable", num_actors=1,
+    register_host_env(name, env_class)
+    config = AsyncActorLearnerConfig(env_id=f"host:{name}", num_actors=1,
                                      envs_per_actor=1, num_minibatches=1)
-    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
     template = make_actor_program(config).params_template
-    (tmp_path / PARAMS_FILE).write_bytes(flax.serialization.to_bytes(template))
+    (run_dir / PARAMS_FILE).write_bytes(flax.serialization.to_bytes(template))
     with pytest.raises(SystemExit) as info:
-        main(["enjoy", str(tmp_path), "--out", str(tmp_path / "video.gif")])
+        main(["enjoy", str(run_dir), "--out", str(run_dir / "video.gif")])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_enjoy_says_when_an_env_cannot_be_rendered(tmp_path, capsys):
+    err = _enjoy_error("unrenderable", _Unrenderable, tmp_path, capsys)
     assert "host:unrenderable: this host env cannot be rendered" in err
 
 
@@ -160,19 +166,6 @@ class _BrokenRenderer(_Unrenderable):
 
 
 def test_a_renderer_that_fails_is_one_line(tmp_path, capsys):
-    from ppo_async.actor import make_actor_program
-    from ppo_async.run_dir import PARAMS_FILE
-
-    register_host_env("broken-renderer", _BrokenRenderer)
-    config = AsyncActorLearnerConfig(env_id="host:broken-renderer", num_actors=1,
-                                     envs_per_actor=1, num_minibatches=1)
-    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
-    template = make_actor_program(config).params_template
-    (tmp_path / PARAMS_FILE).write_bytes(flax.serialization.to_bytes(template))
-    with pytest.raises(SystemExit) as info:
-        main(["enjoy", str(tmp_path), "--out", str(tmp_path / "video.gif")])
-    assert info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
+    err = _enjoy_error("broken-renderer", _BrokenRenderer, tmp_path, capsys)
     assert ("host:broken-renderer: rendering failed: RuntimeError: an OpenGL platform library "
             "has not been loaded into this process") in err
