@@ -28,6 +28,7 @@ do not oversubscribe them. Ray is imported only when this module is used.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -266,20 +267,28 @@ def connect(ray: Any, config: AsyncActorLearnerConfig) -> bool:
 
 
 def _ray_init(ray: Any, **options: Any) -> None:
-    """``ray.init(**options)`` without JAX's warning that a fork will likely deadlock.
+    """``ray.init(**options)`` without JAX's warning that a fork will likely deadlock."""
+    with ray_processes_start():
+        ray.init(**options)
 
-    ray.init starts Ray's own processes (gcs_server, raylet, the monitors)
-    with ``subprocess.Popen(preexec_fn=...)``; a preexec_fn makes CPython run
-    the at-fork hooks, and JAX's warns of a deadlock (a forked child has none
-    of JAX's threads). That child only blocks SIGINT, sets its parent-death
+
+@contextlib.contextmanager
+def ray_processes_start():
+    """Silence JAX's os.fork warning while Ray starts its own processes (``ray.init``, a
+    ``ray.cluster_utils.Cluster`` node), and only then.
+
+    Ray starts them (gcs_server, raylet, the monitors) with
+    ``subprocess.Popen(preexec_fn=...)``; a preexec_fn makes CPython run the
+    at-fork hooks, and JAX's warns of a deadlock (a forked child has none of
+    JAX's threads). That child only blocks SIGINT, sets its parent-death
     signal and execs the Ray binary or script: it never runs JAX, so nothing
     can wait on the threads it lacks. Actor processes are started by the
-    raylet, not forked from here. Only that warning, only here, is silenced.
+    raylet, not forked from here.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
                                 category=RuntimeWarning)
-        ray.init(**options)
+        yield
 
 
 def _check_resources(ray: Any, config: AsyncActorLearnerConfig) -> None:

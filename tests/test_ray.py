@@ -102,7 +102,7 @@ def test_lock_step_ray_run_on_a_private_instance_equals_the_thread_run():
         warnings.simplefilter("always")
         result = train(LOCK_STEP, progress=False)
     # ray.init fork+execs Ray's processes after JAX started its threads; JAX's
-    # deadlock warning does not apply to them (ray_transport._ray_init) and is not shown.
+    # deadlock warning does not apply to them (ray_transport.ray_processes_start) and is not shown.
     assert not [w for w in caught if "os.fork() was called" in str(w.message)]
     # train started Ray, so it stopped it, and no actor process is left.
     assert not ray.is_initialized()
@@ -122,12 +122,16 @@ def test_lock_step_ray_run_on_a_private_instance_equals_the_thread_run():
 def test_actors_are_placed_on_the_node_with_their_custom_resource():
     from ray.cluster_utils import Cluster
 
+    from ppo_async.ray_transport import ray_processes_start  # the nodes fork+exec too
+
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    cluster = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=1, include_dashboard=False, object_store_memory=100 * 1024**2))
+    with ray_processes_start():
+        cluster = Cluster(initialize_head=True, head_node_args=dict(
+            num_cpus=1, include_dashboard=False, object_store_memory=100 * 1024**2))
     try:
-        second = cluster.add_node(num_cpus=2, resources={"actor_node": 2},
-                                  object_store_memory=100 * 1024**2)
+        with ray_processes_start():
+            second = cluster.add_node(num_cpus=2, resources={"actor_node": 2},
+                                      object_store_memory=100 * 1024**2)
         cluster.wait_for_nodes()
         config = dataclasses.replace(
             RAY_TINY, ray_address=cluster.address, ray_actor_resources=(("actor_node", 1),),
@@ -153,11 +157,12 @@ def test_actors_are_placed_on_the_node_with_their_custom_resource():
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from ppo_async.ray_transport import _ray_init  # without JAX's os.fork warning, as train's
+    from ppo_async.ray_transport import ray_processes_start  # as train's ray.init
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    _ray_init(ray, num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024**2,
-              log_to_driver=False, configure_logging=False)
+    with ray_processes_start():
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024**2,
+                 log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
