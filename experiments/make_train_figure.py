@@ -70,7 +70,7 @@ def busy_cores(count: int):
             spinner.join(10)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--busy-cores", type=int, default=0)
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{key:26s} {low:10.2f} .. {high:10.2f}")
     save_result("make_train_figure", args.out, __file__, sys.argv[1:] if argv is None else argv,
                 {"busy_cores": args.busy_cores, "runs": runs, "ranges": ranges})
+    return ranges
 
 
 if __name__ == "__main__":

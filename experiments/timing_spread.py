@@ -40,7 +40,7 @@ CASES = {
 }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reruns", type=int, default=10)
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{key:40s} return min {figures['return_min']:.2f} median "
               f"{figures['return_median']:.2f} max {figures['return_max']:.2f}; lag max "
               f"{figures['lag_max_min']}-{figures['lag_max_max']} ({figures['reruns']} reruns)")
+    return summary
 
 
 def _summarize(rows: list[dict]) -> dict:

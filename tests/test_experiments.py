@@ -280,3 +280,51 @@ def test_bench_backends_compares_threads_and_ray_and_times_broadcasts(tmp_path, 
     import ray
 
     assert not ray.is_initialized()
+
+
+def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, monkeypatch,
+                                                                     capsys):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    spread = load_script("timing_spread")
+    summary = spread.main(["--reruns", "2", "--cases", "memory_chain", "--out", str(tmp_path)])
+    assert set(summary) == {"memory_chain/MEMORY_CHAIN_LSTM", "memory_chain/MEMORY_CHAIN"}
+    for figures in summary.values():
+        assert figures["reruns"] == 2
+        assert figures["return_min"] <= figures["return_median"] <= figures["return_max"]
+        assert figures["best_running_mean_min"] >= figures["return_min"] - 1e-6
+    rows = read_rows(tmp_path / "runs.csv")
+    assert len(rows) == 4 and {row["config"] for row in rows} == {"MEMORY_CHAIN_LSTM",
+                                                                  "MEMORY_CHAIN"}
+    assert (tmp_path / "spread.png").stat().st_size > 5_000
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["tests"]["memory_chain"].startswith("tests/test_recurrent.py::")
+    assert "python experiments/timing_spread.py --reruns 2" in capsys.readouterr().out
+
+
+def test_bench_render_times_both_ways_of_drawing_a_frame(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    bench = load_script("bench_render")
+    results = bench.main(["--frames", "3", "--repeats", "1", "--envs", "CartPole-v1",
+                          "--out", str(tmp_path)])
+    figures = results["CartPole-v1"]
+    assert figures["enjoy_ms_per_frame"] > 0 and figures["gymnax_ms_per_frame"] > 0
+    assert figures["speed_up"] == figures["gymnax_ms_per_frame"] / figures["enjoy_ms_per_frame"]
+    assert json.loads((tmp_path / "results.json").read_text())["envs"] == results
+    assert "python experiments/bench_render.py --frames 3" in capsys.readouterr().out
+
+
+def test_make_train_figure_parses_the_commands_summary_line(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    figure = load_script("make_train_figure")
+    line = ("final return 500.0 (mean of the last 100 episodes) | 499712 env steps, 6.9 s of "
+            "training (72110 steps/s) | policy lag mean 0.96 max 1 | learner waited 0.4 s")
+    match = figure.SUMMARY.search(line)
+    assert {k: float(v) for k, v in match.groupdict().items()} == {
+        "final_return": 500.0, "env_steps": 499712.0, "wall_s": 6.9, "steps_per_s": 72110.0,
+        "lag_mean": 0.96, "lag_max": 1.0}
+    # The CLI's own line, from a real (short) run, matches too.
+    run = subprocess.run(
+        [sys.executable, "-m", "ppo_async.cli", "train", "--total-env-steps", "4096",
+         "--no-progress", "--run-root", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=True, cwd=REPO_ROOT)
+    assert figure.SUMMARY.search(run.stdout), run.stdout
