@@ -185,9 +185,7 @@ def load_newest_checkpoint(
 
     def template(saved: dict[str, Any]) -> dict[str, Any]:
         # The optimizer state is shaped by the saved anneal_lr (load_resume_point switches it).
-        anneal_lr = saved.get("anneal_lr", config.anneal_lr)
-        saved_config = dataclasses.replace(
-            config, anneal_lr=anneal_lr if isinstance(anneal_lr, bool) else config.anneal_lr)
+        saved_config = dataclasses.replace(config, anneal_lr=_saved_anneal_lr(saved, config))
         return {
             "learner": init_learner_state(saved_config, params_template, jax.random.key(0)),
             "actor_carries": _carries_template(config, program, saved),
@@ -256,6 +254,12 @@ def load_resume_point(
                        report.updates + remaining, loaded.path)
 
 
+def _saved_anneal_lr(saved: dict[str, Any], config: AsyncActorLearnerConfig) -> bool:
+    """The checkpointed run's ``anneal_lr`` (``config``'s where the saved config lacks it)."""
+    anneal_lr = saved.get("anneal_lr", config.anneal_lr)
+    return anneal_lr if isinstance(anneal_lr, bool) else config.anneal_lr
+
+
 class _SavedRate(NamedTuple):
     """How the checkpointed run set its learning rate."""
 
@@ -266,9 +270,8 @@ class _SavedRate(NamedTuple):
     @classmethod
     def of(cls, saved: dict[str, Any], config: AsyncActorLearnerConfig,
            schedule: LearningRateSchedule) -> _SavedRate:
-        anneal_lr = saved.get("anneal_lr", config.anneal_lr)
         learning_rate = saved.get("learning_rate", config.learning_rate)
-        return cls(anneal_lr if isinstance(anneal_lr, bool) else config.anneal_lr,
+        return cls(_saved_anneal_lr(saved, config),
                    float(learning_rate) if isinstance(learning_rate, (int, float))
                    else config.learning_rate, schedule)
 

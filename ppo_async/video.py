@@ -7,7 +7,7 @@ them. ``ppo-async enjoy RUN`` is the two in a row. What can be rendered:
 - gymnax envs that gymnax can draw: the gymnax env the policy was trained on
   is stepped, and each of its states drawn. The classic-control envs are
   drawn by gymnasium's own pygame renderer (one env made once, its state set
-  to each gymnax state: a few milliseconds a frame); the MinAtar games, Catch
+  to each gymnax state); the MinAtar games, Catch
   and a few more by gymnax's matplotlib ``Visualizer``, titled with the step;
 - ``gymnasium:`` and ``envpool:`` ids, made with ``render_mode="rgb_array"``;
   envpool's Atari games get the evaluation settings
@@ -250,9 +250,9 @@ class _ClassicControlCanvas:
     """gymnasium's pygame renderer of a classic-control env, fed gymnax states.
 
     gymnax's own adapter makes, resets and closes a gymnasium env for every
-    frame (pygame started and stopped each time: about 75 ms a frame); this
-    keeps one env and only sets its state, with gymnax's mappings of the
-    env's parameters and state onto gymnasium's.
+    frame (pygame started and stopped each time); this keeps one env and only
+    sets its state, with gymnax's mappings of the env's parameters and state
+    onto gymnasium's (``experiments/bench_render.py`` times both).
     """
 
     def __init__(self, name: str, env_params: Any):
