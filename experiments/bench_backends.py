@@ -115,8 +115,8 @@ def steady_rate(config, warmup: int) -> dict:
 
 def transport_costs(ray, config) -> dict:
     """What moving one gymnax chunk through Ray costs, timed alone."""
-    from ppo_async.actor import Experience, make_actor_program
-    from ppo_async.ray_transport import _ActorProcess, _actor_env_vars
+    from ppo_async.runtime.actor import Experience, make_actor_program
+    from ppo_async.runtime.ray_transport import _ActorProcess, _actor_env_vars
 
     import jax
 
@@ -130,7 +130,7 @@ def transport_costs(ray, config) -> dict:
     pickled = pickle.dumps(chunk)
     pickle_s = _median_time(lambda: pickle.loads(pickle.dumps(chunk)), 200)
     put_get_s = _median_time(lambda: ray.get(ray.put(chunk)), 100)
-    from ppo_async.actor import ActorStart, ActorStats
+    from ppo_async.runtime.actor import ActorStart, ActorStats
 
     actor = ray.remote(_ActorProcess).options(
         num_cpus=0, runtime_env={"env_vars": _actor_env_vars()}, max_concurrency=4,
@@ -152,8 +152,8 @@ class _LoadTimer:
         import jax
         import ray
 
-        from ppo_async.networks import make_network, params_template
-        from ppo_async.policy_io import PolicyBroadcast, load_policy_from_broadcast
+        from ppo_async.networks.actor_critic import make_network, params_template
+        from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
 
         network = make_network((4,), type("Discrete", (), {"n": 2})(), self.hidden_sizes)
         template = params_template(network, (4,))
@@ -171,10 +171,10 @@ def broadcast_costs(ray, config, widths: list[int], repeats: int) -> list[dict]:
     """Per update, with Ray: publish (hand-over + serialize + put) and one actor's load."""
     import jax
 
-    from ppo_async.learner import init_learner_state, make_update_fn
-    from ppo_async.policy_io import serialize_policy
-    from ppo_async.ray_transport import _actor_env_vars
-    from ppo_async.transport import Publisher
+    from ppo_async.runtime.learner import init_learner_state, make_update_fn
+    from ppo_async.runtime.messages import serialize_policy
+    from ppo_async.runtime.ray_transport import _actor_env_vars
+    from ppo_async.runtime.transport import Publisher
 
     rows = []
     for width in widths:
@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
     from ppo_async import AsyncActorLearnerConfig
-    from ppo_async.host_envs import register_host_env
-    from ppo_async.ray_transport import connect
+    from ppo_async.envs.host import register_host_env
+    from ppo_async.runtime.ray_transport import connect
 
     load_before = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.2f} "

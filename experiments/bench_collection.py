@@ -1,6 +1,6 @@
 """Actor collection rate inside the running system against the raw jitted rollout.
 
-Both sides use the same program (`ppo_async.actor.make_actor_program`: env,
+Both sides use the same program (`ppo_async.runtime.actor.make_actor_program`: env,
 policy network, batch of ``envs_per_actor`` envs, ``num_steps`` rows) and the
 same number of threads (``num_actors``), in this process:
 
@@ -30,7 +30,7 @@ def raw_rollout_rate(config, seconds: float) -> float:
     """Env steps/s of ``num_actors`` threads looping the rollout, nothing else running."""
     import jax
 
-    from ppo_async.actor import make_actor_program
+    from ppo_async.runtime.actor import make_actor_program
 
     program = make_actor_program(config)
     cpu = jax.devices("cpu")[0]

@@ -11,7 +11,7 @@ At the default config, in this process:
   batch); target < 2%. Off the learner's thread, and reported beside it: the
   publisher's serialize (timed alone) and one actor's load
   (`load_policy_from_broadcast`, timed here on the same bytes).
-- placement: `ppo_async.policy_io.place` (one jitted identity) against plain
+- placement: `ppo_async.runtime.messages.place` (one jitted identity) against plain
   ``jax.device_put`` for the batch and the params, timed alone.
 - the learner alone: `learner_loop` on the same real chunks replayed as fast
   as it takes them (no actor threads, no waiting), milliseconds per update
@@ -42,9 +42,9 @@ def _checkpoint_cost(config, program, state, device) -> tuple[float, int]:
 
     import jax
 
-    from ppo_async.checkpoint import list_checkpoints, save_checkpoint
-    from ppo_async.learner import LearnerReport, default_schedule
-    from ppo_async.resume import checkpoint_contents
+    from ppo_async.runs.checkpoint import list_checkpoints, save_checkpoint
+    from ppo_async.runtime.learner import LearnerReport, default_schedule
+    from ppo_async.runs.resume import checkpoint_contents
 
     carries = [program.reset(jax.random.key(i), device) for i in range(config.num_actors)]
     report = LearnerReport(updates=1, env_steps=config.batch_size, policy_lag_counts={0: 1})
@@ -82,8 +82,8 @@ def _learner_alone(config, program, params, experiences, update, pipeline: bool,
     """Seconds per update of `learner_loop` on replayed chunks (after 20 unmeasured)."""
     import jax
 
-    from ppo_async.learner import LearnerChannels, init_learner_state, learner_loop
-    from ppo_async.policy_io import place
+    from ppo_async.runtime.learner import LearnerChannels, init_learner_state, learner_loop
+    from ppo_async.runtime.messages import place
 
     cpu = jax.devices("cpu")[0]
     state = place(init_learner_state(config, params, jax.random.key(1)), cpu)
@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from ppo_async import AsyncActorLearnerConfig, train
-    from ppo_async.learner import init_learner_state, make_update_fn
-    from ppo_async.policy_io import (
+    from ppo_async.runtime.learner import init_learner_state, make_update_fn
+    from ppo_async.runtime.messages import (
         PolicyBroadcast,
         load_policy_from_broadcast,
         place,

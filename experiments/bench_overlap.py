@@ -62,7 +62,7 @@ import jax
 import numpy as np
 
 from ppo_async import AsyncActorLearnerConfig, train
-from ppo_async.host_envs import make_host_actor_program, register_host_env
+from ppo_async.envs.host import make_host_actor_program, register_host_env
 
 OUT_DIR = pathlib.Path(__file__).resolve().parent / "out"
 

@@ -4,7 +4,7 @@ For each env, steps one gymnax env ``--frames`` times with random actions,
 then draws the same states two ways in this process, alternating, and reports
 the median of ``--repeats`` timings of each:
 
-- ``enjoy``: what ``ppo-async enjoy`` runs (`ppo_async.video`'s player: one
+- ``enjoy``: what ``ppo-async enjoy`` runs (`ppo_async.tools.video`'s player: one
   gymnasium env kept open, fed each gymnax state);
 - ``gymnax``: gymnax's own per-frame adapter,
   ``gymnax.visualize.vis_gym.render_gym_frame`` (makes, renders and closes a
@@ -36,7 +36,7 @@ def _states(env_id: str, frames: int):
     import numpy as np
 
     from ppo_async import AsyncActorLearnerConfig
-    from ppo_async.video import _GymnaxPlayer
+    from ppo_async.tools.video import _GymnaxPlayer
 
     config = AsyncActorLearnerConfig(env_id=env_id, num_actors=1, envs_per_actor=1,
                                      num_minibatches=1)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.frames < 1 or args.repeats < 1:
         parser.error("--frames and --repeats must be >= 1")
-    from ppo_async.video import use_headless_backends
+    from ppo_async.tools.video import use_headless_backends
 
     use_headless_backends()
     import jax

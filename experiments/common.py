@@ -230,7 +230,7 @@ def real_chunks(config, program, params) -> list:
     """One `Experience` per actor (host arrays), collected with ``params`` as a run would."""
     import jax
 
-    from ppo_async.actor import Experience
+    from ppo_async.runtime.actor import Experience
 
     cpu = jax.devices("cpu")[0]
     carry = program.reset(jax.random.key(0), cpu)
@@ -250,8 +250,8 @@ def one_real_batch(config):
     """
     import jax
 
-    from ppo_async.actor import make_actor_program
-    from ppo_async.learner import stack_experiences
+    from ppo_async.runtime.actor import make_actor_program
+    from ppo_async.runtime.learner import stack_experiences
 
     program = make_actor_program(config)
     params = jax.device_put(program.params_template, jax.devices("cpu")[0])

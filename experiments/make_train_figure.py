@@ -40,7 +40,7 @@ SUMMARY = re.compile(
 def one_run(run_root: str) -> dict:
     load = os.getloadavg()[0]
     done = subprocess.run(
-        [sys.executable, "-m", "ppo_async.cli", "train", "--env-id", "CartPole-v1",
+        [sys.executable, "-m", "ppo_async.tools.cli", "train", "--env-id", "CartPole-v1",
          "--no-progress", "--run-root", run_root],
         capture_output=True, text=True, timeout=600, check=True,
     )

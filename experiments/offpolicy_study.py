@@ -11,11 +11,11 @@ Variants (`VARIANTS`): the advantage estimator (GAE on the behaviour values,
 or V-trace under the learner's current critic, its policy-gradient advantage
 unweighted or weighted by the clipped rho as in IMPALA: ``vtrace-pgw``) x the
 ratio's anchor (``ppo_ratio_anchor``: behaviour, learner, ewma). Envs: each preset of
-`ppo_async.presets` with ``--total-env-steps`` (per env, `BUDGETS`).
+`ppo_async.tools.presets` with ``--total-env-steps`` (per env, `BUDGETS`).
 
 Score of a run: the mean return of its last 100 training episodes
 (`ppo_async.sync.recent_return_mean`). Per cell: the interquartile mean over
-seeds with a 95% stratified-bootstrap interval (`ppo_async.analysis`), and the
+seeds with a 95% stratified-bootstrap interval (`ppo_async.runs.analysis`), and the
 normalized score ``(IQM - random) / (IQM at lag 0 - random)`` against the same
 variant's lag 0 and against plain PPO's (GAE, behaviour anchor) lag 0, where
 ``random`` is the mean return of a uniformly random policy (measured here).
@@ -89,8 +89,8 @@ def random_policy_return(preset_name: str, episodes: int = 64, seed: int = 0) ->
     import jax
     import jax.numpy as jnp
 
-    from ppo_async.envs import BatchedEnv
-    from ppo_async.presets import preset
+    from ppo_async.envs.gymnax_env import BatchedEnv
+    from ppo_async.tools.presets import preset
 
     env = BatchedEnv(preset(preset_name).env_id, episodes)
     carry = env.reset(jax.random.key(seed))
@@ -150,7 +150,7 @@ def train_seeds(config, policy_lag: int | tuple[int, ...], seeds: int) -> list[d
 
 def run_cell(preset_name: str, lag: int, variant: str, seeds: int, total_env_steps: int):
     """`train_seeds` of one grid cell: the preset with the variant's fields, at one lag."""
-    from ppo_async.presets import preset
+    from ppo_async.tools.presets import preset
 
     config = preset(preset_name, total_env_steps=total_env_steps, **VARIANTS[variant])
     return train_seeds(config, lag, seeds)
@@ -168,7 +168,7 @@ def run_stragglers(args, out) -> None:
     of them or drops all of them; what it is for is a batch of mixed ages,
     where it drops the straggler's stale quarter.
     """
-    from ppo_async.presets import preset
+    from ppo_async.tools.presets import preset
 
     path = out / "stragglers.csv"
     done = {(r["env"], int(r["straggler_lag"]), r["variant"], r["max_policy_lag"],
@@ -202,7 +202,7 @@ def run_stragglers(args, out) -> None:
 
 def straggler_report(out) -> str:
     """The straggler table: IQM [95% CI] with and without the cap, per env, lag and variant."""
-    from ppo_async.analysis import iqm, stratified_bootstrap_ci
+    from ppo_async.runs.analysis import iqm, stratified_bootstrap_ci
 
     path = out / "stragglers.csv"
     if not path.exists():
@@ -230,7 +230,7 @@ def validate(args) -> None:
     import numpy as np
 
     from ppo_async import train
-    from ppo_async.presets import preset
+    from ppo_async.tools.presets import preset
 
     rows = []
     for env in args.envs:
@@ -262,7 +262,7 @@ def report(path, out, random_returns: dict[str, float]) -> dict[str, Any]:
     """IQM tables and figures from ``results.csv``."""
     import numpy as np
 
-    from ppo_async.analysis import iqm, stratified_bootstrap_ci
+    from ppo_async.runs.analysis import iqm, stratified_bootstrap_ci
 
     rows = read_csv(path)
     cells: dict[tuple[str, int, str], list[float]] = {}

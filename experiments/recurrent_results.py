@@ -69,12 +69,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ppo_async import AsyncActorLearnerConfig, train  # noqa: E402
-from ppo_async.learner import (  # noqa: E402
+from ppo_async.runtime.learner import (  # noqa: E402
     init_learner_state,
     make_update_fn,
     reevaluate_recurrent,
 )
-from ppo_async.networks import init_params, is_recurrent  # noqa: E402
+from ppo_async.networks.actor_critic import init_params, is_recurrent  # noqa: E402
 from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
 
 NETWORKS = ("mlp", "lstm", "gru")

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     jax.config.update("jax_log_compiles", True)
 
     from ppo_async import AsyncActorLearnerConfig, train
-    from ppo_async.networks import init_params, make_network
+    from ppo_async.networks.actor_critic import init_params, make_network
 
     train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
     marks: dict[str, float] = {}
@@ -190,9 +190,9 @@ def steps_alone(config) -> dict[str, float]:
     """
     import jax
 
-    from ppo_async.actor import make_actor_program
-    from ppo_async.learner import init_learner_state, make_update_fn
-    from ppo_async.networks import init_params
+    from ppo_async.runtime.actor import make_actor_program
+    from ppo_async.runtime.learner import init_learner_state, make_update_fn
+    from ppo_async.networks.actor_critic import init_params
 
     train_module = importlib.import_module("ppo_async.train")
     jax.clear_caches()

@@ -32,11 +32,11 @@ CASES = {
     "vtrace_long_lead": (("VTRACE_LONG_LEAD",),
                          "tests/test_learning.py::test_vtrace_with_four_actors_and_a_long_lead_learns_cartpole"),
     "gymnasium_cartpole": (("GYMNASIUM_CARTPOLE",),
-                           "tests/test_host_envs.py::test_gymnasium_cartpole_learns_through_train"),
+                           "tests/envs/test_host_envs.py::test_gymnasium_cartpole_learns_through_train"),
     "ray_cartpole": (("RAY_CARTPOLE",),
-                     "tests/test_ray.py::test_two_ray_actors_learn_cartpole_with_the_lag_bound"),
+                     "tests/runtime/test_ray.py::test_two_ray_actors_learn_cartpole_with_the_lag_bound"),
     "memory_chain": (("MEMORY_CHAIN_LSTM", "MEMORY_CHAIN"),
-                     "tests/test_recurrent.py::test_an_asynchronous_lstm_remembers_what_the_mlp_cannot"),
+                     "tests/networks/test_recurrent.py::test_an_asynchronous_lstm_remembers_what_the_mlp_cannot"),
 }
 
 

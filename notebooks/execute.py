@@ -4,7 +4,7 @@
     python notebooks/execute.py --total-env-steps 16384 --out /tmp/quick.ipynb   # a quick check
 
 The kernel runs this Python (a kernel spec in a temporary JUPYTER_PATH, as
-tests/test_notebook.py does), in a temporary working directory, with
+tests/tools/test_notebook.py does), in a temporary working directory, with
 matplotlib's inline figures embedded as PNG, and progress bars as text (see
 ``text_progress`` in `execute`). ``--total-env-steps`` rewrites
 the ``TOTAL_ENV_STEPS = ...`` line of the first code cell. The committed

@@ -1,7 +1,7 @@
 """ppo_async: asynchronous actor-learner PPO with V-trace (IMPALA topology) in JAX."""
 
 from ppo_async.version import __version__
-from ppo_async.actor import (
+from ppo_async.runtime.actor import (
     ActorChannels,
     ActorError,
     ActorHandle,
@@ -11,9 +11,9 @@ from ppo_async.actor import (
     actor_thread,
     spawn_actor,
 )
-from ppo_async.advantages import VTraceOutput, gae, vtrace
+from ppo_async.core.advantages import VTraceOutput, gae, vtrace
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
-from ppo_async.learner import (
+from ppo_async.runtime.learner import (
     LearnerReport,
     LearnerTimeoutError,
     NonFiniteError,
@@ -21,8 +21,8 @@ from ppo_async.learner import (
     StopTraining,
     learner_loop,
 )
-from ppo_async.losses import ppo_loss
-from ppo_async.policy_io import (
+from ppo_async.core.losses import ppo_loss
+from ppo_async.runtime.messages import (
     PolicyBroadcast,
     PolicyLoadError,
     load_policy_from_broadcast,

@@ -17,7 +17,7 @@ NetworkName = Literal["mlp", "lstm", "gru"]
 NETWORKS = get_args(NetworkName)  # the values of AsyncActorLearnerConfig.network
 RECURRENT_NETWORKS = ("lstm", "gru")
 PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.ppo_ratio_anchor
-# The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.TORSOS.
+# The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.actor_critic.TORSOS.
 TorsoName = Literal["auto", "none", "minatar", "nature"]
 TORSOS = get_args(TorsoName)
 
@@ -41,9 +41,9 @@ class AsyncActorLearnerConfig:
 
     # --- run ---
     env_id: str = "CartPole-v1"
-    """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.host_envs.register_host_env)."""
+    """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.envs.host.register_host_env)."""
     envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
-    """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.env_registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False."""
+    """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.envs.registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False."""
     total_env_steps: int = 500_000
     """Environment steps the learner consumes before the run ends."""
     seed: int = 0
@@ -99,7 +99,7 @@ class AsyncActorLearnerConfig:
     vtrace_lambda: float = 1.0
     """V-trace lambda (1: the paper's V-trace; on-policy V-trace equals GAE with the same lambda)."""
 
-    # --- normalization (ppo_async.normalization) ---
+    # --- normalization (ppo_async.core.normalization) ---
     normalize_observations: bool = False
     """Normalize observations by running statistics: clip((obs - mean) / sqrt(var + 1e-8), -obs_clip, obs_clip); the learner folds every batch it consumes into mean and var and broadcasts them with the params, which actors, evaluation and checkpoints then carry."""
     normalize_rewards: bool = False
@@ -227,8 +227,8 @@ class AsyncActorLearnerConfig:
 
     @property
     def network_torso(self) -> str:
-        """The ``torso`` given to `ppo_async.networks.make_network`: "auto" becomes "nature" for envpool: Atari ids; any other "auto" make_network resolves from the observation's rank."""
-        from ppo_async.env_registry import is_envpool_atari
+        """The ``torso`` given to `ppo_async.networks.actor_critic.make_network`: "auto" becomes "nature" for envpool: Atari ids; any other "auto" make_network resolves from the observation's rank."""
+        from ppo_async.envs.registry import is_envpool_atari
 
         if self.torso == "auto" and is_envpool_atari(self.env_id):
             return "nature"
@@ -268,7 +268,7 @@ def _is_number(value: Any) -> bool:
 def _validate(cfg: AsyncActorLearnerConfig) -> None:
     # Imported here so that a bad env id is reported as a config error without
     # making the config module depend on gymnax (or any env backend) at import time.
-    from ppo_async.env_registry import env_id_problem
+    from ppo_async.envs.registry import env_id_problem
 
     env_problem = env_id_problem(cfg.env_id)
     _require(env_problem is None, "env_id", cfg.env_id, env_problem)
@@ -326,7 +326,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     )
     _validate_network(cfg)
     if cfg.eval_every_updates:
-        from ppo_async.env_registry import GYMNAX, split_env_id
+        from ppo_async.envs.registry import GYMNAX, split_env_id
 
         _require(split_env_id(cfg.env_id)[0] == GYMNAX, "eval_every_updates",
                  cfg.eval_every_updates,
@@ -348,7 +348,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
             "steps, past the int32 step counter; lower it or set anneal_lr=False",
         )
     if cfg.compilation_cache_dir is not None:
-        from ppo_async.compile_cache import resolve_cache_dir
+        from ppo_async.runs.compile_cache import resolve_cache_dir
 
         _require(isinstance(cfg.compilation_cache_dir, str) and cfg.compilation_cache_dir.strip(),
                  "compilation_cache_dir", cfg.compilation_cache_dir,
@@ -366,7 +366,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
 
 
 def _validate_envpool_kwargs(cfg: AsyncActorLearnerConfig) -> None:
-    from ppo_async.env_registry import envpool_kwargs_problem
+    from ppo_async.envs.registry import envpool_kwargs_problem
 
     pairs = cfg.envpool_kwargs
     _require(
@@ -459,14 +459,14 @@ def resolve_device(spec: str | None):
 
 
 def make_config_network(config: AsyncActorLearnerConfig, observation_shape, action_space):
-    """`ppo_async.networks.make_network` with ``config``'s network fields.
+    """`ppo_async.networks.actor_critic.make_network` with ``config``'s network fields.
 
     The one place actors, learner, evaluation and the twin build their
     network, so all of them get the same one. A torso that cannot read the
     env's observations (known only once the env exists) is a `ConfigError`
     naming the field.
     """
-    from ppo_async.networks import make_network
+    from ppo_async.networks.actor_critic import make_network
 
     try:
         return make_network(observation_shape, action_space, config.hidden_sizes,

@@ -1,7 +1,7 @@
 """The synchronous twin: the same kernels in one fully jitted PPO loop.
 
 ``make_train(config)`` returns a pure ``train_fn(key) -> SyncResult``:
-rollout (`ppo_async.envs.make_rollout`), update (`ppo_async.learner.make_update_fn`),
+rollout (`ppo_async.envs.gymnax_env.make_rollout`), update (`ppo_async.runtime.learner.make_update_fn`),
 repeat, all inside one ``lax.scan``. No threads, no queues, no staleness, so
 it is the baseline the asynchronous runtime is compared against, and since it
 is pure, ``jax.jit(jax.vmap(make_train(cfg)))(keys)`` trains many seeds at once.
@@ -20,19 +20,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.compile_cache import enable_compilation_cache
+from ppo_async.runs.compile_cache import enable_compilation_cache
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, make_config_network
-from ppo_async.envs import BatchedEnv, EnvCarry, make_rollout
-from ppo_async.host_envs import GYMNAX, split_env_id
-from ppo_async.learner import (
+from ppo_async.envs.gymnax_env import BatchedEnv, EnvCarry, make_rollout
+from ppo_async.envs.host import GYMNAX, split_env_id
+from ppo_async.runtime.learner import (
     Batch,
     LearnerState,
     init_learner_state,
     make_update_fn,
     with_normalization,
 )
-from ppo_async.networks import init_params, is_recurrent
-from ppo_async.normalization import NormalizationOptions, acting_apply, wrap_params
+from ppo_async.networks.actor_critic import init_params, is_recurrent
+from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
 
 
 class SyncResult(NamedTuple):

@@ -2,8 +2,8 @@
 
 The learner runs in the calling thread (so Ctrl-C reaches it directly); the
 actors run where ``config.actor_backend`` puts them: daemon threads of this
-process (`ppo_async.transport.ThreadTransport`) or Ray processes
-(`ppo_async.ray_transport.RayTransport`). Whatever ends the run -- its last
+process (`ppo_async.runtime.transport.ThreadTransport`) or Ray processes
+(`ppo_async.runtime.ray_transport.RayTransport`). Whatever ends the run -- its last
 update, an actor's exception, a stuck actor, KeyboardInterrupt -- the
 transport stops every actor within ``config.shutdown_timeout_s``, and, with a
 run directory, the newest good state is checkpointed before `train` returns or
@@ -31,7 +31,7 @@ import flax.serialization
 import jax
 import numpy as np
 
-from ppo_async.actor import (
+from ppo_async.runtime.actor import (
     EVALUATOR_ID,
     ActorError,
     ActorFailure,
@@ -40,10 +40,10 @@ from ppo_async.actor import (
     Experience,
     make_actor_program,
 )
-from ppo_async.checkpoint import save_checkpoint
-from ppo_async.compile_cache import enable_compilation_cache
+from ppo_async.runs.checkpoint import save_checkpoint
+from ppo_async.runs.compile_cache import enable_compilation_cache
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_device
-from ppo_async.learner import (
+from ppo_async.runtime.learner import (
     Batch,
     EvalOutcome,
     LearnerChannels,
@@ -59,11 +59,11 @@ from ppo_async.learner import (
     with_normalization,
     stack_experiences,
 )
-from ppo_async.networks import init_params
-from ppo_async.normalization import NormalizationOptions, wrap_params
-from ppo_async.policy_io import place
-from ppo_async.resume import CheckpointPolicy, ResumePoint, checkpoint_contents, load_resume_point
-from ppo_async.run_dir import (
+from ppo_async.networks.actor_critic import init_params
+from ppo_async.core.normalization import NormalizationOptions, wrap_params
+from ppo_async.runtime.messages import place
+from ppo_async.runs.resume import CheckpointPolicy, ResumePoint, checkpoint_contents, load_resume_point
+from ppo_async.runs.run_dir import (
     PARAMS_FILE,
     SUMMARY_FILE,
     check_fresh,
@@ -75,11 +75,11 @@ from ppo_async.run_dir import (
     write_atomically,
     write_json,
 )
-from ppo_async.run_log import RunLog
-from ppo_async.wandb_log import WandbSettings
-from ppo_async.supervisor import Supervisor
-from ppo_async.transport import LearnerTransport, ThreadTransport, stop_threads
-from ppo_async.watchdog import FreezeWatchdog
+from ppo_async.runs.run_log import RunLog
+from ppo_async.runs.wandb_log import WandbSettings
+from ppo_async.runtime.supervisor import Supervisor
+from ppo_async.runtime.transport import LearnerTransport, ThreadTransport, stop_threads
+from ppo_async.runtime.watchdog import FreezeWatchdog
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
                     actor_device: jax.Device) -> LearnerTransport:
     """The transport ``config.actor_backend`` names (Ray is imported only when asked for)."""
     if config.actor_backend == "ray":
-        from ppo_async.ray_transport import RayTransport
+        from ppo_async.runtime.ray_transport import RayTransport
 
         return RayTransport(config, program)
     return ThreadTransport(config, program, actor_device)
@@ -142,7 +142,7 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
     queue ends it once the evaluations before it are done; ``stop`` ends it
     after the current one.
     """
-    from ppo_async.evaluate import Evaluator
+    from ppo_async.runtime.evaluate import Evaluator
 
     def run() -> None:
         try:
@@ -377,7 +377,7 @@ def train(
       progress: show a progress bar with env steps/s, return and lag.
       on_update: also called with each update's metrics dict; it may raise
         `StopTraining` to end the run early (train then returns normally).
-      wandb: also log the config, metrics and figure to Weights & Biases (`ppo_async.wandb_log`).
+      wandb: also log the config, metrics and figure to Weights & Biases (`ppo_async.runs.wandb_log`).
 
     Raises:
       ConfigError: a device the config names does not exist, a non-empty
@@ -396,7 +396,7 @@ def train(
         ``config.shutdown_timeout_s`` (the params and summary were written).
 
     With thread actors, a learner that cannot run for ``2 x learner_timeout_s``
-    (a thread holds the GIL) ends the process instead (`ppo_async.watchdog`).
+    (a thread holds the GIL) ends the process instead (`ppo_async.runtime.watchdog`).
     """
     with contextlib.ExitStack() as cleanup:  # what must be undone on every way out
         return _train(config, cleanup, run_dir=run_dir, resume_from=resume_from,

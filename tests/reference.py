@@ -5,7 +5,7 @@ the explicit forward sum over the rest of the trajectory, with the trace
 weights formed as explicit products, in float64, with Python for-loops. They
 are O(T^3 B) and only meant for the short trajectories of the tests.
 
-Conventions (as in ``ppo_async.advantages``): arrays are time-major ``[T, B]``,
+Conventions (as in ``ppo_async.core.advantages``): arrays are time-major ``[T, B]``,
 ``bootstrap_value`` is ``[B]`` and is V(x_T), ``discounts[t] = gamma * (1 - done_t)``.
 """
 

@@ -297,7 +297,7 @@ def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, m
                                                                   "MEMORY_CHAIN"}
     assert (tmp_path / "spread.png").stat().st_size > 5_000
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["tests"]["memory_chain"].startswith("tests/test_recurrent.py::")
+    assert saved["tests"]["memory_chain"].startswith("tests/networks/test_recurrent.py::")
     assert "python experiments/timing_spread.py --reruns 2" in capsys.readouterr().out
 
 
@@ -324,7 +324,7 @@ def test_make_train_figure_parses_the_commands_summary_line(tmp_path, monkeypatc
         "lag_mean": 0.96, "lag_max": 1.0}
     # The CLI's own line, from a real (short) run, matches too.
     run = subprocess.run(
-        [sys.executable, "-m", "ppo_async.cli", "train", "--total-env-steps", "4096",
+        [sys.executable, "-m", "ppo_async.tools.cli", "train", "--total-env-steps", "4096",
          "--no-progress", "--run-root", str(tmp_path)],
         capture_output=True, text=True, timeout=300, check=True, cwd=REPO_ROOT)
     assert figure.SUMMARY.search(run.stdout), run.stdout

@@ -51,7 +51,7 @@ def test_building_a_gymnax_env_still_works_after_a_lazy_import(env_id):
     out = run_python(f"""
         import sys
         import ppo_async
-        from ppo_async.envs import BatchedEnv
+        from ppo_async.envs.gymnax_env import BatchedEnv
         config = ppo_async.AsyncActorLearnerConfig(env_id={env_id!r})
         print("gymnax" in sys.modules, BatchedEnv("CartPole-v1", 2).observation_shape)
     """)
@@ -77,7 +77,7 @@ def test_compilation_cache_dir_refuses_a_file(tmp_path):
 
 
 def test_default_cache_dir_is_under_the_user_cache(monkeypatch, tmp_path):
-    from ppo_async.compile_cache import resolve_cache_dir
+    from ppo_async.runs.compile_cache import resolve_cache_dir
 
     assert resolve_cache_dir(None) is None
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
@@ -89,7 +89,7 @@ def test_default_cache_dir_is_under_the_user_cache(monkeypatch, tmp_path):
 
 
 def test_the_cli_has_the_flag(capsys):
-    from ppo_async.cli import main
+    from ppo_async.tools.cli import main
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])

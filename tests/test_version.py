@@ -38,11 +38,11 @@ def test_version_module_imports_nothing_heavy():
 
 
 def test_cli_version_prints_the_version_and_exits_0(capsys):
-    from ppo_async.cli import main
+    from ppo_async.tools.cli import main
 
     main(["--version"])
     assert capsys.readouterr().out.strip() == f"ppo-async {ppo_async.__version__}"
-    run = subprocess.run([sys.executable, "-m", "ppo_async.cli", "--version"],
+    run = subprocess.run([sys.executable, "-m", "ppo_async.tools.cli", "--version"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == f"ppo-async {ppo_async.__version__}"
 

@@ -29,17 +29,17 @@ VTRACE_LONG_LEAD = dataclasses.replace(
     max_lead_steps=4 * 64,
 )
 
-# tests/test_host_envs.py: the defaults on gymnasium's CartPole (host envs in actor threads).
+# tests/envs/test_host_envs.py: the defaults on gymnasium's CartPole (host envs in actor threads).
 GYMNASIUM_CARTPOLE = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1")
 
-# tests/test_ray.py: 2 Ray process actors, a lead of 3 chunks, 60k steps.
+# tests/runtime/test_ray.py: 2 Ray process actors, a lead of 3 chunks, 60k steps.
 RAY_CARTPOLE = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=4, num_steps=32, num_epochs=4, num_minibatches=4,
     total_env_steps=60_000, max_lead_steps=3 * 32, learner_timeout_s=60.0, seed=0,
     actor_backend="ray", shutdown_timeout_s=20.0,
 )
 
-# tests/test_recurrent.py: MemoryChain, an LSTM against the MLP, 2 actors, lag <= 1.
+# tests/networks/test_recurrent.py: MemoryChain, an LSTM against the MLP, 2 actors, lag <= 1.
 # experiments/recurrent_results.py's config at 80 updates (20,480 steps).
 MEMORY_CHAIN = AsyncActorLearnerConfig(
     env_id="MemoryChain-bsuite", num_actors=2, envs_per_actor=4, num_steps=32,

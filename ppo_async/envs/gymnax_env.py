@@ -1,0 +1,267 @@
+"""gymnax environments, batched and auto-reset, and the jitted rollout.
+
+`BatchedEnv` wraps one gymnax environment id in ``jax.vmap`` over ``E``
+copies. gymnax (>= 1.0.1) auto-resets and separates ``terminated`` (the MDP
+ended) from ``truncated`` (the time limit hit), and hands back the episode's
+final observation in ``info["final_observation"]``.
+
+`make_rollout` returns one jitted function that steps ``E`` envs ``T`` times
+under fixed policy parameters with ``lax.scan`` and returns a time-major
+`Trajectory`. Truncation is resolved here, as DESIGN.md asks: at a step that
+was truncated (and not terminated) the rollout adds ``gamma * V(final_obs)``
+to the stored reward, and ``done`` is set, so the learner's
+``discount = gamma * (1 - done)`` is 0 and no value leaks from the next
+episode's first observation into this one. In V-trace mode the learner
+bootstraps instead, with its current critic: the rollout then keeps the final
+observations and folds nothing (``keep_final_obs``).
+
+Recurrent policies (``make_rollout(..., recurrent=True)``) carry their hidden
+state in `EnvCarry.hidden`, across chunks and across policy updates. The state
+is zeroed (`ppo_async.networks.actor_critic.reset_hidden`) right before the network acts on
+the first observation of an episode -- which is where ``episode_length`` is 0 --
+and the trajectory records each step's ``reset`` flag and the state the step
+acted with, so the learner can re-unroll the chunk exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ppo_async.networks.actor_critic import reset_hidden
+from ppo_async.core.normalization import NormalizedPolicy, accumulate_return, scale_reward
+
+class UnknownEnvError(ValueError):
+    """An env id that gymnax does not know."""
+
+
+def make_gymnax_env(env_id: str):
+    """``(env, env_params)`` for a gymnax id; unknown ids list the valid ones."""
+    # Imported here, not at the top: gymnax imports matplotlib and seaborn for
+    # its renderers, over a second, and ``import ppo_async`` should not pay it.
+    import gymnax
+
+    if env_id not in gymnax.registered_envs:
+        raise UnknownEnvError(
+            f"unknown env_id {env_id!r}; valid gymnax ids: "
+            + ", ".join(gymnax.registered_envs)
+        )
+    return gymnax.make(env_id)
+
+
+class EnvCarry(NamedTuple):
+    """State a batch of ``E`` envs carries from one rollout to the next."""
+
+    env_state: Any  # gymnax state pytree, leaves [E, ...]
+    obs: jax.Array  # [E, *obs_shape] float32, the observation to act on next
+    episode_return: jax.Array  # [E] float32, undiscounted return so far
+    episode_length: jax.Array  # [E] int32, steps so far in the episode
+    key: jax.Array  # PRNG key for actions and env transitions
+    # Recurrent policies only (None otherwise): the state after the last step
+    # acted, before any reset for the next one.
+    hidden: jax.Array | None = None  # [E, state_size] float32
+    # Reward scaling only (None otherwise): the discounted return R_{t-1}, 0
+    # after an episode ended (`ppo_async.core.normalization.accumulate_return`).
+    discounted_return: jax.Array | None = None  # [E] float32
+
+
+class Trajectory(NamedTuple):
+    """``T`` steps of ``E`` envs, time-major."""
+
+    obs: jax.Array  # [T, E, *obs_shape] float32, observation acted on
+    action: jax.Array  # [T, E] int32, or [T, E, action_dim] float32 (unclipped sample)
+    reward: jax.Array  # [T, E] float32, with gamma * V(final_obs) folded in at truncations
+    terminated: jax.Array  # [T, E] bool, the MDP ended at this step
+    truncated: jax.Array  # [T, E] bool, the time limit ended the episode (and it did not terminate)
+    behaviour_logp: jax.Array  # [T, E] float32, log mu(a|x) of the acting policy
+    behaviour_value: jax.Array  # [T, E] float32, V(x) of the acting policy
+    episode_return: jax.Array  # [T, E] float32, return of the episode that ended here, else 0
+    episode_length: jax.Array  # [T, E] int32, length of the episode that ended here, else 0
+    # Recurrent policies only (None otherwise):
+    reset: jax.Array | None = None  # [T, E] bool, an episode starts here: the state was zeroed before acting
+    hidden: jax.Array | None = None  # [T, E, state_size] float32, the state the step acted with (after its reset)
+    # Only when the learner bootstraps truncations (None otherwise): the
+    # observation each truncated episode reached (rows where truncated; others
+    # unspecified), and then ``reward`` has nothing folded in.
+    final_obs: jax.Array | None = None  # [T, E, *obs_shape] float32
+    # Reward scaling only (None otherwise): the learner's return statistics take these.
+    discounted_return: jax.Array | None = None  # [T, E] float32, R_t of the raw env rewards
+
+    @property
+    def done(self) -> jax.Array:
+        """``[T, E]`` bool: an episode ended at this step (either way)."""
+        return self.terminated | self.truncated
+
+
+class BatchedEnv:
+    """``num_envs`` copies of one gymnax env, stepped together with ``vmap``."""
+
+    def __init__(self, env_id: str, num_envs: int):
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.env, self.env_params = make_gymnax_env(env_id)
+        self.observation_shape = tuple(self.env.observation_space(self.env_params).shape)
+        self.action_space = self.env.action_space(self.env_params)
+        self.continuous = not hasattr(self.action_space, "n")
+        self.max_episode_steps = int(self.env_params.max_steps_in_episode)
+
+    def reset(self, key: jax.Array, state_size: int | None = None, *,
+              track_return: bool = False) -> EnvCarry:
+        """Fresh episodes in every env (and, given ``state_size``, a zero hidden state).
+
+        ``track_return``: the carry holds a zero discounted return (reward scaling).
+        """
+        reset_key, carry_key = jax.random.split(key)
+        obs, env_state = jax.vmap(self.env.reset, in_axes=(0, None))(
+            jax.random.split(reset_key, self.num_envs), self.env_params
+        )
+        # gymnax's reset leaves some leaves weakly typed while step does not; a
+        # carry that changes weak-typedness between calls recompiles the rollout.
+        env_state = jax.tree.map(lambda x: jnp.asarray(x, dtype=x.dtype), env_state)
+        return EnvCarry(
+            env_state=env_state,
+            obs=obs.astype(jnp.float32),
+            episode_return=jnp.zeros((self.num_envs,), jnp.float32),
+            episode_length=jnp.zeros((self.num_envs,), jnp.int32),
+            key=carry_key,
+            hidden=None if state_size is None else jnp.zeros(
+                (self.num_envs, state_size), jnp.float32
+            ),
+            discounted_return=jnp.zeros((self.num_envs,), jnp.float32) if track_return else None,
+        )
+
+    def step(self, key: jax.Array, env_state: Any, action: jax.Array):
+        """``(next_obs, env_state, reward, terminated, truncated, final_obs)``, each ``[E, ...]``.
+
+        ``next_obs`` is already the first observation of a new episode where
+        one ended; ``final_obs`` is the observation the ended episode reached.
+        """
+        if self.continuous:
+            action = jnp.clip(action, self.action_space.low, self.action_space.high)
+        obs, env_state, reward, terminated, truncated, info = jax.vmap(
+            self.env.step, in_axes=(0, 0, 0, None)
+        )(jax.random.split(key, self.num_envs), env_state, action, self.env_params)
+        return (
+            obs.astype(jnp.float32),
+            env_state,
+            reward.astype(jnp.float32),
+            terminated.astype(bool),
+            truncated.astype(bool) & ~terminated.astype(bool),
+            info["final_observation"].astype(jnp.float32),
+        )
+
+
+PolicyApply = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
+
+
+def make_rollout(
+    env: BatchedEnv, apply_fn: PolicyApply, num_steps: int, gamma: float,
+    *, recurrent: bool = False, reward_clip: float | None = None,
+    keep_final_obs: bool = False,
+) -> Callable[[Any, EnvCarry], tuple[EnvCarry, Trajectory, jax.Array]]:
+    """A jitted ``rollout(params, carry) -> (carry, trajectory, bootstrap_value)``.
+
+    ``apply_fn(params, obs)`` must return ``(distribution, value)`` for a batch
+    of observations (a `ppo_async.networks.actor_critic.ActorCritic`'s ``apply``). With
+    ``recurrent``, ``apply_fn(params, hidden, obs)`` returns ``(hidden,
+    distribution, value)`` (a `RecurrentActorCritic`'s), the carry must hold a
+    ``hidden`` state, and the trajectory gets ``reset`` and ``hidden``.
+    ``bootstrap_value`` ``[E]`` is V of the observation after the last step,
+    under the same params. With ``keep_final_obs`` (the learner bootstraps
+    truncations with its own critic, ``config.learner_bootstraps_truncation``)
+    the trajectory keeps each step's ``final_obs`` and folds nothing into the
+    reward. The function is compiled once per params structure
+    and batch shape; later calls reuse it.
+
+    ``reward_clip`` turns on reward scaling: ``params`` is then a
+    `NormalizedPolicy` (``apply_fn`` one of
+    `ppo_async.core.normalization.acting_apply`), the carry holds a
+    ``discounted_return``, each env reward becomes ``scale_reward(
+    params.return_stats, r, clip=reward_clip)`` before the truncation
+    bootstrap (in the value's scaled units) is added, and the trajectory
+    records every ``R_t`` of the raw rewards for the learner's statistics.
+    """
+
+    def env_step(params, carry: EnvCarry, _):
+        key, action_key, step_key = jax.random.split(carry.key, 3)
+        if recurrent:
+            reset = carry.episode_length == 0  # this obs is an episode's first
+            hidden = reset_hidden(carry.hidden, reset)
+            next_hidden, dist, value = apply_fn(params, hidden, carry.obs)
+        else:
+            dist, value = apply_fn(params, carry.obs)
+        action = dist.sample(action_key)
+        logp = dist.log_prob(action)
+        next_obs, env_state, reward, terminated, truncated, final_obs = env.step(
+            step_key, carry.env_state, action
+        )
+        if keep_final_obs:
+            final_value = None  # the learner adds gamma * V(final_obs) itself
+        else:
+            # Only evaluate the final observations when some episode was truncated:
+            # on most steps none is, and the conv critic is not free.
+            final_value = jax.lax.cond(
+                jnp.any(truncated),
+                # The final observation continues the ended episode: its state is
+                # the one this step produced.
+                (lambda: apply_fn(params, next_hidden, final_obs)[2]) if recurrent
+                else (lambda: apply_fn(params, final_obs)[1]),
+                lambda: jnp.zeros_like(value),
+            )
+        done = terminated | truncated
+        discounted_return, carried_return = None, None
+        if reward_clip is not None:
+            discounted_return, carried_return = accumulate_return(
+                carry.discounted_return, reward, done, gamma=gamma)
+            assert isinstance(params, NormalizedPolicy)
+            learn_reward = scale_reward(params.return_stats, reward, clip=reward_clip)
+        else:
+            learn_reward = reward
+        if final_value is not None:
+            learn_reward = learn_reward + gamma * jnp.where(truncated, final_value, 0.0)
+
+        episode_return = carry.episode_return + reward
+        episode_length = carry.episode_length + 1
+        step = Trajectory(
+            obs=carry.obs,
+            action=action,
+            reward=learn_reward,
+            terminated=terminated,
+            truncated=truncated,
+            behaviour_logp=logp,
+            behaviour_value=value,
+            episode_return=jnp.where(done, episode_return, 0.0),
+            episode_length=jnp.where(done, episode_length, 0),
+            reset=reset if recurrent else None,
+            hidden=hidden if recurrent else None,
+            final_obs=final_obs if keep_final_obs else None,
+            discounted_return=discounted_return,
+        )
+        carry = EnvCarry(
+            env_state=env_state,
+            obs=next_obs,
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_length=jnp.where(done, 0, episode_length),
+            key=key,
+            hidden=next_hidden if recurrent else None,
+            discounted_return=carried_return,
+        )
+        return carry, step
+
+    @jax.jit
+    def rollout(params, carry: EnvCarry):
+        carry, trajectory = jax.lax.scan(
+            lambda c, x: env_step(params, c, x), carry, None, length=num_steps
+        )
+        if recurrent:
+            # As the next chunk's first step will see it: reset if an episode starts there.
+            hidden = reset_hidden(carry.hidden, carry.episode_length == 0)
+            _, _, bootstrap_value = apply_fn(params, hidden, carry.obs)
+        else:
+            _, bootstrap_value = apply_fn(params, carry.obs)
+        return carry, trajectory, bootstrap_value
+
+    return rollout

@@ -1,0 +1,217 @@
+"""Env ids and the host-env registry: which backend an id names, and whether it can run.
+
+The config validates ``env_id`` here and the actors look their host envs up
+here, so this module imports no runtime code (no actor, learner, config or
+host-env backend): it only parses names and looks them up, building no env.
+`ppo_async.envs.host` re-exports everything below from where it always was.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from ppo_async.envs.gymnax_env import UnknownEnvError
+
+GYMNAX, GYMNASIUM, ENVPOOL, HOST = "gymnax", "gymnasium", "envpool", "host"
+ENV_BACKENDS = (GYMNAX, GYMNASIUM, ENVPOOL, HOST)  # env id prefixes, in the order docs list them
+
+
+class BackendNotInstalledError(ImportError):
+    """The env id names a backend whose package is not installed."""
+
+
+# factory(num_envs) -> a batch of num_envs envs (a ppo_async.envs.host.HostVectorEnv)
+HostEnvFactory = Callable[[int], Any]
+
+_REGISTRY: dict[str, HostEnvFactory] = {}
+
+
+def register_host_env(name: str, factory: HostEnvFactory) -> None:
+    """Make ``host:<name>`` an env id: ``factory(num_envs)`` returns a `HostVectorEnv`.
+
+    Each actor calls the factory once, so every actor owns its own envs.
+    Registering a name again replaces its factory (re-running a notebook cell
+    that defines the simulator should just work).
+    """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"host env name {name!r}: must be a non-empty string without ':'")
+    if not callable(factory):
+        raise TypeError(f"host env {name!r}: factory {factory!r} is not callable")
+    _REGISTRY[name] = factory
+
+
+def registered_host_envs() -> tuple[str, ...]:
+    """Names registered with `register_host_env`, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+# --------------------------------------------------------------------------
+# Env ids.
+# --------------------------------------------------------------------------
+
+
+def split_env_id(env_id: str) -> tuple[str, str]:
+    """``(backend, name)`` of an env id; no prefix means gymnax.
+
+    Only the first ``:`` separates, so gymnasium's own ``module:Name-v0``
+    syntax survives: ``gymnasium:ale_py:ALE/Pong-v5``.
+    """
+    backend, sep, name = env_id.partition(":")
+    if not sep:
+        return GYMNAX, env_id
+    if backend not in ENV_BACKENDS:
+        raise UnknownEnvError(
+            f"env id {env_id!r}: unknown backend prefix {backend!r}; valid prefixes: "
+            + ", ".join(f"{b}:" for b in ENV_BACKENDS)
+            + " (no prefix means gymnax:)"
+        )
+    return backend, name
+
+
+def is_host_env_id(env_id: str) -> bool:
+    """Whether ``env_id`` names a host backend (anything but gymnax)."""
+    return split_env_id(env_id)[0] != GYMNAX
+
+
+def env_id_problem(env_id: Any) -> str | None:
+    """Why ``env_id`` cannot run here, as a fix for the user; None if it can.
+
+    Used by the config's validation, so it only looks names up: it builds no env.
+    """
+    if not isinstance(env_id, str):
+        return "must be a string such as 'CartPole-v1' or 'gymnasium:CartPole-v1'"
+    try:
+        backend, name = split_env_id(env_id)
+    except UnknownEnvError:
+        return (
+            "unknown backend prefix; valid prefixes: "
+            + ", ".join(f"{b}:" for b in ENV_BACKENDS) + " (no prefix means gymnax:)"
+        )
+    if backend == GYMNAX:
+        import gymnax
+
+        if name not in gymnax.registered_envs:
+            return (
+                "unknown environment; choose one of " + ", ".join(gymnax.registered_envs)
+                + " (or a host env: " + ", ".join(f"{b}:NAME" for b in ENV_BACKENDS[1:]) + ")"
+            )
+        return None
+    if backend == GYMNASIUM:
+        import gymnasium
+
+        try:
+            gymnasium.spec(name)  # imports the module of a 'module:Name-v0' id
+        except (gymnasium.error.Error, ModuleNotFoundError) as error:
+            return f"not a registered gymnasium environment ({error})"
+        return None
+    if backend == ENVPOOL:
+        try:
+            envpool = _import_envpool()
+        except BackendNotInstalledError as error:
+            return str(error)
+        if name not in envpool.list_all_envs():
+            return "not an envpool environment (envpool.list_all_envs() lists them)"
+        return None
+    if name not in _REGISTRY:
+        registered = ", ".join(registered_host_envs()) or "none yet"
+        return (
+            f"no host env registered as {name!r} (registered: {registered}); call "
+            "ppo_async.envs.host.register_host_env(name, factory) before building the config"
+        )
+    return None
+
+
+def _import_envpool():
+    try:
+        return importlib.import_module("envpool")
+    except ImportError as error:
+        raise BackendNotInstalledError(
+            "envpool is not installed; install it with pip install 'ppo-async[gym]' "
+            f"(wheels exist for Linux x86_64) or pip install envpool ({error})"
+        ) from error
+
+
+# --------------------------------------------------------------------------
+# envpool's Atari: the standard settings.
+# --------------------------------------------------------------------------
+
+# The Atari preprocessing of Mnih et al. (2015) as envpool names it: 4 frames
+# repeated per action (max-pooled over the last two), 84x84 grey frames
+# stacked 4 deep, up to 30 no-ops at reset, and a cap of 108,000 frames
+# (27,000 agent steps) per episode.
+ATARI_COMMON_KWARGS: dict[str, Any] = dict(
+    frame_skip=4, img_height=84, img_width=84, gray_scale=True, stack_num=4,
+    noop_max=30, max_episode_steps=27_000,
+)
+# Training: an episode ends at each lost life (the env resets only when the
+# game is over) and rewards are clipped to their sign, as in the DQN and PPO
+# papers; no sticky actions.
+ATARI_TRAIN_KWARGS: dict[str, Any] = dict(
+    ATARI_COMMON_KWARGS, episodic_life=True, reward_clip=True, repeat_action_probability=0.0,
+)
+# Evaluation (and watching): whole games with the game's own score, and the
+# sticky actions Machado et al. (2018) recommend (the previous action repeats
+# with probability 0.25), so a memorised action sequence does not score.
+ATARI_EVAL_KWARGS: dict[str, Any] = dict(
+    ATARI_COMMON_KWARGS, episodic_life=False, reward_clip=False, repeat_action_probability=0.25,
+)
+# make() arguments the envpool backend sets itself: not overridable.
+ENVPOOL_RESERVED_KWARGS = ("num_envs", "batch_size", "seed", "env_type")
+
+
+def is_envpool_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is an ``envpool:`` id of an Atari game (e.g. ``envpool:Pong-v5``).
+
+    Read from envpool's registry (the game's spec lives in ``envpool.atari``);
+    False without envpool installed, or for an id that is not envpool's.
+    """
+    try:
+        backend, name = split_env_id(env_id)
+    except UnknownEnvError:
+        return False
+    if backend != ENVPOOL:
+        return False
+    try:
+        envpool = _import_envpool()
+    except BackendNotInstalledError:
+        return False
+    spec = envpool.registration.registry.specs.get(name)
+    return spec is not None and spec[0] == "envpool.atari"
+
+
+def envpool_make_kwargs(env_id: str, overrides: Any = (), *, evaluation: bool = False
+                        ) -> dict[str, Any]:
+    """The keyword arguments ``envpool.make`` gets for ``env_id`` (besides num_envs and seed).
+
+    Atari games start from `ATARI_TRAIN_KWARGS`, or `ATARI_EVAL_KWARGS` with
+    ``evaluation``; other envpool envs from envpool's own defaults (nothing).
+    ``overrides`` (``(name, value)`` pairs or a mapping, the config's
+    ``envpool_kwargs``) replace those values for training and evaluation alike.
+    """
+    kwargs: dict[str, Any] = {}
+    if is_envpool_atari(env_id):
+        kwargs.update(ATARI_EVAL_KWARGS if evaluation else ATARI_TRAIN_KWARGS)
+    kwargs.update(dict(overrides))
+    return kwargs
+
+
+def envpool_kwargs_problem(env_id: str, overrides: Any) -> str | None:
+    """Why ``overrides`` cannot be given to ``envpool.make`` for ``env_id``, or None.
+
+    Checked by the config: only ``envpool:`` ids take them, and every name
+    must be a setting of that env's envpool spec (``envpool.make_spec(name).config``).
+    """
+    if not overrides:
+        return None
+    backend, name = split_env_id(env_id)
+    if backend != ENVPOOL:
+        return f"only envpool: env ids take envpool make() arguments (env_id is {env_id!r})"
+    envpool = _import_envpool()
+    settings = set(envpool.make_spec(name).config._fields) - set(ENVPOOL_RESERVED_KWARGS)
+    for key, _ in overrides:
+        if key not in settings:
+            return (f"{key!r} is not an envpool setting of {name} that can be overridden; "
+                    "choose from " + ", ".join(sorted(settings)))
+    return None

@@ -1,0 +1,207 @@
+"""The per-update record of a run: ``metrics.jsonl``, TensorBoard events, W&B, a progress bar."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.runs.run_dir import MetricsFile, cut_metrics_after
+from ppo_async.runs.wandb_log import WandbRun, WandbSettings
+
+# Seconds between redraws of the text progress bar in a notebook without
+# ipywidgets: each redraw is kept in the cell's output, so few of them.
+NOTEBOOK_TEXT_REFRESH_S = 10.0
+# Seconds between the plain progress lines written to a stderr that is not a terminal.
+LOG_LINE_INTERVAL_S = 30.0
+
+
+def _in_notebook() -> bool:
+    """Running in a Jupyter kernel (where tqdm.auto would draw a widget)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed file
+        return False
+
+
+class ProgressLines:
+    """Progress as plain lines: one every ``interval_s`` seconds, and one at the end.
+
+    For a stderr that is a file or a pipe (``make train > log 2>&1``), where
+    tqdm's carriage-return redraws, ten a second, would all be kept. It has
+    the part of tqdm's interface that `RunLog` uses.
+    """
+
+    def __init__(self, total: int, initial: int, desc: str, file: TextIO | None = None,
+                 interval_s: float = LOG_LINE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total, self.initial, self.n, self.desc = total, initial, initial, desc
+        self.file = sys.stderr if file is None else file
+        self.interval_s, self.clock = interval_s, clock
+        self.start = self.last_line_at = clock()
+        self.last_line_n = initial
+        self.postfix: dict[str, Any] = {}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.clock() - self.last_line_at >= self.interval_s:
+            self._write_line()
+
+    def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+        del refresh  # lines are written by time, not by new values
+        self.postfix = values
+
+    def close(self) -> None:
+        if self.n > self.last_line_n:  # the end, unless the last line already showed it
+            self._write_line()
+
+    def _write_line(self) -> None:
+        now = self.clock()
+        elapsed, done = now - self.start, self.n - self.initial
+        left = self.total - self.n
+        eta = f", about {left * elapsed / done:.0f} s left" if done and left > 0 else ""
+        values = "".join(f", {name}={value}" for name, value in self.postfix.items())
+        percent = 100 * self.n / self.total if self.total else 100.0
+        print(f"{self.desc}: update {self.n}/{self.total} ({percent:.0f}%) after "
+              f"{elapsed:.0f} s{eta}{values}", file=self.file, flush=True)
+        self.last_line_at, self.last_line_n = now, self.n
+
+
+def progress_bar(total: int, initial: int, desc: str):
+    """A tqdm bar: a widget in Jupyter with ipywidgets, plain text elsewhere.
+
+    In a notebook without ipywidgets (tqdm.auto would warn and redraw text
+    ten times a second, all of it kept in the cell's output), a text bar
+    redrawn every `NOTEBOOK_TEXT_REFRESH_S` seconds. Outside a notebook, when
+    stderr is not a terminal, `ProgressLines`.
+    """
+    from tqdm.std import tqdm as text_tqdm
+
+    options = dict(total=total, initial=initial, unit="upd", desc=desc)
+    if _in_notebook():
+        try:
+            import ipywidgets  # noqa: F401 - tqdm.notebook needs it
+            from tqdm.notebook import tqdm as widget_tqdm
+
+            return widget_tqdm(**options)
+        except ImportError:  # no ipywidgets, or one tqdm cannot use ("IProgress not found")
+            return text_tqdm(mininterval=NOTEBOOK_TEXT_REFRESH_S, **options)
+    if not _is_terminal(sys.stderr):
+        return ProgressLines(total, initial, desc)
+    return text_tqdm(**options)
+
+
+class RunLog:
+    """Writes each update's metrics dict where the run asked for it.
+
+    With a run directory, each update becomes one strict-JSON line of
+    ``metrics.jsonl`` (a NaN, e.g. the return before the first finished
+    episode, is written as ``null``) and, when tensorboardX is importable
+    (``pip install 'ppo-async[tb]'``; the ``dev`` extra has it), one
+    TensorBoard event holding the same scalars under the same names, at step
+    ``env_steps``, in an ``events.out.tfevents.*`` file beside it:
+    ``tensorboard --logdir runs/`` shows every run. A periodic evaluation,
+    which finishes updates after the one it evaluated, is logged by
+    `evaluation` as a line and an event of its own.
+
+    ``start_update`` is the update the run starts from: 0 for a fresh run
+    (``metrics.jsonl`` and old event files are cleared), the checkpoint's
+    update for a resumed one (lines past it are cut, so a resumed run never
+    holds an update twice; a new event file is added beside the old ones).
+    The progress bar counts from there too.
+
+    With ``wandb`` settings, the config, each update's metrics (at step
+    ``env_steps``) and, at the end, the run's figure also go to Weights &
+    Biases (`ppo_async.runs.wandb_log`).
+    """
+
+    def __init__(self, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
+                 progress: bool, start_update: int = 0, end_update: int | None = None,
+                 wandb: WandbSettings | None = None):
+        # First: it is the part that can fail (not installed, not logged in), before files are open.
+        self.wandb = WandbRun(wandb, config.to_dict(), run_dir, start_update) if wandb else None
+        self.metrics = None
+        self.events = None  # tensorboardX FileWriter
+        self.summary = None  # tensorboardX's Summary proto class
+        if run_dir is not None:
+            cut_metrics_after(run_dir, start_update)
+            self.metrics = MetricsFile(run_dir)
+            self._open_events(run_dir, append=start_update > 0)
+        self.bar = None
+        if progress:
+            total = config.num_updates if end_update is None else end_update
+            self.bar = progress_bar(total, start_update, config.env_id)
+
+    def _open_events(self, run_dir: pathlib.Path, append: bool) -> None:
+        """Open a tensorboardX ``FileWriter`` on ``run_dir``, if tensorboardX is importable."""
+        try:
+            from tensorboardX import FileWriter
+            from tensorboardX.proto.summary_pb2 import Summary
+        except ImportError:
+            return
+        earlier = list(run_dir.glob("events.out.tfevents.*"))
+        if not append:
+            for stale in earlier:
+                stale.unlink()
+        # The file is named after the second it was opened and opened with "wb";
+        # a resume within the same second would truncate the previous file.
+        suffix = f".{len(earlier)}" if append else ""
+        # One Summary proto per update through the FileWriter costs ~0.4 ms in
+        # the learner thread; SummaryWriter.add_scalar per metric costs ~10x that.
+        # The writer's own thread does the disk writes, flushed every few seconds
+        # so a live TensorBoard keeps up.
+        self.events = FileWriter(str(run_dir), flush_secs=5, filename_suffix=suffix)
+        self.summary = Summary
+
+    def __call__(self, metrics: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(metrics)
+        if self.events is not None:
+            values = [self.summary.Value(tag=name, simple_value=float(value))
+                      for name, value in metrics.items()]
+            self.events.add_summary(self.summary(value=values), int(metrics["env_steps"]))
+        if self.wandb is not None:
+            self.wandb.log(metrics)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(
+                sps=f"{metrics['env_steps_per_s']:.0f}",
+                ret=f"{metrics['episode_return']:.1f}",
+                lag=f"{metrics['policy_lag_max']:.0f}",
+                refresh=False,
+            )
+
+    def evaluation(self, metrics: dict[str, Any]) -> None:
+        """Log one periodic evaluation (`ppo_async.runtime.learner.drain_evaluations`), which arrives
+        updates after the one it evaluated: a ``metrics.jsonl`` line of its own keyed by that
+        update (``read_metrics`` merges it into the update's row), a TensorBoard event at that
+        update's ``env_steps``, and W&B (see `WandbRun.log_evaluation`). The bar does not move.
+        """
+        if self.metrics is not None:
+            self.metrics.write(metrics)
+        if self.events is not None:
+            values = [self.summary.Value(tag=name, simple_value=float(value))
+                      for name, value in metrics.items() if name.startswith("eval_")]
+            self.events.add_summary(self.summary(value=values), int(metrics["env_steps"]))
+        if self.wandb is not None:
+            self.wandb.log_evaluation(metrics)
+
+    def close(self, failed: bool = False) -> None:
+        """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so)."""
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.events is not None:
+            self.events.close()
+        if self.bar is not None:
+            self.bar.close()
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=1 if failed else 0)

@@ -1,0 +1,362 @@
+"""Actors: the loop that collects experience with a CPU copy of the policy.
+
+An actor owns ``envs_per_actor`` envs (its `ActorProgram`). Per chunk it (1)
+takes the newest `PolicyBroadcast` waiting for it without blocking, (2) asks
+its `ActorThrottle` whether the chunk would run too far ahead of the learner,
+waiting for a broadcast if so, (3) runs the rollout of ``num_steps`` steps,
+and (4) sends one `Experience` to the learner. An exception inside an actor is
+sent to the learner as an `ActorFailure` so that the run stops at once
+instead of starving.
+
+The loop (`actor_thread`) is written once and talks to an `ActorEndpoint`:
+how messages move is a transport's business. `ActorChannels` is the endpoint
+of an actor thread (queues in the learner's process, `spawn_actor`);
+`ppo_async.runtime.ray_transport` gives the same loop an endpoint in a process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import queue
+import threading
+import time
+import traceback
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import numpy as np
+
+from ppo_async.envs.program import ActorProgram, Carry
+from ppo_async.config import AsyncActorLearnerConfig, make_config_network
+from ppo_async.envs.registry import GYMNAX, split_env_id
+from ppo_async.envs.gymnax_env import BatchedEnv, EnvCarry, Trajectory, make_rollout
+from ppo_async.envs.host import make_host_actor_program
+from ppo_async.networks.actor_critic import is_recurrent, params_template
+from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
+from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
+
+# How often a waiting actor looks at the stop signal.
+_POLL_S = 0.05
+
+
+class Experience(NamedTuple):
+    """One chunk from one actor: ``T = num_steps`` rows of its ``E`` envs (numpy)."""
+
+    actor_id: int
+    policy_version: int  # learner updates behind the params that collected it
+    trajectory: Trajectory  # time-major [T, E, ...] numpy arrays
+    bootstrap_obs: np.ndarray  # [E, *obs_shape] observation after the last row
+    bootstrap_value: np.ndarray  # [E] V(bootstrap_obs) under the behaviour params
+    # The actor's env carry after this chunk: where the actor would resume from if
+    # this were the last chunk the learner consumed (checkpoints keep it).
+    env_carry: Any = None
+
+
+class ActorFailure(NamedTuple):
+    """Sent on the experience queue by an actor that raised."""
+
+    actor_id: int
+    error: BaseException  # carries its own __traceback__
+    formatted_traceback: str
+
+
+EVALUATOR_ID = -1  # the actor_id an evaluator thread's failure is reported under
+PUBLISHER_ID = -2  # the actor_id a publisher thread's failure is reported under
+
+
+class ActorError(RuntimeError):
+    """An actor (or the evaluator thread) raised; the original exception is the ``__cause__``."""
+
+    def __init__(self, actor_id: int, formatted_traceback: str):
+        who = {EVALUATOR_ID: "evaluator thread", PUBLISHER_ID: "publisher thread"}.get(
+            actor_id, f"actor {actor_id}")
+        super().__init__(f"{who} failed:\n{formatted_traceback}")
+        self.actor_id = actor_id
+
+
+@dataclasses.dataclass
+class ActorStats:
+    """Counters of one actor, returned when its thread ends."""
+
+    actor_id: int
+    env_steps: int = 0  # env steps collected (all envs of this actor)
+    episodes: int = 0  # episodes finished
+    rollouts_sent: int = 0  # Experience messages sent
+    broadcasts_received: int = 0  # PolicyBroadcast messages taken off the queue
+    pause_s: float = 0.0  # time spent held back by the staleness valve
+    restarts: int = 0  # times the supervisor restarted this actor (after it raised, died or hung)
+    active_s: float = 0.0  # time spent collecting (rollout and sending), first chunk excluded
+    first_chunk_s: float = 0.0  # the first chunk's time, which includes compiling the rollout
+    cpu_s: float = 0.0  # CPU time of the actor's thread while collecting (the GIL caps threads' sum)
+    pid: int = 0  # the process the actor runs in (the learner's, for threads)
+    node_id: str = ""  # the Ray node it runs on; "" for threads
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorThrottle:
+    """The staleness valve of one actor.
+
+    Each learner update consumes exactly ``num_steps`` rows from every actor,
+    so a broadcast carrying ``learner_updates = U`` proves that the learner has
+    consumed ``U * num_steps`` rows of this actor. A chunk may start only if,
+    after it, the actor's lead over that would be at most ``max_lead_steps``.
+    The newest params an actor can hold are those of update ``U``, and the chunk
+    it may start is consumed at the latest by update ``U + lead_chunks``, so the
+    policy lag of every consumed step is at most ``max_lead_steps // num_steps - 1``.
+    """
+
+    num_steps: int
+    max_lead_steps: int
+
+    @classmethod
+    def from_config(cls, config: AsyncActorLearnerConfig) -> ActorThrottle:
+        return cls(config.num_steps, config.max_lead_steps)
+
+    def may_start_chunk(self, produced_steps: int, learner_updates: int) -> bool:
+        """Whether a chunk may start after ``produced_steps`` rows, given ``learner_updates``."""
+        consumed = learner_updates * self.num_steps
+        return produced_steps + self.num_steps - consumed <= self.max_lead_steps
+
+
+class ActorEndpoint(Protocol):
+    """What the actor loop needs from a transport: the actor's end of its channels.
+
+    Every method returns promptly (``wait_broadcast`` within its timeout), so
+    the loop sees a stop signal within one poll.
+    """
+
+    def send(self, item: Experience | ActorFailure) -> None:
+        """Deliver ``item`` to the learner, after every item sent before it."""
+
+    def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
+        """The newest broadcast waiting (None if none), and how many were taken; never blocks."""
+
+    def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
+        """The next broadcast, waiting up to ``timeout_s``; None if none came."""
+
+    def stopped(self) -> bool:
+        """Whether the run has asked this actor to end."""
+
+
+class ActorChannels(NamedTuple):
+    """The `ActorEndpoint` of an actor thread: queue ends and stop signal in the learner's process."""
+
+    experience_queue: queue.Queue  # shared by all actors -> learner (Experience | ActorFailure)
+    broadcast_queue: queue.Queue  # learner -> this actor (PolicyBroadcast)
+    stop: threading.Event  # set by train() to end the run
+
+    def send(self, item: Experience | ActorFailure) -> None:
+        self.experience_queue.put(item)
+
+    def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
+        return _drain(self.broadcast_queue)
+
+    def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
+        try:
+            return self.broadcast_queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
+
+
+def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
+    """The `ActorProgram` for ``config.env_id``.
+
+    gymnax ids (no prefix, or ``gymnax:``) are rolled out by a jitted
+    ``lax.scan``; ``gymnasium:``, ``envpool:`` and ``host:`` ids by
+    `ppo_async.envs.host.make_host_actor_program`.
+    """
+    backend, env_name = split_env_id(config.env_id)
+    if backend != GYMNAX:
+        return make_host_actor_program(config)
+    env = BatchedEnv(env_name, config.envs_per_actor)
+    network = make_config_network(config, env.observation_shape, env.action_space)
+    options = NormalizationOptions.from_config(config)
+    template = wrap_params(params_template(network, env.observation_shape),
+                           env.observation_shape, options)
+    # A recurrent actor's hidden state lives in its EnvCarry: it crosses chunk
+    # boundaries and policy updates (new params meet the state the old ones
+    # built, as in IMPALA) and is checkpointed with the carry.
+    recurrent = is_recurrent(network)
+    scan_rollout = make_rollout(env, acting_apply(network.apply, options), config.num_steps,
+                                config.gamma, recurrent=recurrent,
+                                reward_clip=options.reward_clip if options.rewards else None,
+                                keep_final_obs=config.learner_bootstraps_truncation)
+    state_size = network.state_size if recurrent else None
+
+    # One compiled program: run eagerly, the reset's key splits, gymnax reset,
+    # dtype fixes and zeros are each compiled (and cached) on their own, a
+    # dozen small compiles on every actor's way to its first chunk.
+    jitted_reset = jax.jit(functools.partial(env.reset, state_size=state_size,
+                                             track_return=options.rewards))
+
+    def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
+        return jax.device_put(jitted_reset(key), device)
+
+    def rollout(params, carry: EnvCarry):
+        carry, trajectory, bootstrap_value = scan_rollout(params, carry)
+        return carry, trajectory, carry.obs, bootstrap_value
+
+    # Traced, not run: the shapes and dtypes the learner's batches will have.
+    carry_spec = jax.eval_shape(jitted_reset, jax.random.key(0))
+    _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
+    return ActorProgram(
+        env.observation_shape, network, template, reset, rollout, tuple(chunk_spec)
+    )
+
+
+def _drain(broadcast_queue: queue.Queue) -> tuple[PolicyBroadcast | None, int]:
+    """The newest broadcast waiting (or None) and how many were taken."""
+    newest, taken = None, 0
+    while True:
+        try:
+            message = broadcast_queue.get_nowait()
+        except queue.Empty:
+            return newest, taken
+        taken += 1
+        # Newest by version, not by arrival: a restarted actor's re-delivered
+        # broadcast may land behind a newer one.
+        if newest is None or message.version >= newest.version:
+            newest = message
+
+
+class ActorStart(NamedTuple):
+    """Where an actor starts: fresh, after a restart, or from a checkpoint."""
+
+    restart: int = 0  # restarts so far; a restarted actor folds it into its key
+    produced_steps: int = 0  # rows (per env) the learner counts as already produced
+    carry: Any = None  # env carry to continue from; None resets the envs
+
+
+def actor_thread(
+    actor_id: int,
+    config: AsyncActorLearnerConfig,
+    program: ActorProgram,
+    channels: ActorEndpoint,
+    device: jax.Device,
+    stats: ActorStats | None = None,
+    start: ActorStart = ActorStart(),
+) -> ActorStats:
+    """The actor loop; returns its `ActorStats` once ``channels.stopped()``.
+
+    ``channels`` is any `ActorEndpoint` (`ActorChannels` for a thread). The
+    first `PolicyBroadcast` must already wait there (or arrive): the actor
+    never acts with params the learner did not send. Raises whatever the env,
+    rollout or loading raises; the transport reports it (`spawn_actor`).
+    """
+    stats = stats if stats is not None else ActorStats(actor_id)
+    key = jax.random.fold_in(jax.random.key(config.seed), actor_id)
+    if start.restart:
+        key = jax.random.fold_in(key, start.restart)
+    carry = program.reset(key, device) if start.carry is None else start.carry
+    try:
+        _collect(actor_id, config, program, channels, device, stats, start, carry)
+    finally:
+        # Host envs hold simulators (processes, files, windows): released on every
+        # way out, a restart included. The carry object owns them whatever it became.
+        if program.close is not None:
+            program.close(carry)
+    return stats
+
+
+def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
+             channels: ActorEndpoint, device: jax.Device, stats: ActorStats,
+             start: ActorStart, carry: Carry) -> None:
+    """The actor loop of `actor_thread`, until the stop signal."""
+    throttle = ActorThrottle.from_config(config)
+    params, learner_updates, policy_version = None, 0, -1
+    produced = start.produced_steps
+
+    while not channels.stopped():
+        newest, taken = channels.take_newest()
+        stats.broadcasts_received += taken
+        if newest is None and (
+            params is None or not throttle.may_start_chunk(produced, learner_updates)
+        ):
+            # Held back (or not yet given params): wait for a broadcast, in
+            # short waits so that a stop is seen promptly.
+            pause_start = time.perf_counter()
+            newest = channels.wait_broadcast(_POLL_S)
+            stats.broadcasts_received += newest is not None
+            stats.pause_s += time.perf_counter() - pause_start
+            if newest is None:
+                continue
+        if newest is not None and newest.version <= policy_version:
+            continue  # never step back to older params
+        if newest is not None:
+            params = load_policy_from_broadcast(newest, program.params_template, device)
+            learner_updates, policy_version = newest.learner_updates, newest.version
+            continue  # look again: more may have arrived, and the valve may now open
+
+        chunk_start, chunk_cpu_start = time.perf_counter(), time.thread_time()
+        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+        # device_get blocks until the rollout is done and copies to numpy, so the
+        # learner never touches an actor-device buffer.
+        trajectory, bootstrap_obs, bootstrap_value = jax.device_get(
+            (trajectory, bootstrap_obs, bootstrap_value)
+        )
+        channels.send(
+            Experience(
+                actor_id, policy_version, trajectory, bootstrap_obs, bootstrap_value, carry
+            )
+        )
+        produced += config.num_steps
+        stats.env_steps += trajectory.reward.size
+        stats.episodes += int(np.count_nonzero(trajectory.episode_length))
+        stats.rollouts_sent += 1
+        elapsed = time.perf_counter() - chunk_start
+        stats.cpu_s += time.thread_time() - chunk_cpu_start
+        if stats.first_chunk_s == 0.0:
+            stats.first_chunk_s = elapsed
+        else:
+            stats.active_s += elapsed
+
+
+@dataclasses.dataclass
+class ActorHandle:
+    """A running actor thread, its live stats, and the error it died of (if any)."""
+
+    actor_id: int
+    thread: threading.Thread
+    stats: ActorStats
+    error: BaseException | None = None
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s; True if the thread has ended."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+
+def spawn_actor(
+    actor_id: int,
+    config: AsyncActorLearnerConfig,
+    program: ActorProgram,
+    channels: ActorChannels,
+    device: jax.Device,
+    stats: ActorStats | None = None,
+    start: ActorStart = ActorStart(),
+) -> ActorHandle:
+    """Start `actor_thread` in a daemon thread and return its `ActorHandle`.
+
+    An exception in the actor is stored on the handle and sent to the learner
+    as an `ActorFailure` on the experience queue. ``stats`` carries counters
+    over from an actor this one replaces.
+    """
+    stats = stats if stats is not None else ActorStats(actor_id)
+    stats.pid, stats.node_id = os.getpid(), ""
+    handle = ActorHandle(actor_id, None, stats)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            actor_thread(actor_id, config, program, channels, device, handle.stats, start)
+        except BaseException as error:  # noqa: BLE001 - reported, never swallowed
+            handle.error = error
+            channels.send(ActorFailure(actor_id, error, traceback.format_exc()))
+
+    handle.thread = threading.Thread(target=run, name=f"ppo-actor-{actor_id}", daemon=True)
+    handle.thread.start()
+    return handle

@@ -1,0 +1,529 @@
+"""Actors as Ray processes: past the GIL on one machine, and across machines on the same path.
+
+Each actor is one Ray actor (a process: `_ActorProcess`) that runs the same
+actor loop as a thread does (`ppo_async.runtime.actor.actor_thread`, its
+`ActorThrottle`, the same `Experience` and `PolicyBroadcast` messages), behind
+an `ActorEndpoint` whose queues live in that process:
+
+- weights: the learner's `Publisher` thread serializes the params once,
+  ``ray.put``-s the bytes once, and sends every actor only the object
+  reference (``deliver``), at most one call in flight per actor: an actor
+  whose last delivery is not done yet is owed the newest version, sent when
+  it is. The actor resolves the reference of the newest version it has when
+  it starts a chunk, so skipped versions are never fetched.
+- experience: the learner keeps one ``poll`` call in flight per actor; each
+  returns the numpy `Experience` pytrees (and failures) the actor sent since
+  the last one, in order, so the learner's buffer fills exactly as with
+  threads.
+- failures: an exception in the loop comes back as an `ActorFailure`; a
+  process that dies (killed, segfault, out of memory) fails its ``poll``,
+  which becomes an `ActorFailure` naming the actor; a process that stops
+  producing is found by the learner's ``learner_timeout_s`` and killed here
+  (`kill_actor`, ``ray.kill``) -- then the supervisor restarts or reports it.
+
+JAX in each actor process runs on the CPU with one intra-op thread (set in the
+process's environment before JAX is imported there), so N actors on N cores
+do not oversubscribe them. Ray is imported only when this module is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import pickle
+import queue
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from ppo_async.runtime.actor import (
+    ActorFailure,
+    ActorProgram,
+    ActorStart,
+    ActorStats,
+    Experience,
+    actor_thread,
+    make_actor_program,
+)
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.envs.registry import _REGISTRY, HOST, split_env_id
+from ppo_async.envs.gymnax_env import EnvCarry
+from ppo_async.runtime.learner import LearnerTimeoutError
+from ppo_async.runtime.messages import PolicyBroadcast
+from ppo_async.runtime.transport import Publisher
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.2  # longest an actor's poll call blocks waiting for experience
+_WAIT_SLICE_S = 0.05  # the learner's receive looks at reported failures this often
+# XLA flags of an actor process, so that N actors fit N cores: the first makes XLA's
+# CPU kernels (Eigen) single-threaded; the second is the companion JAX users set for
+# one-thread CPU runs (without a leading -- XLA's flag parser passes it over: harmless).
+ACTOR_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+PRIVATE_OBJECT_STORE_BYTES = 256 * 1024**2  # weights and chunks are small; keep /dev/shm free
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as error:  # config validation checks first; this is a second guard
+        raise ConfigError(
+            "actor_backend='ray': Ray is not installed; pip install 'ppo-async[ray]'"
+        ) from error
+    return ray
+
+
+# --------------------------------------------------------------------------
+# The actor's side: one process.
+# --------------------------------------------------------------------------
+
+
+class _ProcessEndpoint:
+    """The `ActorEndpoint` of an actor process: an inbox of references, an outbox of items."""
+
+    def __init__(self, ray: Any):
+        import jax
+
+        self._ray, self._jax = ray, jax
+        self.inbox: queue.Queue = queue.Queue()  # (version, learner_updates, [ObjectRef])
+        self.outbox: queue.Queue = queue.Queue()  # Experience | ActorFailure, in order
+        self.stop = threading.Event()
+
+    def _load(self, delivery) -> PolicyBroadcast:
+        version, learner_updates, (ref,) = delivery
+        return PolicyBroadcast(version, learner_updates, self._ray.get(ref))
+
+    def send(self, item: Experience | ActorFailure) -> None:
+        if isinstance(item, Experience):
+            # A gymnax carry travels as host arrays: unpickling device arrays would cost
+            # the learner's thread ~0.2 ms a chunk. A host-env carry holds live
+            # simulators: it stays here (checkpoints of host-env runs restart their envs).
+            carry = item.env_carry
+            item = item._replace(env_carry=(
+                self._jax.device_get(carry) if isinstance(carry, EnvCarry) else None))
+        if isinstance(item, ActorFailure):
+            item = _picklable_failure(item)
+        self.outbox.put(item)
+
+    def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
+        newest, taken = None, 0
+        while True:
+            try:
+                delivery = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            taken += 1
+            if newest is None or delivery[0] >= newest[0]:
+                newest = delivery
+        # Only the newest version's bytes are fetched.
+        return (self._load(newest) if newest is not None else None), taken
+
+    def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
+        try:
+            return self._load(self.inbox.get(timeout=timeout_s))
+        except queue.Empty:
+            return None
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
+
+
+def _picklable_failure(failure: ActorFailure) -> ActorFailure:
+    """The failure, with its exception replaced by a RuntimeError if it cannot be pickled."""
+    try:
+        pickle.loads(pickle.dumps(failure.error))
+        return failure
+    except Exception:  # noqa: BLE001 - any pickling problem
+        error = RuntimeError(f"{type(failure.error).__name__}: {failure.error}")
+        return failure._replace(error=error)
+
+
+class _ActorProcess:
+    """One actor in its own process: the actor loop in a thread, fed by ``deliver``, read by ``poll``.
+
+    Made a Ray actor (threaded, so that ``deliver``, ``poll`` and ``stop``
+    run beside the loop) by `RayTransport`.
+    """
+
+    def __init__(self, actor_id: int, config: AsyncActorLearnerConfig,
+                 host_env: tuple[str, bytes] | None, start: ActorStart, stats: ActorStats):
+        import jax
+        import ray
+
+        if host_env is not None:  # the learner's registry does not exist in this process
+            from ppo_async.envs.registry import register_host_env
+
+            name, factory = host_env
+            register_host_env(name, ray.cloudpickle.loads(factory))
+        self.endpoint = _ProcessEndpoint(ray)
+        self.stats = stats
+        self.stats.pid = os.getpid()
+        self.stats.node_id = ray.get_runtime_context().get_node_id()
+        program = make_actor_program(config)
+        device = jax.devices("cpu")[0]
+
+        def run() -> None:
+            try:
+                actor_thread(actor_id, config, program, self.endpoint, device, self.stats, start)
+            except BaseException as error:  # noqa: BLE001 - reported, never swallowed
+                self.endpoint.send(ActorFailure(actor_id, error, traceback.format_exc()))
+
+        self.thread = threading.Thread(target=run, name=f"ppo-actor-{actor_id}", daemon=True)
+        self.thread.start()
+
+    def where(self) -> tuple[int, str]:
+        """(pid, Ray node id) of this process."""
+        return self.stats.pid, self.stats.node_id
+
+    def deliver(self, version: int, learner_updates: int, refs: list) -> None:
+        # The reference arrives wrapped in a list, so Ray does not fetch the bytes
+        # now: only the version the loop actually loads is fetched.
+        self.endpoint.inbox.put((version, learner_updates, refs))
+
+    def poll(self, timeout_s: float) -> tuple[list, ActorStats]:
+        """Everything sent since the last poll (waiting up to ``timeout_s`` for one), and the stats."""
+        items = []
+        try:
+            items.append(self.endpoint.outbox.get(timeout=timeout_s))
+            while True:
+                items.append(self.endpoint.outbox.get_nowait())
+        except queue.Empty:
+            pass
+        return items, dataclasses.replace(self.stats)
+
+    def stop(self, timeout_s: float) -> ActorStats:
+        self.endpoint.stop.set()
+        self.thread.join(timeout_s)
+        return dataclasses.replace(self.stats)
+
+
+# --------------------------------------------------------------------------
+# The learner's side.
+# --------------------------------------------------------------------------
+
+
+def _actor_env_vars() -> dict[str, str]:
+    """Environment of an actor process, set before JAX is imported there."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join([*flags, ACTOR_XLA_FLAGS])}
+    if "jax" in sys.modules:  # share the learner's persistent compilation cache, if it has one
+        import jax
+
+        cache_dir = jax.config.jax_compilation_cache_dir
+        if cache_dir:
+            env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+            env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(
+                jax.config.jax_persistent_cache_min_compile_time_secs)
+    return env
+
+
+def _host_env_payload(ray: Any, env_id: str) -> tuple[str, bytes] | None:
+    """A ``host:NAME`` env's factory, pickled by value so an actor process can register it."""
+    backend, name = split_env_id(env_id)
+    if backend != HOST:
+        return None
+    factory = _REGISTRY[name]
+    module = sys.modules.get(getattr(factory, "__module__", ""), None)
+    by_value = module is not None and module.__name__ != "__main__" and not (
+        module.__name__.startswith("ppo_async")
+        or "site-packages" in str(getattr(module, "__file__", ""))
+    )
+    # A factory defined in a script or test module cannot be imported by name
+    # in another process; its code travels with it.
+    if by_value:
+        ray.cloudpickle.register_pickle_by_value(module)
+    try:
+        return name, ray.cloudpickle.dumps(factory)
+    finally:
+        if by_value:
+            ray.cloudpickle.unregister_pickle_by_value(module)
+
+
+def connect(ray: Any, config: AsyncActorLearnerConfig) -> bool:
+    """Make sure this process is connected to Ray as ``config.ray_address`` says; True if it
+    connected here (and so must disconnect at the end).
+
+    A process already connected (a notebook, a test fixture) keeps its
+    connection. ``None`` starts a private local instance sized to this
+    machine; an address joins a running cluster, which outlives the run.
+    """
+    if ray.is_initialized():
+        return False
+    common = dict(log_to_driver=False, configure_logging=False)
+    if config.ray_address is None:
+        os.environ["RAY_AUTH_MODE"] = "disabled"  # a private instance, on this machine only
+        _ray_init(ray, num_cpus=os.cpu_count(), include_dashboard=False,
+                  object_store_memory=PRIVATE_OBJECT_STORE_BYTES, **common)
+    else:
+        _ray_init(ray, address=config.ray_address, **common)
+    return True
+
+
+def _ray_init(ray: Any, **options: Any) -> None:
+    """``ray.init(**options)`` without JAX's warning that a fork will likely deadlock."""
+    with ray_processes_start():
+        ray.init(**options)
+
+
+@contextlib.contextmanager
+def ray_processes_start():
+    """Silence JAX's os.fork warning while Ray starts its own processes (``ray.init``, a
+    ``ray.cluster_utils.Cluster`` node), and only then.
+
+    Ray starts them (gcs_server, raylet, the monitors) with
+    ``subprocess.Popen(preexec_fn=...)``; a preexec_fn makes CPython run the
+    at-fork hooks, and JAX's warns of a deadlock (a forked child has none of
+    JAX's threads). That child only blocks SIGINT, sets its parent-death
+    signal and execs the Ray binary or script: it never runs JAX, so nothing
+    can wait on the threads it lacks. Actor processes are started by the
+    raylet, not forked from here.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
+        yield
+
+
+def _check_resources(ray: Any, config: AsyncActorLearnerConfig) -> None:
+    """Refuse a run whose actors the cluster can never place (Ray would queue them forever)."""
+    total = ray.cluster_resources()
+    wanted = [("CPU", "ray_num_cpus_per_actor", config.ray_num_cpus_per_actor)]
+    wanted += [(name, "ray_actor_resources", amount)
+               for name, amount in config.ray_actor_resources]
+    for resource, field, per_actor in wanted:
+        need = per_actor * config.num_actors
+        if need > total.get(resource, 0.0) + 1e-9:
+            raise ConfigError(
+                f"{field}: {config.num_actors} actors x {per_actor} {resource} = {need}, but "
+                f"the Ray cluster has {total.get(resource, 0.0)} {resource}; lower it, use "
+                "fewer actors, or add nodes that have it"
+            )
+
+
+class RayTransport:
+    """Actors as Ray processes; the `LearnerTransport` the learner and supervisor use."""
+
+    def __init__(self, config: AsyncActorLearnerConfig, program: ActorProgram):
+        ray = self._ray = _import_ray()
+        self.config = config
+        self._connected_here = connect(ray, config)
+        try:
+            _check_resources(ray, config)
+            self._host_env = _host_env_payload(ray, config.env_id)
+        except BaseException:
+            self._disconnect()
+            raise
+        self._remote = ray.remote(_ActorProcess)
+        n = config.num_actors
+        self.actors: list[Any] = [None] * n
+        self._stats = [ActorStats(i) for i in range(n)]
+        self._polls: dict[int, Any] = {}  # actor id -> its poll call in flight
+        self._received: queue.Queue = queue.Queue()  # polled items and reported failures
+        self._latest: tuple[int, int, Any] | None = None  # (version, updates, ref) of the newest
+        self._in_flight: dict[int, Any] = {}  # actor id -> its deliver call in flight
+        self._owed: set[int] = set()  # actors owed the newest version
+        self.publisher = Publisher(self._deliver, self.report_failure, on_idle=self._pay_owed)
+
+    # --- weights out --------------------------------------------------------
+
+    def _deliver(self, message: PolicyBroadcast) -> None:
+        """Publisher thread, under its lock: one ``ray.put`` of the bytes, one reference to each."""
+        self._latest = (message.version, message.learner_updates, self._ray.put(message.payload))
+        for actor_id in range(len(self.actors)):
+            self._send_latest(actor_id)
+
+    def _send_latest(self, actor_id: int) -> None:
+        actor, in_flight = self.actors[actor_id], self._in_flight.get(actor_id)
+        if actor is None or self._latest is None:
+            return
+        if in_flight is not None and not self._ray.wait([in_flight], timeout=0)[0]:
+            self._owed.add(actor_id)  # at most one delivery in flight per actor
+            return
+        self._owed.discard(actor_id)
+        version, learner_updates, ref = self._latest
+        self._in_flight[actor_id] = actor.deliver.remote(version, learner_updates, [ref])
+
+    def _pay_owed(self) -> None:
+        for actor_id in list(self._owed):
+            self._send_latest(actor_id)
+
+    def publish(self, params: Any, learner_updates: int) -> None:
+        self.publisher.publish(params, learner_updates)
+
+    # --- actors -------------------------------------------------------------
+
+    def start_actor(self, actor_id: int, start: ActorStart) -> None:
+        options: dict[str, Any] = dict(
+            num_cpus=self.config.ray_num_cpus_per_actor,
+            resources=dict(self.config.ray_actor_resources),
+            runtime_env={"env_vars": _actor_env_vars()},
+            max_concurrency=4,  # deliver, poll and stop beside the loop's own thread
+        )
+        actor = self._remote.options(**options).remote(
+            actor_id, self.config, self._host_env, start, self._stats[actor_id])
+        with self.publisher.lock:
+            self.actors[actor_id] = actor
+            self._in_flight.pop(actor_id, None)
+            self._send_latest(actor_id)
+        self._polls[actor_id] = actor.poll.remote(_POLL_S)
+
+    def restart_actor(self, actor_id: int, start: ActorStart) -> None:
+        """Kill the old process, start a new one, and wait (up to ``ray_start_timeout_s``)
+        until it is up: a process start and JAX's import take seconds, which the learner's
+        hang clock, restarted when this returns, should not count."""
+        self.kill_actor(actor_id)
+        self.start_actor(actor_id, start)
+        self.wait_started([actor_id])
+
+    def wait_started(self, actor_ids: Sequence[int] | None = None) -> None:
+        """Wait until every actor's process is up (JAX imported, envs built).
+
+        An actor that failed to start counts as up: its poll reports why.
+        Raises `LearnerTimeoutError` naming the actors not up after
+        ``ray_start_timeout_s``.
+        """
+        timeout_s = self.config.ray_start_timeout_s
+        actor_ids = range(len(self.actors)) if actor_ids is None else actor_ids
+        refs = {self.actors[i].where.remote(): i for i in actor_ids if self.actors[i] is not None}
+        _, pending = self._ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            slow = sorted(refs[ref] for ref in pending)
+            raise LearnerTimeoutError(
+                f"{', '.join(f'actor {i}' for i in slow)} did not start within "
+                f"ray_start_timeout_s={timeout_s} s (its Ray process was not placed, or "
+                "importing JAX and building the envs took longer)", slow)
+
+    def kill_actor(self, actor_id: int) -> bool:
+        with self.publisher.lock:
+            actor, self.actors[actor_id] = self.actors[actor_id], None
+            self._in_flight.pop(actor_id, None)
+            self._owed.discard(actor_id)
+        self._polls.pop(actor_id, None)
+        if actor is not None:
+            self._ray.kill(actor, no_restart=True)
+        return True
+
+    # --- experience in ------------------------------------------------------
+
+    def receive(self, timeout_s: float) -> Experience | ActorFailure | None:
+        # timeout_s=0 still looks once at the polls: what has finished is taken.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._received.get_nowait()
+            except queue.Empty:
+                pass
+            remaining = max(deadline - time.monotonic(), 0.0)
+            if self._polls:
+                by_ref = {ref: actor_id for actor_id, ref in self._polls.items()}
+                ready, _ = self._ray.wait(list(by_ref), num_returns=1,
+                                          timeout=min(remaining, _WAIT_SLICE_S))
+                for ref in ready:
+                    self._collect(by_ref[ref], ref)
+                if ready:
+                    continue
+            elif remaining > 0:
+                try:
+                    return self._received.get(timeout=min(remaining, _WAIT_SLICE_S))
+                except queue.Empty:
+                    pass
+            if remaining <= 0:
+                return None
+
+    def _collect(self, actor_id: int, ref: Any) -> None:
+        """Take one finished poll of ``actor_id`` and start the next."""
+        try:
+            items, stats = self._ray.get(ref)
+        except self._ray.exceptions.RayError as error:
+            self._polls.pop(actor_id, None)
+            self._received.put(ActorFailure(
+                actor_id, error,
+                f"actor {actor_id}'s process (pid {self._stats[actor_id].pid or '?'}) ended: "
+                f"{type(error).__name__}: {error}"))
+            return
+        for field in dataclasses.fields(ActorStats):
+            setattr(self._stats[actor_id], field.name, getattr(stats, field.name))
+        for item in items:
+            self._received.put(item)
+        if self.actors[actor_id] is not None:
+            self._polls[actor_id] = self.actors[actor_id].poll.remote(_POLL_S)
+
+    def report_failure(self, failure: ActorFailure) -> None:
+        self._received.put(failure)
+
+    def queue_depth(self) -> int:
+        return self._received.qsize()
+
+    def actor_stats(self) -> list[ActorStats]:
+        return self._stats
+
+    # --- the end ------------------------------------------------------------
+
+    def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
+        """Stop the publisher and every actor, then kill every actor process.
+
+        An actor that does not stop in time is killed like the rest, so no
+        process outlives the run; nothing is left to name.
+        """
+        deadline = time.monotonic() + timeout_s
+        self.publisher.stop()
+        stopping = {
+            actor_id: actor.stop.remote(max(0.0, deadline - time.monotonic()))
+            for actor_id, actor in enumerate(self.actors)
+            if actor is not None and actor_id not in known_stuck
+        }
+        if stopping:
+            self._ray.wait(list(stopping.values()), num_returns=len(stopping),
+                           timeout=max(0.0, deadline - time.monotonic()))
+        for actor_id, ref in stopping.items():
+            try:
+                stats = self._ray.get(ref, timeout=0)
+            except Exception as error:  # noqa: BLE001 - not stopped in time, or already dead
+                logger.warning("actor %d did not stop by itself (%s); killing it", actor_id,
+                               type(error).__name__)
+                continue
+            for field in dataclasses.fields(ActorStats):
+                setattr(self._stats[actor_id], field.name, getattr(stats, field.name))
+        actors = [actor for actor in self.actors if actor is not None]
+        for actor_id in range(len(self.actors)):
+            self.kill_actor(actor_id)
+        self._confirm_dead(actors, deadline)
+        self.publisher.thread.join(max(0.0, deadline - time.monotonic()))
+        stragglers = []
+        if self.publisher.thread.is_alive():
+            stragglers.append("ppo-publisher")
+        self._disconnect()
+        return stragglers
+
+    def _confirm_dead(self, actors: list, deadline: float) -> None:
+        """Wait (until ``deadline``) until Ray reports every killed actor dead."""
+        for actor in actors:
+            while time.monotonic() < deadline:
+                try:
+                    # Answered only while the kill has not reached the process yet.
+                    self._ray.get(actor.where.remote(),
+                                  timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - ActorDiedError: what we wait for
+                    break
+                time.sleep(0.02)
+
+    def _disconnect(self) -> None:
+        if self._connected_here and self._ray.is_initialized():
+            self._ray.shutdown()
+
+    def late_failures(self) -> list[ActorFailure]:
+        failures = []
+        while True:
+            try:
+                item = self._received.get_nowait()
+            except queue.Empty:
+                return failures
+            if isinstance(item, ActorFailure):
+                failures.append(item)

@@ -1,0 +1,263 @@
+"""Transports: how `Experience` and `PolicyBroadcast` messages move between actors and learner.
+
+The actor loop (`ppo_async.runtime.actor.actor_thread`) talks to an `ActorEndpoint`;
+the learner and the supervisor talk to a `LearnerTransport`. A transport
+implements both ends; nothing on either side knows which one runs:
+
+- `ThreadTransport` (here): actors are threads of the learner's process, and
+  messages are `queue.Queue` items. Jitted gymnax rollouts drop the GIL, so
+  threads suffice there.
+- `ppo_async.runtime.ray_transport.RayTransport`: actors are processes (a local Ray
+  instance or a cluster); the learner's side is the same.
+
+Publishing: the learner hands its params to a `Publisher` thread and goes
+on; the publisher serializes them (`serialize_policy`) and delivers the bytes
+to every actor. One publisher delivers in order, so versions never go
+backwards; if the learner hands over a newer version before the last one was
+serialized, only the newer one is sent (an actor keeps only the newest
+anyway). The learner publishes only params that passed its finiteness check.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+
+from ppo_async.runtime.actor import (
+    PUBLISHER_ID,
+    ActorChannels,
+    ActorEndpoint,
+    ActorFailure,
+    ActorHandle,
+    ActorProgram,
+    ActorStart,
+    ActorStats,
+    Experience,
+    spawn_actor,
+)
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.runtime.messages import PolicyBroadcast, serialize_policy
+
+__all__ = ["ActorEndpoint", "LearnerTransport", "Publisher", "ThreadTransport",
+           "PUBLISHER_ID", "stop_threads", "where"]
+
+
+
+class LearnerTransport(Protocol):
+    """The learner's (and the supervisor's) side of a transport.
+
+    Actor ids are ``0 .. num_actors - 1``; experience of one actor arrives in
+    the order it was sent. Every method returns within its timeout.
+    """
+
+    def start_actor(self, actor_id: int, start: ActorStart) -> None:
+        """Start actor ``actor_id`` from ``start``; it waits for a broadcast before acting."""
+
+    def restart_actor(self, actor_id: int, start: ActorStart) -> None:
+        """Replace actor ``actor_id`` (which failed, or was killed) with a fresh one.
+
+        The new actor keeps the old one's `ActorStats` and is handed the
+        newest published broadcast.
+        """
+
+    def wait_started(self) -> None:
+        """Return once every started actor is up, so that the learner's hang clock starts
+        after start-up; raises `LearnerTimeoutError` naming actors not up in time."""
+
+    def kill_actor(self, actor_id: int) -> bool:
+        """End actor ``actor_id`` at once, whatever it is doing; False if this transport cannot."""
+
+    def receive(self, timeout_s: float) -> Experience | ActorFailure | None:
+        """The next message from any actor (or a reported failure); None after ``timeout_s``."""
+
+    def report_failure(self, failure: ActorFailure) -> None:
+        """Put a failure of a helper thread (the evaluator) in the learner's stream."""
+
+    def publish(self, params: Any, learner_updates: int) -> None:
+        """Hand ``params`` (version ``learner_updates``) to the publisher; returns at once."""
+
+    def queue_depth(self) -> int:
+        """Messages received and not yet taken by the learner (what it is behind by)."""
+
+    def actor_stats(self) -> list[ActorStats]:
+        """Live counters of every actor, in actor order."""
+
+    def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
+        """Stop every actor and the publisher within ``timeout_s``; what would not stop, named.
+
+        Actors in ``known_stuck`` (found hung by the learner) are not waited for.
+        """
+
+    def late_failures(self) -> list[ActorFailure]:
+        """Failures reported after the learner stopped reading (call after `stop`)."""
+
+
+class Publisher:
+    """A thread ("ppo-publisher") that serializes params and delivers the bytes.
+
+    `publish` drops ``(params, learner_updates)`` in a one-slot mailbox (a
+    newer hand-over replaces one not yet taken) and returns. The thread makes
+    one `PolicyBroadcast` of it, calls ``deliver(message)`` and records it as
+    `latest`. ``deliver`` runs under `lock`, which a restart holds while it
+    re-delivers `latest`, so a restarted actor never sees versions out of
+    order. ``on_idle`` (if given) runs under `lock` every ``poll_s`` that
+    nothing new arrives: a transport's retries. A failure is reported through
+    ``on_failure`` and ends the thread.
+    """
+
+    def __init__(self, deliver: Callable[[PolicyBroadcast], None],
+                 on_failure: Callable[[ActorFailure], None],
+                 on_idle: Callable[[], None] | None = None, poll_s: float = 0.05):
+        self._deliver, self._on_failure, self._poll_s = deliver, on_failure, poll_s
+        self._on_idle = on_idle
+        self.lock = threading.Lock()
+        self.latest: PolicyBroadcast | None = None
+        self.serialize_s = 0.0  # time spent serializing, off the learner's thread
+        self.published = 0  # broadcasts delivered
+        self._mailbox: tuple[Any, int] | None = None
+        self._wake = threading.Condition()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ppo-publisher", daemon=True)
+        self.thread.start()
+
+    def publish(self, params: Any, learner_updates: int) -> None:
+        with self._wake:
+            self._mailbox = (params, learner_updates)
+            self._wake.notify()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._wake:
+                    if self._mailbox is None:
+                        self._wake.wait(self._poll_s)
+                    taken, self._mailbox = self._mailbox, None
+                if taken is None:
+                    if self._on_idle is not None:
+                        with self.lock:
+                            self._on_idle()
+                    continue
+                params, learner_updates = taken
+                start = time.perf_counter()
+                message = PolicyBroadcast(learner_updates, learner_updates, serialize_policy(params))
+                self.serialize_s += time.perf_counter() - start
+                with self.lock:
+                    self._deliver(message)
+                    self.latest = message
+                    self.published += 1
+        except BaseException as error:  # noqa: BLE001 - reported, never swallowed
+            self._on_failure(ActorFailure(PUBLISHER_ID, error, traceback.format_exc()))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class ThreadTransport:
+    """Actors as threads of this process (`spawn_actor`); queues carry the messages."""
+
+    def __init__(self, config: AsyncActorLearnerConfig, program: ActorProgram,
+                 device: jax.Device):
+        self.config, self.program, self.device = config, program, device
+        self.experience_queue: queue.Queue = queue.Queue()
+        self.broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
+        self.stop_event = threading.Event()
+        self.handles: list[ActorHandle | None] = [None] * config.num_actors
+        self.publisher = Publisher(self._deliver, self.report_failure)
+
+    def _deliver(self, message: PolicyBroadcast) -> None:
+        for broadcast_queue in self.broadcast_queues:
+            broadcast_queue.put(message)
+
+    def _channels(self, actor_id: int) -> ActorChannels:
+        return ActorChannels(self.experience_queue, self.broadcast_queues[actor_id], self.stop_event)
+
+    def start_actor(self, actor_id: int, start: ActorStart, stats: ActorStats | None = None) -> None:
+        self.handles[actor_id] = spawn_actor(
+            actor_id, self.config, self.program, self._channels(actor_id), self.device,
+            stats, start,
+        )
+
+    def restart_actor(self, actor_id: int, start: ActorStart) -> None:
+        old = self.handles[actor_id]
+        old.join(self.config.shutdown_timeout_s)  # it ended right after sending its failure
+        with self.publisher.lock:
+            # The dead actor may have drained every broadcast; its successor gets the newest.
+            if self.publisher.latest is not None:
+                self.broadcast_queues[actor_id].put(self.publisher.latest)
+        self.start_actor(actor_id, start, old.stats)
+
+    def wait_started(self) -> None:
+        pass  # a thread is up as soon as it is started
+
+    def kill_actor(self, actor_id: int) -> bool:
+        return False  # a thread cannot be killed
+
+    def receive(self, timeout_s: float) -> Experience | ActorFailure | None:
+        try:
+            return self.experience_queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def report_failure(self, failure: ActorFailure) -> None:
+        self.experience_queue.put(failure)
+
+    def publish(self, params: Any, learner_updates: int) -> None:
+        self.publisher.publish(params, learner_updates)
+
+    def queue_depth(self) -> int:
+        return self.experience_queue.qsize()
+
+    def actor_stats(self) -> list[ActorStats]:
+        return [handle.stats for handle in self.handles if handle is not None]
+
+    def threads(self) -> list[threading.Thread]:
+        return [self.publisher.thread, *(h.thread for h in self.handles if h is not None)]
+
+    def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
+        self.stop_event.set()
+        self.publisher.stop()
+        return stop_threads(self.threads(), timeout_s,
+                            {f"ppo-actor-{i}" for i in known_stuck})
+
+    def late_failures(self) -> list[ActorFailure]:
+        failures = []
+        while True:
+            try:
+                item = self.experience_queue.get_nowait()
+            except queue.Empty:
+                return failures
+            if isinstance(item, ActorFailure):
+                failures.append(item)
+
+
+def where(thread: threading.Thread) -> str:
+    """The innermost frames a live thread is executing, to say where it is stuck."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "not started"
+    frames = traceback.extract_stack(frame)[-3:]
+    return " <- ".join(
+        f"{pathlib.Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames)
+    )
+
+
+def stop_threads(threads: Sequence[threading.Thread], timeout_s: float,
+                 known_stuck: set[str] = frozenset()) -> list[str]:
+    """Join ``threads`` within ``timeout_s`` overall; each one still alive, with where it is.
+
+    Threads in ``known_stuck`` (actors the learner already found hung) are not
+    waited for: nothing will end them.
+    """
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        if thread.name not in known_stuck:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [f"{t.name} (at {where(t)})" for t in threads if t.is_alive()]

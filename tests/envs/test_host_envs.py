@@ -1,0 +1,550 @@
+"""Host environments (`ppo_async.envs.host`): env ids, the host rollout, failures, devices.
+
+The rollout checks use a scripted custom env whose every reward, flag and
+observation is known in advance, so the stored numbers can be recomputed by
+hand; only the values come from the network, evaluated here independently on
+the observations the episodes are known to reach. Topologies are tiny so that
+every test but the learning run takes seconds.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+from timing_cases import GYMNASIUM_CARTPOLE
+
+from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, train
+from ppo_async.runtime.actor import make_actor_program
+from ppo_async.envs.gymnax_env import UnknownEnvError
+from ppo_async.envs.host import (
+    HostEnvError,
+    HostStep,
+    HostVectorEnv,
+    make_host_actor_program,
+    register_host_env,
+    registered_host_envs,
+    split_env_id,
+)
+from ppo_async.networks.actor_critic import init_params
+
+GAMMA = 0.99
+
+
+# --------------------------------------------------------------------------
+# A scripted custom env: env e's episodes last LENGTHS[e] steps and end as
+# ENDINGS[e]; the reward of the k-th step (k = 1, 2, ...) is 10 * e + k; the
+# observation is [steps taken in the episode, e] (float64, to check the cast).
+# --------------------------------------------------------------------------
+
+LENGTHS = np.array([2, 3, 3])
+TERMINATES = np.array([True, False, True])  # env 1 only hits the time limit
+TRUNCATES = np.array([False, True, True])  # env 2 hits both at once: a terminal
+
+
+class ScriptedEnv:
+    observation_shape = (2,)
+    action_space = gymnasium.spaces.Discrete(3)
+
+    def __init__(self, num_envs):
+        assert num_envs == len(LENGTHS)
+        self.steps = np.zeros(num_envs, np.int64)
+        self.received_actions = []
+
+    def _obs(self):
+        return np.stack([self.steps, np.arange(len(self.steps))], axis=-1).astype(np.float64)
+
+    def reset(self, seed):
+        self.steps[:] = 0
+        return self._obs()
+
+    def step(self, actions):
+        self.received_actions.append(np.array(actions))
+        self.steps += 1
+        reward = 10.0 * np.arange(len(self.steps)) + self.steps
+        ended = self.steps >= LENGTHS
+        final_obs = self._obs()
+        self.steps[ended] = 0
+        return HostStep(self._obs(), reward, ended & TERMINATES, ended & TRUNCATES, final_obs)
+
+
+register_host_env("scripted", ScriptedEnv)
+
+SCRIPTED = AsyncActorLearnerConfig(
+    env_id="host:scripted", num_actors=1, envs_per_actor=3, num_steps=7,
+    num_minibatches=1, total_env_steps=21, gamma=GAMMA, hidden_sizes=(8,),
+)
+
+
+def test_env_id_prefixes_pick_backends():
+    assert split_env_id("CartPole-v1") == ("gymnax", "CartPole-v1")
+    assert split_env_id("gymnax:CartPole-v1") == ("gymnax", "CartPole-v1")
+    assert split_env_id("gymnasium:CartPole-v1") == ("gymnasium", "CartPole-v1")
+    assert split_env_id("envpool:Pong-v5") == ("envpool", "Pong-v5")
+    assert split_env_id("host:scripted") == ("host", "scripted")
+    # Only the first ':' separates: gymnasium's module:Name syntax survives.
+    assert split_env_id("gymnasium:ale_py:ALE/Pong-v5") == ("gymnasium", "ale_py:ALE/Pong-v5")
+    with pytest.raises(UnknownEnvError, match="valid prefixes"):
+        split_env_id("gym:CartPole-v1")
+    assert "scripted" in registered_host_envs()
+    assert isinstance(ScriptedEnv(3), HostVectorEnv)
+
+
+@pytest.mark.parametrize(
+    "env_id", ["gymnax:CartPole-v1", "gymnasium:CartPole-v1", "gymnasium:Pendulum-v1", "host:scripted"]
+)
+def test_config_accepts_every_backend(env_id):
+    assert AsyncActorLearnerConfig(env_id=env_id).env_id == env_id
+
+
+@pytest.mark.parametrize(
+    "env_id, fix",
+    [
+        ("gym:CartPole-v1", "valid prefixes: gymnax:, gymnasium:, envpool:, host:"),
+        ("gymnax:NoSuchEnv-v0", "choose one of CartPole-v1"),
+        ("gymnasium:NoSuchEnv-v0", "not a registered gymnasium environment"),
+        ("gymnasium:CartPole-v9", "not a registered gymnasium environment"),
+        ("host:unregistered", "registered: .*scripted.*register_host_env"),
+        (42, "must be a string"),
+    ],
+)
+def test_config_rejects_bad_env_ids_naming_the_fix(env_id, fix):
+    with pytest.raises(ConfigError, match=f"env_id={env_id!r}: .*{fix}"):
+        AsyncActorLearnerConfig(env_id=env_id)
+
+
+def test_envpool_ids_are_checked_or_reported_not_installed():
+    try:
+        import envpool  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="envpool is not installed.*ppo-async\\[gym\\]"):
+            AsyncActorLearnerConfig(env_id="envpool:CartPole-v1")
+        return
+    AsyncActorLearnerConfig(env_id="envpool:CartPole-v1")
+    with pytest.raises(ConfigError, match="not an envpool environment"):
+        AsyncActorLearnerConfig(env_id="envpool:NoSuchEnv-v0")
+
+
+def test_register_host_env_refuses_bad_names():
+    with pytest.raises(ValueError, match="without ':'"):
+        register_host_env("a:b", ScriptedEnv)
+    with pytest.raises(TypeError, match="not callable"):
+        register_host_env("not-callable", 3)
+
+
+# --------------------------------------------------------------------------
+# The host rollout, number by number.
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scripted_run():
+    program = make_host_actor_program(SCRIPTED)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(init_params(program.network, jax.random.key(1), (2,)), device)
+    carry0 = program.reset(jax.random.key(0), device)
+    chunk1 = program.rollout(params, carry0)
+    chunk2 = program.rollout(params, chunk1[0])
+
+    def value(obs):
+        return np.asarray(program.network.apply(params, np.asarray(obs, np.float32))[1])
+
+    return program, params, carry0, chunk1, chunk2, value
+
+
+def _expected_episode_steps(num_steps, offset=0):
+    """``[T, E]`` steps into the episode after each row (1-based), from a fresh reset."""
+    return (np.arange(offset, offset + num_steps)[:, None] % LENGTHS[None, :]) + 1
+
+
+def test_host_rollout_stores_rewards_flags_and_returns_as_scripted(scripted_run):
+    program, params, _, (carry, trajectory, bootstrap_obs, bootstrap_value), _, value = scripted_run
+    T, E = SCRIPTED.num_steps, len(LENGTHS)
+    k = _expected_episode_steps(T)  # 1, 2, (3), 1, ...
+    ended = k == LENGTHS
+    env = np.arange(E)[None, :]
+    np.testing.assert_array_equal(trajectory.terminated, ended & TERMINATES)
+    # Both at once counts as terminated: a terminal never bootstraps.
+    np.testing.assert_array_equal(trajectory.truncated, ended & TRUNCATES & ~TERMINATES)
+    # The discount the learner will use, gamma * (1 - done), is 0 at every episode end.
+    discount = GAMMA * (1.0 - (trajectory.terminated | trajectory.truncated))
+    np.testing.assert_array_equal(discount == 0, ended)
+
+    # Observations acted on: [steps before this one, e]; a new episode starts at 0.
+    np.testing.assert_array_equal(trajectory.obs[..., 0], k - 1)
+    np.testing.assert_array_equal(trajectory.obs[..., 1], np.broadcast_to(env, (T, E)))
+
+    # Rewards: as scripted, plus gamma * V(final_obs) where only the time limit hit.
+    raw_reward = 10.0 * env + k
+    v_final_env1 = value([[3.0, 1.0]])[0]  # env 1's episodes all end at [3, 1]
+    expected_reward = raw_reward + np.where(trajectory.truncated, GAMMA * v_final_env1, 0.0)
+    np.testing.assert_allclose(trajectory.reward, expected_reward, rtol=1e-6)
+    assert trajectory.truncated[:, 1].any()  # the check above can fail
+    # ...and the bootstrap is V(final_obs), not V of the next episode's first obs.
+    assert abs(v_final_env1 - value([[0.0, 1.0]])[0]) > 1e-3
+
+    # Episode bookkeeping: nonzero only at episode ends, undiscounted raw return.
+    full_return = np.array([1 + 2, 11 + 12 + 13, 21 + 22 + 23], np.float32)
+    np.testing.assert_array_equal(trajectory.episode_return, np.where(ended, full_return, 0.0))
+    np.testing.assert_array_equal(trajectory.episode_length, np.where(ended, LENGTHS, 0))
+
+    # Behaviour values / log-probs are the network's on the stored obs and actions.
+    dist, values = program.network.apply(params, trajectory.obs)
+    np.testing.assert_allclose(trajectory.behaviour_value, values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        trajectory.behaviour_logp, dist.log_prob(trajectory.action), rtol=1e-5, atol=1e-6
+    )
+    # The env received exactly the stored actions, one batch [E] int32 per step.
+    received = np.stack(carry.envs.received_actions[:T])
+    np.testing.assert_array_equal(received, trajectory.action)
+    assert received.dtype == np.int32 and received.shape == (T, E)
+
+    # Bootstrap: the observation after the last row and its value.
+    np.testing.assert_array_equal(bootstrap_obs[:, 0], k[-1] % LENGTHS)
+    np.testing.assert_array_equal(bootstrap_obs, carry.obs)
+    np.testing.assert_allclose(np.asarray(bootstrap_value), value(bootstrap_obs), rtol=1e-5)
+
+
+def test_host_episodes_continue_across_chunks(scripted_run):
+    *_, (_, trajectory, _, _), _ = scripted_run
+    k = _expected_episode_steps(SCRIPTED.num_steps, offset=SCRIPTED.num_steps)
+    ended = k == LENGTHS
+    full_return = np.array([3, 36, 66], np.float32)
+    # Env 1's episode spans the chunk boundary (steps 7, 8, 9) and still reports all of it.
+    np.testing.assert_array_equal(trajectory.episode_return, np.where(ended, full_return, 0.0))
+    np.testing.assert_array_equal(trajectory.episode_length, np.where(ended, LENGTHS, 0))
+    assert ended[:2, 1].any()
+
+
+def test_actions_of_a_continuous_host_env_are_clipped_for_the_env_only():
+    class BoxEnv(ScriptedEnv):
+        action_space = gymnasium.spaces.Box(-0.1, 0.1, (2,), np.float32)
+
+    register_host_env("scripted-box", BoxEnv)
+    config = dataclasses.replace(SCRIPTED, env_id="host:scripted-box")
+    program = make_host_actor_program(config)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(program.params_template, device)  # log-std 0: samples leave [-0.1, 0.1]
+    carry, trajectory, _, _ = program.rollout(params, program.reset(jax.random.key(0), device))
+    received = np.stack(carry.envs.received_actions)
+    assert trajectory.action.dtype == np.float32 and trajectory.action.shape == (7, 3, 2)
+    assert np.abs(trajectory.action).max() > 0.1  # the stored sample is unclipped
+    np.testing.assert_array_equal(received, np.clip(trajectory.action, -0.1, 0.1))
+
+
+def test_a_host_env_breaking_the_contract_is_named():
+    class WrongShape(ScriptedEnv):
+        def step(self, actions):
+            obs, reward, terminated, truncated, final_obs = super().step(actions)
+            return HostStep(obs, reward[:2], terminated, truncated, final_obs)
+
+    register_host_env("wrong-shape", WrongShape)
+    program = make_host_actor_program(dataclasses.replace(SCRIPTED, env_id="host:wrong-shape"))
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(program.params_template, device)
+    with pytest.raises(HostEnvError, match=r"host:wrong-shape: reward has shape \(2,\), expected \(3,\)"):
+        program.rollout(params, program.reset(jax.random.key(0), device))
+
+
+# --------------------------------------------------------------------------
+# Same fields, shapes and dtypes as the gymnax path.
+# --------------------------------------------------------------------------
+
+
+def _rollout_signature(config):
+    program = make_actor_program(config)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(program.params_template, device)
+    carry = program.reset(jax.random.key(0), device)
+    _, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+    host = jax.device_get((trajectory, bootstrap_obs, bootstrap_value))
+    signature = jax.tree.map(lambda x: (np.shape(x), np.asarray(x).dtype), host)
+    return program, signature, host
+
+
+@pytest.mark.parametrize(
+    "gymnax_id, host_id",
+    [("CartPole-v1", "gymnasium:CartPole-v1"), ("Pendulum-v1", "gymnasium:Pendulum-v1")],
+)
+def test_host_rollout_matches_gymnax_shapes_and_dtypes(gymnax_id, host_id):
+    base = AsyncActorLearnerConfig(
+        num_actors=1, envs_per_actor=2, num_steps=4, num_minibatches=1, total_env_steps=8,
+        hidden_sizes=(8,),
+    )
+    gymnax_program, gymnax_signature, _ = _rollout_signature(
+        dataclasses.replace(base, env_id=gymnax_id)
+    )
+    host_program, host_signature, host = _rollout_signature(
+        dataclasses.replace(base, env_id=host_id)
+    )
+    assert host_signature == gymnax_signature
+    assert host_program.observation_shape == gymnax_program.observation_shape
+    assert host_program.network == gymnax_program.network
+    # The learner receives plain numpy from a host rollout.
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(host[0]))
+
+
+def test_envpool_rollout_is_same_step_and_matches_gymnax_dtypes():
+    pytest.importorskip("envpool")
+    base = AsyncActorLearnerConfig(
+        num_actors=1, envs_per_actor=3, num_steps=64, num_minibatches=1,
+        total_env_steps=192, hidden_sizes=(8,),
+    )
+    _, gymnax_signature, _ = _rollout_signature(base)
+    _, signature, (trajectory, _, _) = _rollout_signature(
+        dataclasses.replace(base, env_id="envpool:CartPole-v1")
+    )
+    assert signature == gymnax_signature
+    done = trajectory.terminated | trajectory.truncated
+    assert done[:-1].any()  # a random policy drops the pole within 64 steps
+    # The row after an episode end acts on a fresh reset (every component in
+    # U(-0.05, 0.05)): no transition is spent on envpool's next-step reset.
+    rows, envs = np.nonzero(done[:-1])
+    assert np.abs(trajectory.obs[rows + 1, envs]).max() <= 0.05
+    lengths = trajectory.episode_length[done]
+    assert (lengths >= 1).all() and trajectory.episode_return[done].tolist() == lengths.tolist()
+
+
+def test_envpool_atari_gets_the_standard_settings_for_training_and_evaluation():
+    from ppo_async.envs.registry import (
+        ATARI_EVAL_KWARGS,
+        ATARI_TRAIN_KWARGS,
+        envpool_make_kwargs,
+        is_envpool_atari,
+    )
+    from ppo_async.envs.host import make_host_env
+
+    common = dict(frame_skip=4, img_height=84, img_width=84, gray_scale=True, stack_num=4,
+                  noop_max=30, max_episode_steps=27_000)  # 108,000 frames
+    assert ATARI_TRAIN_KWARGS == dict(common, episodic_life=True, reward_clip=True,
+                                      repeat_action_probability=0.0)
+    assert ATARI_EVAL_KWARGS == dict(common, episodic_life=False, reward_clip=False,
+                                     repeat_action_probability=0.25)
+    assert not is_envpool_atari("Breakout-MinAtar")
+    assert not is_envpool_atari("gymnasium:CartPole-v1")
+    assert envpool_make_kwargs("gymnasium:CartPole-v1", (("a", 1),)) == {"a": 1}
+    pytest.importorskip("envpool")
+    assert is_envpool_atari("envpool:Pong-v5") and not is_envpool_atari("envpool:CartPole-v1")
+    assert envpool_make_kwargs("envpool:CartPole-v1") == {}
+    overrides = (("episodic_life", False), ("noop_max", 7))
+    assert envpool_make_kwargs("envpool:Pong-v5", overrides) == dict(
+        ATARI_TRAIN_KWARGS, episodic_life=False, noop_max=7)
+    assert envpool_make_kwargs("envpool:Pong-v5", overrides, evaluation=True) == dict(
+        ATARI_EVAL_KWARGS, noop_max=7)
+
+    # What envpool itself was made with, for training and for evaluation.
+    for evaluation, expected in ((False, ATARI_TRAIN_KWARGS), (True, ATARI_EVAL_KWARGS)):
+        envs = make_host_env("envpool:Pong-v5", 1, evaluation=evaluation)
+        try:
+            made = envs.env.spec.config
+            assert {k: getattr(made, k) for k in expected} == expected
+            assert envs.observation_shape == (84, 84, 4)
+        finally:
+            envs.close()
+    envs = make_host_env("envpool:Pong-v5", 1, envpool_kwargs=overrides)
+    try:
+        assert (envs.env.spec.config.episodic_life, envs.env.spec.config.noop_max) == (False, 7)
+    finally:
+        envs.close()
+
+
+def test_envpool_kwargs_are_validated_and_survive_config_json():
+    with pytest.raises(ConfigError, match="envpool_kwargs=.*only envpool: env ids"):
+        AsyncActorLearnerConfig(envpool_kwargs=(("episodic_life", False),))
+    with pytest.raises(ConfigError, match="envpool_kwargs=.*bool, int or float"):
+        AsyncActorLearnerConfig(envpool_kwargs=(("episodic_life", "no"),))
+    pytest.importorskip("envpool")
+    with pytest.raises(ConfigError, match="'episodic_lives' is not an envpool setting"):
+        AsyncActorLearnerConfig(env_id="envpool:Pong-v5",
+                                envpool_kwargs=(("episodic_lives", False),))
+    with pytest.raises(ConfigError, match="'seed' is not an envpool setting"):
+        AsyncActorLearnerConfig(env_id="envpool:Pong-v5", envpool_kwargs=(("seed", 1),))
+    config = AsyncActorLearnerConfig(env_id="envpool:Pong-v5",
+                                     envpool_kwargs=(("reward_clip", False), ("noop_max", 5)))
+    fields = json.loads(json.dumps(config.to_dict()))  # as config.json stores it
+    assert AsyncActorLearnerConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                      for k, v in fields.items()}) == config
+
+
+# --------------------------------------------------------------------------
+# train() with host envs: failure model.
+# --------------------------------------------------------------------------
+
+
+class _Exploded(RuntimeError):
+    pass
+
+
+def test_a_host_env_that_raises_in_step_stops_train_naming_the_actor():
+    calls = []
+
+    class Exploding(ScriptedEnv):
+        def __init__(self, num_envs):
+            super().__init__(3)
+
+        def step(self, actions):
+            calls.append(1)  # shared by both actors' envs
+            if len(calls) == 20:
+                raise _Exploded("simulator exploded")
+            return super().step(actions)
+
+    register_host_env("exploding", Exploding)
+    config = AsyncActorLearnerConfig(
+        env_id="host:exploding", num_actors=2, envs_per_actor=3, num_steps=4,
+        num_minibatches=1, total_env_steps=2 * 3 * 4 * 50, learner_timeout_s=30.0,
+        hidden_sizes=(8,),
+    )
+    with pytest.raises(ActorError, match=r"actor [01] failed") as info:
+        train(config, progress=False)
+    assert isinstance(info.value.__cause__, _Exploded)
+    assert "simulator exploded" in str(info.value)
+    assert f"actor {info.value.actor_id} failed" in str(info.value)
+    assert [t for t in threading.enumerate() if t.name.startswith("ppo-actor")] == []
+
+
+# --------------------------------------------------------------------------
+# Devices: learner on CPU device 1, actors on CPU device 0 (a subprocess, since
+# the device count is fixed when JAX starts).
+# --------------------------------------------------------------------------
+
+DEVICE_SCRIPT = textwrap.dedent(
+    """
+    import importlib, json, os, sys
+
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.environ["PPO_ASYNC_JAX_CACHE"])
+
+    import ppo_async.runtime.actor as actor_module
+    from ppo_async import AsyncActorLearnerConfig, train
+
+    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
+
+    seen = {}
+
+    def record(name, tree):
+        devices = seen.setdefault(name, set())
+        for leaf in jax.tree.leaves(tree):
+            if isinstance(leaf, jax.Array):
+                devices.update(f"{d.platform}:{d.id}" for d in leaf.devices())
+            else:
+                devices.add(type(leaf).__name__)
+
+    original_make_update_fn = train_module.make_update_fn
+
+    def make_update_fn(config, network, *schedule):
+        update = original_make_update_fn(config, network, *schedule)
+
+        def recorded(state, batch):
+            record("learner_batch", batch)
+            state, metrics = update(state, batch)
+            record("learner_state", state)
+            return state, metrics
+
+        return recorded
+
+    train_module.make_update_fn = make_update_fn
+
+    original_load = actor_module.load_policy_from_broadcast
+
+    def load(broadcast, template, device=None):
+        seen.setdefault("payload", set()).add(type(broadcast.payload).__name__)
+        params = original_load(broadcast, template, device)
+        record("actor_params", params)
+        return params
+
+    actor_module.load_policy_from_broadcast = load
+
+    original_make_program = train_module.make_actor_program
+
+    def make_program(config):
+        program = original_make_program(config)
+
+        def rollout(params, carry):
+            record("actor_rollout_params", params)
+            carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+            record("actor_carry_key", carry.key)
+            record("actor_bootstrap_value", bootstrap_value)
+            return carry, trajectory, bootstrap_obs, bootstrap_value
+
+        return program._replace(rollout=rollout)
+
+    train_module.make_actor_program = make_program
+
+    results = {"device_count": jax.device_count()}
+    for env_id in sys.argv[1:]:
+        seen.clear()
+        config = AsyncActorLearnerConfig(
+            env_id=env_id, num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1,
+            num_minibatches=2, total_env_steps=2 * 2 * 8 * 3, learner_timeout_s=60.0,
+            hidden_sizes=(8,), learner_device="cpu:1", actor_device="cpu:0",
+        )
+        result = train(config, progress=False)
+        record("final_params", result.params)
+        results[env_id] = {k: sorted(v) for k, v in seen.items()}
+    print(json.dumps(results))
+    """
+)
+
+
+def test_learner_and_actors_live_on_their_own_devices(tmp_path):
+    script = tmp_path / "device_split.py"
+    script.write_text(DEVICE_SCRIPT)
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    # The same on-disk compilation cache as conftest's.
+    env.setdefault("PPO_ASYNC_JAX_CACHE", os.path.join(tempfile.gettempdir(), "ppo_async_jax_cache"))
+    env_ids = ["CartPole-v1", "gymnasium:CartPole-v1"]
+    completed = subprocess.run(
+        [sys.executable, str(script), *env_ids], env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert results["device_count"] == 2
+    for env_id in env_ids:
+        seen = results[env_id]
+        # The learner's batch, params and optimizer state live on cpu:1 ...
+        assert seen["learner_batch"] == ["cpu:1"], (env_id, seen)
+        assert seen["learner_state"] == ["cpu:1"], (env_id, seen)
+        # ... only bytes cross to the actors, which load them onto cpu:0 and act there.
+        assert seen["payload"] == ["bytes"], (env_id, seen)
+        assert seen["actor_params"] == ["cpu:0"], (env_id, seen)
+        assert seen["actor_rollout_params"] == ["cpu:0"], (env_id, seen)
+        assert seen["actor_carry_key"] == ["cpu:0"], (env_id, seen)
+        assert seen["actor_bootstrap_value"] == ["cpu:0"], (env_id, seen)
+        # train() hands back host numpy params.
+        assert seen["final_params"] == ["ndarray"], (env_id, seen)
+
+
+# --------------------------------------------------------------------------
+# Learning (slow): gymnasium's CartPole through the whole runtime.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gymnasium_cartpole_learns_through_train():
+    """Timing-dependent (tests/timing_cases.py). Over 20 reruns of this config
+    (experiments/timing_spread.py, 2-core machine under a load of 2-10) the
+    final return (mean of the last 100 episodes) was 500.0 in 18 and 375.0 and
+    379.0 in two, where the run had reached 493.1 before a late dip (a
+    clean-clone suite once saw 374.1). So the test asks what every rerun did:
+    the mean of 100 episodes reached 475 during the run (the lowest best of 10
+    reruns that recorded it: 493.1), and the final one stays above 300."""
+    config = GYMNASIUM_CARTPOLE
+    running_means = []  # each update's mean return of the last 100 episodes
+    report = train(config, progress=False,
+                   on_update=lambda m: running_means.append(m["episode_return"])).report
+    assert report.updates == config.num_updates
+    assert max(running_means) >= 475.0, max(running_means)
+    assert report.episode_return_mean >= 300.0, report
+    assert report.policy_lag_max <= config.max_lead_chunks - 1

@@ -1,0 +1,226 @@
+"""Checkpoints inside train(): resume, kill -9, NaN, damaged files, bad resumes."""
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import flax.serialization
+import numpy as np
+import pytest
+
+from ppo_async import AsyncActorLearnerConfig, ConfigError, NonFiniteError, train
+from ppo_async.runs.checkpoint import CheckpointWarning, list_checkpoints
+
+LOCK_STEP = AsyncActorLearnerConfig(
+    num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+    total_env_steps=2 * 2 * 8 * 10, max_lead_steps=8, checkpoint_every_updates=3,
+    keep_checkpoints=2, seed=4,
+)
+
+
+def _interrupt_at(update):
+    def on_update(metrics):
+        if metrics["update"] == update:
+            raise KeyboardInterrupt
+    return on_update
+
+
+def test_lock_step_resume_is_byte_identical_to_an_uninterrupted_run(tmp_path):
+    whole = train(LOCK_STEP, run_dir=tmp_path / "whole", progress=False)
+
+    run_dir = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=run_dir, progress=False, on_update=_interrupt_at(7))
+    steps = [int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints")]
+    assert steps == [6, 7]  # every 3 updates, and where it stopped; keep_checkpoints=2
+    resumed = train(LOCK_STEP, resume_from=run_dir, progress=False)
+
+    assert resumed.report.updates == whole.report.updates == 10
+    assert resumed.report.env_steps == whole.report.env_steps
+    assert flax.serialization.to_bytes(resumed.params) == flax.serialization.to_bytes(whole.params)
+    assert resumed.report.episode_return_mean == whole.report.episode_return_mean
+    # The resumed run's metrics follow the first segment's, each update once.
+    updates = [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
+    assert updates == list(range(1, 11))
+
+
+_KILLED_RUN = textwrap.dedent("""
+    import dataclasses, sys
+    from ppo_async import AsyncActorLearnerConfig, train
+    config = AsyncActorLearnerConfig(
+        num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+        total_env_steps=2 * 2 * 8 * 100_000, checkpoint_every_updates=5, seed=1)
+    train(config, run_dir=sys.argv[1], progress=False)
+""")
+
+
+def test_a_killed_run_resumes_losing_at_most_one_checkpoint_interval(tmp_path):
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(run_dir)], env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list_checkpoints(run_dir / "checkpoints")) < 2:
+            assert process.poll() is None, "the training process died on its own"
+            assert time.monotonic() < deadline, "no second checkpoint within 240 s"
+            time.sleep(0.2)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    done = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    newest = max(int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints"))
+    assert newest >= 10 and done - newest <= 5
+
+    config = AsyncActorLearnerConfig(
+        num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
+        total_env_steps=2 * 2 * 8 * (newest + 3), checkpoint_every_updates=5, seed=1)
+    resumed = train(config, resume_from=run_dir, progress=False)
+    assert resumed.report.updates == newest + 3
+    assert resumed.report.env_steps == (newest + 3) * config.batch_size
+    # The killed run's lines past its checkpoint were cut: each update once, in order.
+    updates = [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
+    assert updates == list(range(1, newest + 4))
+
+
+def test_nan_stops_the_run_and_the_last_checkpoint_stays_loadable(tmp_path, monkeypatch):
+    import importlib
+
+    train_module = importlib.import_module("ppo_async.train")
+    original_make = train_module.make_actor_program
+    calls = {"n": 0}
+
+    def make(config):
+        program = original_make(config)
+
+        def poisoned(params, carry):
+            carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+            calls["n"] += 1
+            if calls["n"] >= 2 * 8:  # both actors' 8th chunk onwards
+                trajectory = trajectory._replace(reward=trajectory.reward * np.nan)
+            return carry, trajectory, bootstrap_obs, bootstrap_value
+        return program._replace(rollout=poisoned)
+
+    monkeypatch.setattr(train_module, "make_actor_program", make)
+    config = dataclasses.replace(LOCK_STEP, total_env_steps=LOCK_STEP.batch_size * 30)
+    with pytest.raises(NonFiniteError, match=r"update \d+"):
+        train(config, run_dir=tmp_path, progress=False)
+    monkeypatch.undo()
+
+    steps = [int(p.stem.split("_")[1]) for p in list_checkpoints(tmp_path / "checkpoints")]
+    assert steps and max(steps) <= 8  # nothing written at or after the poisoned update
+    finish = dataclasses.replace(config, total_env_steps=config.batch_size * (max(steps) + 2))
+    resumed = train(finish, resume_from=tmp_path, progress=False)
+    assert resumed.report.updates == max(steps) + 2
+    assert all(np.isfinite(leaf).all() for leaf in _leaves(resumed.params))
+
+
+def _leaves(tree):
+    import jax
+    return jax.tree.leaves(tree)
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=_interrupt_at(7))
+    newest = list_checkpoints(tmp_path / "checkpoints")[-1]
+    content = newest.read_bytes()
+    newest.write_bytes(content[: len(content) // 2])
+    with pytest.warns(CheckpointWarning, match=newest.name):
+        resumed = train(LOCK_STEP, resume_from=tmp_path, progress=False)
+    assert resumed.report.updates == 10
+    segments = json.loads((tmp_path / "segments.json").read_text())
+    assert segments[1]["start_update"] == 6  # the previous checkpoint
+    assert segments[1]["resumed_from_checkpoint"].endswith("ckpt_000000006.msgpack")
+    # Lines 7.. of the first segment were cut before the resumed run wrote its own.
+    updates = [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").open()]
+    assert updates == list(range(1, 11))
+
+
+def test_bad_resumes_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="resume_from"):
+        train(LOCK_STEP, resume_from=tmp_path / "missing", progress=False)
+    with pytest.raises(ConfigError, match="resume_from"):
+        train(LOCK_STEP, resume_from=tmp_path, progress=False)  # exists, no checkpoint
+    with pytest.raises(ConfigError, match="checkpoint_every_updates"):
+        train(LOCK_STEP, progress=False)  # checkpoints without a run directory
+
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=_interrupt_at(4))
+    wider = dataclasses.replace(LOCK_STEP, hidden_sizes=(32, 32))
+    with pytest.raises(ConfigError, match="hidden_sizes"):
+        train(wider, resume_from=tmp_path, progress=False)
+    assert pathlib.Path(tmp_path / "checkpoints").is_dir()
+
+
+SHORT = dataclasses.replace(LOCK_STEP, total_env_steps=LOCK_STEP.batch_size * 4,
+                            checkpoint_every_updates=0)
+
+
+def _rate_changes(caplog):
+    return [r.getMessage() for r in caplog.records if "learning rate changes" in r.getMessage()]
+
+
+def _params_moved(before, after):
+    return any(not np.array_equal(a, b) for a, b in zip(_leaves(before), _leaves(after)))
+
+
+def test_extending_a_finished_run_re_plans_the_learning_rate_and_trains(tmp_path, caplog):
+    finished = train(SHORT, run_dir=tmp_path, progress=False)
+    longer = dataclasses.replace(SHORT, total_env_steps=SHORT.batch_size * 8)
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="ppo_async.runs.resume"):
+        extended = train(longer, resume_from=tmp_path, progress=False, on_update=seen.append)
+    # Update u starts at optimizer step 2 (u - 1) of 16: the schedule of a run
+    # planned for 8 updates from the start, not the finished run's rate of 0.
+    rates = [m["learning_rate"] for m in seen]
+    assert rates == pytest.approx([longer.learning_rate * (1 - u / 8) for u in range(4, 8)],
+                                  rel=1e-6)
+    assert min(rates) > 0
+    assert all(m["approx_kl"] > 0 for m in seen)
+    assert _params_moved(finished.params, extended.params)
+    (line,) = _rate_changes(caplog)
+    assert "optimizer step 8: the learning rate changes from 0 to 0.00025" in line
+
+
+def test_anneal_lr_may_be_switched_on_resume(tmp_path, caplog):
+    constant = dataclasses.replace(SHORT, anneal_lr=False)
+    first = train(constant, run_dir=tmp_path, progress=False)
+    seen = []
+    annealed = dataclasses.replace(constant, anneal_lr=True, total_env_steps=SHORT.batch_size * 8)
+    with caplog.at_level(logging.WARNING, logger="ppo_async.runs.resume"):
+        second = train(annealed, resume_from=tmp_path, progress=False, on_update=seen.append)
+    assert [m["learning_rate"] for m in seen] == pytest.approx(
+        [SHORT.learning_rate * (1 - u / 8) for u in range(4, 8)], rel=1e-6)
+    assert _params_moved(first.params, second.params)
+    seen.clear()
+    constant_again = dataclasses.replace(constant, total_env_steps=SHORT.batch_size * 10)
+    third = train(constant_again, resume_from=tmp_path, progress=False, on_update=seen.append)
+    assert [m["learning_rate"] for m in seen] == pytest.approx([SHORT.learning_rate] * 2)
+    assert all(m["approx_kl"] > 0 for m in seen) and _params_moved(second.params, third.params)
+    assert len(_rate_changes(caplog)) == 2  # one line per resume that changed the rate
+
+
+def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=_interrupt_at(7))
+    checkpoints = tmp_path / "checkpoints"
+    stale = [checkpoints / ".ckpt_x1y2.tmp",  # an older version's checkpoint temporary
+             checkpoints / ".tmp-ckpt_000000008.msgpack.a1b2", tmp_path / ".tmp-params.msgpack.c3"]
+    kept = [tmp_path / "notes.tmp", checkpoints / "README"]
+    for path in stale + kept:
+        path.write_bytes(b"partial")
+    # The run's own budget: it ends at update 10 and writes its last checkpoint.
+    train(LOCK_STEP, resume_from=tmp_path, progress=False)
+    assert [p for p in stale if p.exists()] == []
+    assert all(p.read_bytes() == b"partial" for p in kept)
+    assert [p.name for p in list_checkpoints(checkpoints)] == [
+        "ckpt_000000009.msgpack", "ckpt_000000010.msgpack"]

@@ -1,0 +1,83 @@
+"""The transport pieces alone: the publisher's order, the endpoints' newest-wins, failures named."""
+
+import queue
+import threading
+import time
+
+import flax.serialization
+import numpy as np
+
+from ppo_async import ActorChannels, ActorError, PolicyBroadcast
+from ppo_async.runtime.actor import PUBLISHER_ID, ActorFailure
+from ppo_async.runtime.transport import Publisher
+
+
+def _params(value: float):
+    return {"w": np.full((3,), value, np.float32)}
+
+
+def _wait(condition, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert condition()
+
+
+def test_the_publisher_delivers_versions_in_order_and_only_the_newest_of_a_backlog():
+    delivered, release = [], threading.Event()
+
+    def deliver(message):
+        if message.version == 1:
+            release.wait(10)  # a slow first delivery: versions 2..5 pile up meanwhile
+        delivered.append(message.version)
+
+    publisher = Publisher(deliver, lambda failure: None)
+    publisher.publish(_params(1), 1)
+    _wait(lambda: publisher.published == 0 and publisher._mailbox is None)
+    for version in (2, 3, 4, 5):
+        publisher.publish(_params(version), version)
+    release.set()
+    _wait(lambda: delivered[-1:] == [5])
+    publisher.stop()
+    publisher.thread.join(5)
+    assert delivered == [1, 5]  # in order; the backlog collapsed to its newest
+    assert publisher.latest.version == 5
+    # The bytes are the params' flax serialization, made on the publisher's thread.
+    loaded = flax.serialization.from_bytes(_params(0), publisher.latest.payload)
+    np.testing.assert_array_equal(loaded["w"], _params(5)["w"])
+
+
+def test_a_publisher_that_fails_is_reported_as_the_publisher():
+    failures = []
+
+    def deliver(message):
+        raise RuntimeError("cannot deliver")
+
+    publisher = Publisher(deliver, failures.append)
+    publisher.publish(_params(1), 1)
+    _wait(lambda: failures)
+    publisher.thread.join(5)
+    (failure,) = failures
+    assert failure.actor_id == PUBLISHER_ID
+    error = ActorError(failure.actor_id, failure.formatted_traceback)
+    assert str(error).startswith("publisher thread failed") and "cannot deliver" in str(error)
+
+
+def test_a_thread_endpoint_takes_the_newest_version_whatever_the_arrival_order():
+    broadcasts = queue.Queue()
+    channels = ActorChannels(queue.Queue(), broadcasts, threading.Event())
+    for version in (3, 5, 4):  # a re-delivered older one behind a newer one
+        broadcasts.put(PolicyBroadcast(version, version, b""))
+    newest, taken = channels.take_newest()
+    assert (newest.version, taken) == (5, 3)
+    assert channels.take_newest() == (None, 0)
+    assert channels.wait_broadcast(0.01) is None
+    channels.send(ActorFailure(0, RuntimeError("x"), "tb"))
+    assert isinstance(channels.experience_queue.get_nowait(), ActorFailure)
+
+
+def test_the_publisher_thread_ends_on_stop():
+    publisher = Publisher(lambda message: None, lambda failure: None)
+    publisher.stop()
+    publisher.thread.join(5)
+    assert not publisher.thread.is_alive()

@@ -1,0 +1,73 @@
+"""notebooks/quickstart.ipynb runs end to end with a small budget and draws its figures.
+
+The notebook runs in a kernel of this interpreter (a kernel spec written to a
+temporary JUPYTER_PATH, so no kernel needs installing by hand and no other
+Python is picked up), with the budget set by rewriting the
+``TOTAL_ENV_STEPS = ...`` line of its first code cell.
+"""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import jax
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOK = NOTEBOOKS / "quickstart.ipynb"
+BUDGET = 16_384  # 32 updates of the notebook's 512-step batch
+FIGURES = 3  # learning curve, lag histogram, the twin's seeds
+
+
+def _with_budget():
+    """notebooks/execute.py's ``with_budget`` (the budget rewrite both use)."""
+    spec = importlib.util.spec_from_file_location("notebook_execute", NOTEBOOKS / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.with_budget
+
+
+def test_the_committed_notebook_holds_no_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, cell.source[:60]
+
+
+# About 15 s of training; the rest is kernel start-up and compiles (the
+# vmapped twin's takes a minute on a busy 2-core machine, unless cached).
+@pytest.mark.slow
+def test_quickstart_notebook_runs_and_draws_its_figures(tmp_path, monkeypatch):
+    kernel_dir = tmp_path / "jupyter" / "kernels" / "ppo-async-test"
+    kernel_dir.mkdir(parents=True)
+    (kernel_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "ppo_async test", "language": "python",
+    }))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    # The kernel inherits these: no GUI backend before the notebook's %matplotlib
+    # inline, the suite's strict rank promotion, and its compilation cache.
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("JAX_NUMPY_RANK_PROMOTION", "raise")
+    if jax.config.jax_compilation_cache_dir:
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", jax.config.jax_compilation_cache_dir)
+        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+    notebook = _with_budget()(nbformat.read(NOTEBOOK, as_version=4), BUDGET)
+    client = NotebookClient(
+        notebook, kernel_name="ppo-async-test", timeout=300,
+        resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
+    )
+    client.execute()  # raises CellExecutionError, with the cell's traceback, on any error
+
+    outputs = [output for cell in notebook.cells if cell.cell_type == "code"
+               for output in cell.outputs]
+    assert not [output for output in outputs if output.output_type == "error"]
+    figures = [output for output in outputs if "image/png" in output.get("data", {})]
+    assert len(figures) >= FIGURES
+    text = "".join(output.get("text", "") for output in outputs)
+    assert "final return" in text and "final return per seed" in text
