@@ -115,10 +115,11 @@ def steady_rate(config, warmup: int) -> dict:
 
 def transport_costs(ray, config) -> dict:
     """What moving one gymnax chunk through Ray costs, timed alone."""
-    from ppo_async.runtime.actor import Experience, make_actor_program
-    from ppo_async.runtime.ray_transport import _ActorProcess, _actor_env_vars
-
     import jax
+
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.messages import Experience
+    from ppo_async.runtime.ray_transport import _actor_env_vars, _ActorProcess
 
     program = make_actor_program(config)
     cpu = jax.devices("cpu")[0]
@@ -160,7 +161,7 @@ class _LoadTimer:
         cpu = jax.devices("cpu")[0]
 
         def load():
-            message = PolicyBroadcast(1, 1, ray.get(refs[0]))
+            message = PolicyBroadcast(1, ray.get(refs[0]))
             jax.block_until_ready(load_policy_from_broadcast(message, template, cpu))
 
         load()  # compile the placement outside the timing
@@ -171,7 +172,7 @@ def broadcast_costs(ray, config, widths: list[int], repeats: int) -> list[dict]:
     """Per update, with Ray: publish (hand-over + serialize + put) and one actor's load."""
     import jax
 
-    from ppo_async.runtime.learner import init_learner_state, make_update_fn
+    from ppo_async.core.update import init_learner_state, make_update_fn
     from ppo_async.runtime.messages import serialize_policy
     from ppo_async.runtime.ray_transport import _actor_env_vars
     from ppo_async.runtime.transport import Publisher
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
     from ppo_async import AsyncActorLearnerConfig
-    from ppo_async.envs.host import register_host_env
+    from ppo_async.envs.registry import register_host_env
     from ppo_async.runtime.ray_transport import connect
 
     load_before = os.getloadavg()

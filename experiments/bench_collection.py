@@ -30,7 +30,7 @@ def raw_rollout_rate(config, seconds: float) -> float:
     """Env steps/s of ``num_actors`` threads looping the rollout, nothing else running."""
     import jax
 
-    from ppo_async.runtime.actor import make_actor_program
+    from ppo_async.envs.backends import make_actor_program
 
     program = make_actor_program(config)
     cpu = jax.devices("cpu")[0]

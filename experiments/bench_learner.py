@@ -42,9 +42,10 @@ def _checkpoint_cost(config, program, state, device) -> tuple[float, int]:
 
     import jax
 
+    from ppo_async.core.update import default_schedule
     from ppo_async.runs.checkpoint import list_checkpoints, save_checkpoint
-    from ppo_async.runtime.learner import LearnerReport, default_schedule
     from ppo_async.runs.resume import checkpoint_contents
+    from ppo_async.runtime.learner import LearnerReport
 
     carries = [program.reset(jax.random.key(i), device) for i in range(config.num_actors)]
     report = LearnerReport(updates=1, env_steps=config.batch_size, policy_lag_counts={0: 1})
@@ -82,7 +83,8 @@ def _learner_alone(config, program, params, experiences, update, pipeline: bool,
     """Seconds per update of `learner_loop` on replayed chunks (after 20 unmeasured)."""
     import jax
 
-    from ppo_async.runtime.learner import LearnerChannels, init_learner_state, learner_loop
+    from ppo_async.core.update import init_learner_state
+    from ppo_async.runtime.learner import LearnerChannels, learner_loop
     from ppo_async.runtime.messages import place
 
     cpu = jax.devices("cpu")[0]
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from ppo_async import AsyncActorLearnerConfig, train
-    from ppo_async.runtime.learner import init_learner_state, make_update_fn
+    from ppo_async.core.update import init_learner_state, make_update_fn
     from ppo_async.runtime.messages import (
         PolicyBroadcast,
         load_policy_from_broadcast,
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     outputs = []
     dispatch_s = common.median_time(lambda: outputs.append(update(state, batch)), 100)
     jax.block_until_ready(outputs)
-    message = PolicyBroadcast(1, 1, serialize_policy(params))
+    message = PolicyBroadcast(1, serialize_policy(params))
     load_s = common.median_time(
         lambda: jax.block_until_ready(
             load_policy_from_broadcast(message, program.params_template, cpu)), 200)

@@ -22,8 +22,8 @@ learner, so the learner is made the heavy side, as a large network would make
 it: 256 x 256 MLPs and 16 epochs per update (actor inference is then ~1/48 of
 the learner's arithmetic), and chunks of 64 envs x 16 steps, so the fixed cost
 of a policy dispatch is paid over many envs. The learner runs on CPU device 1
-and the actors on CPU device 0 (DESIGN.md's split,
-``--xla_force_host_platform_device_count=2``): on one shared CPU device an
+and the actors on CPU device 0 (the learner-device / actor-device split of
+docs/design.md, with ``--xla_force_host_platform_device_count=2``): on one shared CPU device an
 actor's small policy call waited behind the learner's update work (measured
 here: median 3 ms instead of 0.7 ms per call), which ate most of the overlap.
 
@@ -62,7 +62,8 @@ import jax
 import numpy as np
 
 from ppo_async import AsyncActorLearnerConfig, train
-from ppo_async.envs.host import make_host_actor_program, register_host_env
+from ppo_async.envs.host_rollout import make_host_actor_program
+from ppo_async.envs.registry import register_host_env
 
 OUT_DIR = pathlib.Path(__file__).resolve().parent / "out"
 

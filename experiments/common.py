@@ -9,7 +9,6 @@ command that reproduces them. Nothing here imports JAX at module level, so a
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import pathlib
@@ -19,6 +18,8 @@ import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from ppo_async.runs.run_dir import write_json  # noqa: F401 - the scripts import it from here
 
 EXPERIMENTS_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = EXPERIMENTS_DIR.parent
@@ -137,19 +138,6 @@ def save_result(
     return write_json(out_dir(name, out_override) / filename, result)
 
 
-def write_json(path: pathlib.Path, obj: Any) -> pathlib.Path:
-    path.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
-    return path
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
-
-
 def read_csv(path: pathlib.Path) -> list[dict[str, str]]:
     """Rows of a CSV as dicts of strings ([] if the file does not exist)."""
     if not path.is_file():
@@ -230,7 +218,7 @@ def real_chunks(config, program, params) -> list:
     """One `Experience` per actor (host arrays), collected with ``params`` as a run would."""
     import jax
 
-    from ppo_async.runtime.actor import Experience
+    from ppo_async.runtime.messages import Experience
 
     cpu = jax.devices("cpu")[0]
     carry = program.reset(jax.random.key(0), cpu)
@@ -250,7 +238,7 @@ def one_real_batch(config):
     """
     import jax
 
-    from ppo_async.runtime.actor import make_actor_program
+    from ppo_async.envs.backends import make_actor_program
     from ppo_async.runtime.learner import stack_experiences
 
     program = make_actor_program(config)

@@ -38,7 +38,7 @@ def _update_time(config, device, repeats: int) -> float:
     """Median seconds of one jitted learner update on ``device`` (compile excluded)."""
     import jax
 
-    from ppo_async.runtime.learner import init_learner_state, make_update_fn
+    from ppo_async.core.update import init_learner_state, make_update_fn
 
     program, params, host_batch = common.one_real_batch(config)
     batch = jax.device_put(host_batch, device)

@@ -47,8 +47,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (  # noqa: E402
-    check_seeds_and_budget,
     avoid_vmapped_qr_deadlock,
+    check_seeds_and_budget,
     configure_jax,
     format_mean_std,
     machine_info,
@@ -71,8 +71,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ppo_async import train  # noqa: E402
-from ppo_async.tools.presets import LEARNING_RESULTS_PRESETS, PRESETS, preset  # noqa: E402
 from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
+from ppo_async.tools.presets import LEARNING_RESULTS_PRESETS, PRESETS, preset  # noqa: E402
 
 # Each env's config is its preset in `ppo_async.tools.presets` (budget, sizes and
 # hyperparameters, with why), so `ppo-async train --preset NAME` trains exactly

@@ -47,8 +47,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (  # noqa: E402
-    check_seeds_and_budget,
     avoid_vmapped_qr_deadlock,
+    check_seeds_and_budget,
     configure_jax,
     format_mean_std,
     markdown_table,
@@ -69,11 +69,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ppo_async import AsyncActorLearnerConfig, train  # noqa: E402
-from ppo_async.runtime.learner import (  # noqa: E402
-    init_learner_state,
-    make_update_fn,
-    reevaluate_recurrent,
-)
+from ppo_async.core.update import init_learner_state, make_update_fn, reevaluate_recurrent
 from ppo_async.networks.actor_critic import init_params, is_recurrent  # noqa: E402
 from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
 

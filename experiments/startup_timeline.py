@@ -190,8 +190,8 @@ def steps_alone(config) -> dict[str, float]:
     """
     import jax
 
-    from ppo_async.runtime.actor import make_actor_program
-    from ppo_async.runtime.learner import init_learner_state, make_update_fn
+    from ppo_async.core.update import init_learner_state, make_update_fn
+    from ppo_async.envs.backends import make_actor_program
     from ppo_async.networks.actor_critic import init_params
 
     train_module = importlib.import_module("ppo_async.train")

@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> dict:
     import os
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # private local Ray instances only
-    import timing_cases
-
     from ppo_async import train
+
+    import timing_cases
 
     rows = []
     for case in args.cases:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 # Literal types, so that the CLI's --help lists the choices; the tuples are what validation reads.
@@ -41,7 +42,7 @@ class AsyncActorLearnerConfig:
 
     # --- run ---
     env_id: str = "CartPole-v1"
-    """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.envs.host.register_host_env)."""
+    """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.envs.registry.register_host_env)."""
     envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
     """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.envs.registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False."""
     total_env_steps: int = 500_000
@@ -124,6 +125,10 @@ class AsyncActorLearnerConfig:
     """GAE lambda (without V-trace)."""
     clip_eps: float = 0.2
     """PPO surrogate clip epsilon."""
+    value_clip_eps: float | None = None
+    """Clip of the value update: the value loss takes the larger error of V and of V clipped to old_value +- value_clip_eps (cleanrl's clip_vloss). None: no value clipping."""
+    normalize_advantages: bool = True
+    """Standardise the advantages of each minibatch (mean 0, std 1) before the surrogate."""
     vf_coef: float = 0.5
     """Weight of the value loss."""
     ent_coef: float = 0.01
@@ -171,8 +176,8 @@ class AsyncActorLearnerConfig:
             if isinstance(pairs, (list, tuple)) and all(
                 isinstance(pair, (list, tuple)) for pair in pairs
             ):
-                # config.json stores the pairs as lists; the field is a tuple of tuples.
-                object.__setattr__(self, name, tuple(tuple(pair) for pair in pairs))
+                # Pairs given as lists (config.json stores them so): a tuple of tuples.
+                object.__setattr__(self, name, _as_tuples(pairs))
         _validate(self)
         if self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead):
             lead = _DerivedLead(2 * self.num_steps * self.broadcast_every)
@@ -248,6 +253,17 @@ class AsyncActorLearnerConfig:
         }
 
 
+def _as_tuples(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(item) for item in value)
+    return value
+
+
+def fields_from_json(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Config fields read from JSON or TOML, every array made the tuple a field holds."""
+    return {name: _as_tuples(value) for name, value in fields.items()}
+
+
 def _require(condition: bool, field: str, value: Any, fix: str) -> None:
     if not condition:
         raise ConfigError(f"{field}={value!r}: {fix}")
@@ -294,31 +310,10 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     _require(_is_number(cfg.checkpoint_every_s) and cfg.checkpoint_every_s >= 0,
              "checkpoint_every_s", cfg.checkpoint_every_s, "must be a number >= 0 (0: off)")
     for name in ("use_vtrace", "anneal_lr", "normalize_observations", "normalize_rewards",
-                 "freeze_watchdog"):
+                 "freeze_watchdog", "normalize_advantages"):
         _require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name),
                  "must be True or False")
-    _require(cfg.ppo_ratio_anchor in PPO_RATIO_ANCHORS, "ppo_ratio_anchor",
-             cfg.ppo_ratio_anchor, f"must be one of {', '.join(PPO_RATIO_ANCHORS)}")
-    _require(_is_number(cfg.proximal_ewma_decay) and 0 <= cfg.proximal_ewma_decay < 1,
-             "proximal_ewma_decay", cfg.proximal_ewma_decay, "must be a number in [0, 1)")
-    _require(_is_number(cfg.is_weight_max) and cfg.is_weight_max >= 1, "is_weight_max",
-             cfg.is_weight_max, "must be a number >= 1")
-    _require(cfg.max_policy_lag is None or (_is_int(cfg.max_policy_lag) and cfg.max_policy_lag >= 0),
-             "max_policy_lag", cfg.max_policy_lag, "must be None or an integer >= 0")
-    _require(cfg.vtrace_pg_rho_bar is None
-             or (_is_number(cfg.vtrace_pg_rho_bar) and cfg.vtrace_pg_rho_bar > 0),
-             "vtrace_pg_rho_bar", cfg.vtrace_pg_rho_bar, "must be None or a number > 0")
-    for name in ("vtrace_rho_bar", "vtrace_c_bar", "learning_rate", "clip_eps",
-                 "max_grad_norm", "obs_clip", "reward_clip"):
-        value = getattr(cfg, name)
-        _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
-    for name in ("vf_coef", "ent_coef"):
-        value = getattr(cfg, name)
-        _require(_is_number(value) and value >= 0, name, value, "must be a number >= 0")
-    for name in ("gamma", "gae_lambda", "vtrace_lambda"):
-        value = getattr(cfg, name)
-        _require(_is_number(value) and 0 <= value <= 1, name, value,
-                 "must be a number in [0, 1]")
+    _validate_ppo(cfg)
     _require(
         isinstance(cfg.hidden_sizes, tuple) and len(cfg.hidden_sizes) >= 1
         and all(_is_int(h) and h >= 1 for h in cfg.hidden_sizes),
@@ -361,8 +356,37 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         value = getattr(cfg, name)
         if value is None and name == "learner_device":
             continue
-        _require(isinstance(value, str) and _parse_device_spec(value) is not None,
+        _require(isinstance(value, str) and parse_device_spec(value) is not None,
                  name, value, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
+
+
+def _validate_ppo(cfg: AsyncActorLearnerConfig) -> None:
+    """The loss, the off-policy correction and their coefficients."""
+    _require(cfg.ppo_ratio_anchor in PPO_RATIO_ANCHORS, "ppo_ratio_anchor",
+             cfg.ppo_ratio_anchor, f"must be one of {', '.join(PPO_RATIO_ANCHORS)}")
+    _require(_is_number(cfg.proximal_ewma_decay) and 0 <= cfg.proximal_ewma_decay < 1,
+             "proximal_ewma_decay", cfg.proximal_ewma_decay, "must be a number in [0, 1)")
+    _require(_is_number(cfg.is_weight_max) and cfg.is_weight_max >= 1, "is_weight_max",
+             cfg.is_weight_max, "must be a number >= 1")
+    _require(cfg.max_policy_lag is None or (_is_int(cfg.max_policy_lag) and cfg.max_policy_lag >= 0),
+             "max_policy_lag", cfg.max_policy_lag, "must be None or an integer >= 0")
+    _require(cfg.value_clip_eps is None
+             or (_is_number(cfg.value_clip_eps) and cfg.value_clip_eps > 0),
+             "value_clip_eps", cfg.value_clip_eps, "must be None or a number > 0")
+    _require(cfg.vtrace_pg_rho_bar is None
+             or (_is_number(cfg.vtrace_pg_rho_bar) and cfg.vtrace_pg_rho_bar > 0),
+             "vtrace_pg_rho_bar", cfg.vtrace_pg_rho_bar, "must be None or a number > 0")
+    for name in ("vtrace_rho_bar", "vtrace_c_bar", "learning_rate", "clip_eps",
+                 "max_grad_norm", "obs_clip", "reward_clip"):
+        value = getattr(cfg, name)
+        _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
+    for name in ("vf_coef", "ent_coef"):
+        value = getattr(cfg, name)
+        _require(_is_number(value) and value >= 0, name, value, "must be a number >= 0")
+    for name in ("gamma", "gae_lambda", "vtrace_lambda"):
+        value = getattr(cfg, name)
+        _require(_is_number(value) and 0 <= value <= 1, name, value,
+                 "must be a number in [0, 1]")
 
 
 def _validate_envpool_kwargs(cfg: AsyncActorLearnerConfig) -> None:
@@ -424,54 +448,14 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
         return
     _require(importlib.util.find_spec("ray") is not None, "actor_backend", cfg.actor_backend,
              "Ray is not installed; pip install 'ppo-async[ray]' (or use actor_backend='threads')")
-    _require(_parse_device_spec(cfg.actor_device) in (("cpu", 0),), "actor_device",
+    _require(parse_device_spec(cfg.actor_device) in (("cpu", 0),), "actor_device",
              cfg.actor_device,
              "with actor_backend='ray' each actor process has one CPU device; use 'cpu'")
 
 
-def _parse_device_spec(spec: str) -> tuple[str, int] | None:
+def parse_device_spec(spec: str) -> tuple[str, int] | None:
+    """``(platform, index)`` of a device string such as 'gpu:1' (index 0 if absent); None if malformed."""
     platform, _, index = spec.partition(":")
     if not platform or (index and not index.isdigit()):
         return None
     return platform, int(index or 0)
-
-
-def resolve_device(spec: str | None):
-    """The ``jax.Device`` a config device string names (``None``: the default device)."""
-    import jax
-
-    if spec is None:
-        return jax.devices()[0]
-    parsed = _parse_device_spec(spec) if isinstance(spec, str) else None
-    if parsed is None:
-        raise ConfigError(f"device {spec!r}: must look like 'cpu', 'gpu:0' or 'cpu:1'")
-    platform, index = parsed
-    try:
-        devices = jax.devices(platform)
-    except RuntimeError as error:
-        raise ConfigError(f"device {spec!r}: no {platform} backend here ({error})") from None
-    if index >= len(devices):
-        raise ConfigError(
-            f"device {spec!r}: only {len(devices)} {platform} device(s) here "
-            "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)"
-        )
-    return devices[index]
-
-
-def make_config_network(config: AsyncActorLearnerConfig, observation_shape, action_space):
-    """`ppo_async.networks.actor_critic.make_network` with ``config``'s network fields.
-
-    The one place actors, learner, evaluation and the twin build their
-    network, so all of them get the same one. A torso that cannot read the
-    env's observations (known only once the env exists) is a `ConfigError`
-    naming the field.
-    """
-    from ppo_async.networks.actor_critic import make_network
-
-    try:
-        return make_network(observation_shape, action_space, config.hidden_sizes,
-                            config.network, config.rnn_hidden_size, config.network_torso)
-    except ValueError as error:
-        if "torso" not in str(error):
-            raise
-        raise ConfigError(f"torso={config.torso!r} with env_id={config.env_id!r}: {error}") from None

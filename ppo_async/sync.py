@@ -1,7 +1,7 @@
 """The synchronous twin: the same kernels in one fully jitted PPO loop.
 
 ``make_train(config)`` returns a pure ``train_fn(key) -> SyncResult``:
-rollout (`ppo_async.envs.gymnax_env.make_rollout`), update (`ppo_async.runtime.learner.make_update_fn`),
+rollout (`ppo_async.envs.gymnax_env.make_rollout`), update (`ppo_async.core.update.make_update_fn`),
 repeat, all inside one ``lax.scan``. No threads, no queues, no staleness, so
 it is the baseline the asynchronous runtime is compared against, and since it
 is pure, ``jax.jit(jax.vmap(make_train(cfg)))(keys)`` trains many seeds at once.
@@ -20,19 +20,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.runs.compile_cache import enable_compilation_cache
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError, make_config_network
-from ppo_async.envs.gymnax_env import BatchedEnv, EnvCarry, make_rollout
-from ppo_async.envs.host import GYMNAX, split_env_id
-from ppo_async.runtime.learner import (
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
+from ppo_async.core.update import (
     Batch,
     LearnerState,
     init_learner_state,
     make_update_fn,
     with_normalization,
 )
-from ppo_async.networks.actor_critic import init_params, is_recurrent
-from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
+from ppo_async.envs.gymnax_env import BatchedEnv, EnvCarry, make_rollout
+from ppo_async.envs.program import Trajectory
+from ppo_async.envs.registry import GYMNAX, split_env_id
+from ppo_async.networks.actor_critic import init_params, is_recurrent, make_config_network
+from ppo_async.runs.compile_cache import enable_compilation_cache
 
 
 class SyncResult(NamedTuple):
@@ -78,17 +79,7 @@ def make_sync_twin(
     (a straggler among fresh actors, say; feed-forward networks only: every
     env then acts with its own copy of the params).
     """
-    per_actor = isinstance(policy_lag, tuple)
-    lags = policy_lag if per_actor else (policy_lag,)
-    if not lags or not all(isinstance(k, int) and k >= 0 for k in lags) or (
-        per_actor and len(lags) != config.num_actors
-    ):
-        raise ValueError(
-            f"policy_lag={policy_lag!r}: must be an integer >= 0, or a tuple of "
-            f"num_actors={config.num_actors} of them"
-        )
-    if per_actor and config.recurrent:
-        raise ConfigError(f"network={config.network!r}: per-actor lags need a feed-forward network")
+    lags, per_actor = _checked_lags(config, policy_lag)
     history_size = max(lags)
     # Each env's index into the history of params plus the current ones (last).
     env_index = np.repeat([history_size - k for k in lags],
@@ -137,50 +128,82 @@ def make_sync_twin(
     def step(carry: SyncCarry) -> tuple[SyncCarry, dict[str, jax.Array]]:
         acting, lag = carry.learner.params, jnp.zeros((config.num_envs,), jnp.int32)
         if history_size:
-            versions = jnp.append(carry.stale_versions, carry.updates)
-            lag = carry.updates - versions[env_index]
-            if per_actor:  # every env its own params: [E, ...]
-                acting = jax.tree.map(
-                    lambda h, p: jnp.concatenate([h, p[None]])[env_index],
-                    carry.stale_params, carry.learner.params)
-            else:
-                acting = jax.tree.map(lambda p: p[0], carry.stale_params)
+            acting, lag = _stale_params(carry, env_index, per_actor)
         env_carry, trajectory, bootstrap_value = rollout(acting, carry.env)
-        batch = Batch(
-            obs=trajectory.obs,
-            action=trajectory.action,
-            reward=trajectory.reward,
-            done=trajectory.done,
-            behaviour_logp=trajectory.behaviour_logp,
-            behaviour_value=trajectory.behaviour_value,
-            bootstrap_obs=env_carry.obs,
-            bootstrap_value=bootstrap_value,
-            reset=trajectory.reset,
-            initial_hidden=None if trajectory.hidden is None else trajectory.hidden[0],
-            policy_lag=lag,
-            truncated=None if trajectory.final_obs is None else trajectory.truncated,
-            final_obs=trajectory.final_obs,
-            discounted_return=trajectory.discounted_return,
-        )
-        learner, metrics = update(carry.learner, batch)
+        learner, metrics = update(carry.learner,
+                                  _batch_of(trajectory, env_carry.obs, bootstrap_value, lag))
         metrics["episode_return_sum"] = jnp.sum(trajectory.episode_return)
         metrics["episodes"] = jnp.sum(trajectory.episode_length > 0)
         if not history_size:
             return SyncCarry(learner, env_carry), metrics
-
-        def push(history, newest):  # drop the oldest, append the newest
-            return jnp.concatenate([history[1:], newest[None]], axis=0)
-
-        # The params this update started from (version ``updates``) join the
-        # history; the current ones stay in the learner state.
-        return SyncCarry(
-            learner, env_carry,
-            stale_params=jax.tree.map(push, carry.stale_params, carry.learner.params),
-            stale_versions=push(carry.stale_versions, carry.updates),
-            updates=carry.updates + 1,
-        ), metrics
+        return _with_history(SyncCarry(learner, env_carry), carry), metrics
 
     return SyncTwin(init, step)
+
+
+def _checked_lags(config: AsyncActorLearnerConfig,
+                  policy_lag: int | tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+    """``(lags, per_actor)`` of a `make_sync_twin` ``policy_lag``; raises for a bad one."""
+    per_actor = isinstance(policy_lag, tuple)
+    lags = policy_lag if per_actor else (policy_lag,)
+    if not lags or not all(isinstance(k, int) and k >= 0 for k in lags) or (
+        per_actor and len(lags) != config.num_actors
+    ):
+        raise ValueError(
+            f"policy_lag={policy_lag!r}: must be an integer >= 0, or a tuple of "
+            f"num_actors={config.num_actors} of them"
+        )
+    if per_actor and config.recurrent:
+        raise ConfigError(f"network={config.network!r}: per-actor lags need a feed-forward network")
+    return lags, per_actor
+
+
+def _stale_params(carry: SyncCarry, env_index: np.ndarray, per_actor: bool) -> tuple[Any, jax.Array]:
+    """The params each env acts with, from the history, and each env's lag ``[E]``."""
+    versions = jnp.append(carry.stale_versions, carry.updates)
+    lag = carry.updates - versions[env_index]
+    if per_actor:  # every env its own params: [E, ...]
+        acting = jax.tree.map(lambda h, p: jnp.concatenate([h, p[None]])[env_index],
+                              carry.stale_params, carry.learner.params)
+    else:
+        acting = jax.tree.map(lambda p: p[0], carry.stale_params)
+    return acting, lag
+
+
+def _batch_of(trajectory: Trajectory, bootstrap_obs: jax.Array, bootstrap_value: jax.Array,
+              lag: jax.Array) -> Batch:
+    """One rollout as the learner's `Batch` (the runtime stacks its actors' chunks the same way)."""
+    return Batch(
+        obs=trajectory.obs,
+        action=trajectory.action,
+        reward=trajectory.reward,
+        done=trajectory.done,
+        behaviour_logp=trajectory.behaviour_logp,
+        behaviour_value=trajectory.behaviour_value,
+        bootstrap_obs=bootstrap_obs,
+        bootstrap_value=bootstrap_value,
+        reset=trajectory.reset,
+        initial_hidden=None if trajectory.hidden is None else trajectory.hidden[0],
+        policy_lag=lag,
+        truncated=None if trajectory.final_obs is None else trajectory.truncated,
+        final_obs=trajectory.final_obs,
+        discounted_return=trajectory.discounted_return,
+    )
+
+
+def _with_history(new: SyncCarry, old: SyncCarry) -> SyncCarry:
+    """``new`` with the params ``old`` started its update from (version ``updates``) in the history.
+
+    The oldest params drop out; the current ones stay in the learner state.
+    """
+    def push(history, newest):
+        return jnp.concatenate([history[1:], newest[None]], axis=0)
+
+    return new._replace(
+        stale_params=jax.tree.map(push, old.stale_params, old.learner.params),
+        stale_versions=push(old.stale_versions, old.updates),
+        updates=old.updates + 1,
+    )
 
 
 def make_train(

@@ -25,45 +25,37 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import flax.serialization
 import jax
 import numpy as np
 
-from ppo_async.runtime.actor import (
-    EVALUATOR_ID,
-    ActorError,
-    ActorFailure,
-    ActorProgram,
-    ActorStart,
-    Experience,
-    make_actor_program,
-)
-from ppo_async.runs.checkpoint import save_checkpoint
-from ppo_async.runs.compile_cache import enable_compilation_cache
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_device
-from ppo_async.runtime.learner import (
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.core.normalization import NormalizationOptions, wrap_params
+from ppo_async.core.update import (
     Batch,
-    EvalOutcome,
-    LearnerChannels,
-    LearnerReport,
     LearnerState,
     LearningRateSchedule,
     UpdateFn,
     default_schedule,
-    drain_evaluations,
     init_learner_state,
-    learner_loop,
     make_update_fn,
     with_normalization,
-    stack_experiences,
 )
+from ppo_async.envs.backends import make_actor_program
+from ppo_async.envs.program import ActorProgram
 from ppo_async.networks.actor_critic import init_params
-from ppo_async.core.normalization import NormalizationOptions, wrap_params
-from ppo_async.runtime.messages import place
-from ppo_async.runs.resume import CheckpointPolicy, ResumePoint, checkpoint_contents, load_resume_point
+from ppo_async.runs.checkpoint import save_checkpoint
+from ppo_async.runs.compile_cache import enable_compilation_cache
+from ppo_async.runs.resume import (
+    CheckpointPolicy,
+    ResumePoint,
+    checkpoint_contents,
+    load_resume_point,
+)
 from ppo_async.runs.run_dir import (
+    ERROR_FILE,
     PARAMS_FILE,
     SUMMARY_FILE,
     check_fresh,
@@ -77,6 +69,17 @@ from ppo_async.runs.run_dir import (
 )
 from ppo_async.runs.run_log import RunLog
 from ppo_async.runs.wandb_log import WandbSettings
+from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart
+from ppo_async.runtime.devices import resolve_device
+from ppo_async.runtime.learner import (
+    EvalOutcome,
+    LearnerChannels,
+    LearnerReport,
+    drain_evaluations,
+    learner_loop,
+    stack_experiences,
+)
+from ppo_async.runtime.messages import ActorFailure, Experience, place
 from ppo_async.runtime.supervisor import Supervisor
 from ppo_async.runtime.transport import LearnerTransport, ThreadTransport, stop_threads
 from ppo_async.runtime.watchdog import FreezeWatchdog
@@ -415,133 +418,189 @@ def _train(
 ) -> TrainResult:
     """`train`'s body; ``cleanup`` is closed whenever it returns or raises."""
     enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
-    learner_device = resolve_device(config.learner_device)
-    actor_device = resolve_device(config.actor_device)
-    directories = _run_directories(config, run_dir, resume_from)
-    run_dir, resume_from = directories.run_dir, directories.resume_from
-
-    program = make_actor_program(config)
-    resume: ResumePoint | None = None
-    if resume_from is not None:
-        resume = load_resume_point(config, program, checkpoint_dir(resume_from))
-    schedule = resume.schedule if resume is not None else default_schedule(config)
-    update = with_normalization(make_update_fn(config, program.network, schedule),
-                                NormalizationOptions.from_config(config))
-    warm_up = _UpdateWarmUp(config, program, update, learner_device)
-    try:  # until the shutdown below, which joins it on every path
-        if resume is None:
-            params_key, learner_key = jax.random.split(jax.random.key(config.seed))
-            params = wrap_params(
-                init_params(program.network, params_key, program.observation_shape),
-                program.observation_shape, NormalizationOptions.from_config(config))
-            state, report = init_learner_state(config, params, learner_key), LearnerReport()
-            carries = (None,) * config.num_actors
-        else:
-            state, report, carries = resume.state, resume.report, resume.actor_carries
-        end_update = resume.end_update if resume is not None else config.num_updates
-        state = jax.device_put(state, learner_device)
-    except BaseException:
-        warm_up.join(config.shutdown_timeout_s)
-        raise
-
-    start_updates = report.updates
-    watchdog = FreezeWatchdog.for_run(config, run_dir, start_updates)
-    if watchdog is not None:
-        cleanup.callback(watchdog.close)
-    stop = threading.Event()  # the evaluator's
-    evaluating = config.eval_every_updates > 0
-    checkpoints = _Checkpoints(config, run_dir, schedule)
-    transport: LearnerTransport | None = None
-    run_log: RunLog | None = None
-    evaluator_thread = None
+    run = _Run(config, _run_directories(config, run_dir, resume_from))
+    run.prepare()
+    run.watch(cleanup)
     error: BaseException | None = None
     try:
+        run.learn(progress, on_update, wandb)
+    except BaseException as caught:  # noqa: BLE001 - re-raised below, after the shutdown
+        error = caught
+    return run.finish(run.shut_down(error), error)
+
+
+class _Shutdown(NamedTuple):
+    """What stopping a run left: threads that did not stop, late failures, the last checkpoint."""
+
+    stragglers: list[str]
+    late: list[ActorFailure]
+    saved: pathlib.Path | None
+
+
+class _Run:
+    """One `train` call's parts, made in order (`prepare`, `watch`, `learn`) and stopped on every way out."""
+
+    def __init__(self, config: AsyncActorLearnerConfig, directories: _RunDirectories):
+        self.config, self.directories = config, directories
+        self.run_dir = directories.run_dir
+        self.learner_device = resolve_device(config.learner_device)
+        self.actor_device = resolve_device(config.actor_device)
+        self.evaluating = config.eval_every_updates > 0
+        self.stop = threading.Event()  # the evaluator's
+        self.watchdog: FreezeWatchdog | None = None
+        self.transport: LearnerTransport | None = None
+        self.supervisor: Supervisor | None = None
+        self.channels: LearnerChannels | None = None
+        self.run_log: RunLog | None = None
+        self.evaluator_thread: threading.Thread | None = None
+
+    def prepare(self) -> None:
+        """The actor program, the state to start from (fresh or resumed), the update compiling."""
+        config = self.config
+        self.program = make_actor_program(config)
+        self.resume: ResumePoint | None = None
+        if self.directories.resume_from is not None:
+            self.resume = load_resume_point(config, self.program,
+                                            checkpoint_dir(self.directories.resume_from))
+        resume = self.resume
+        self.schedule = resume.schedule if resume is not None else default_schedule(config)
+        self.update = with_normalization(make_update_fn(config, self.program.network, self.schedule),
+                                         NormalizationOptions.from_config(config))
+        self.warm_up = _UpdateWarmUp(config, self.program, self.update, self.learner_device)
+        try:  # until the shutdown, which joins it on every path
+            if resume is None:
+                params_key, learner_key = jax.random.split(jax.random.key(config.seed))
+                program = self.program
+                params = wrap_params(
+                    init_params(program.network, params_key, program.observation_shape),
+                    program.observation_shape, NormalizationOptions.from_config(config))
+                state, self.report = init_learner_state(config, params, learner_key), LearnerReport()
+                self.carries = (None,) * config.num_actors
+            else:
+                state, self.report, self.carries = resume.state, resume.report, resume.actor_carries
+            self.end_update = resume.end_update if resume is not None else config.num_updates
+            self.state = jax.device_put(state, self.learner_device)
+        except BaseException:
+            self.warm_up.join(config.shutdown_timeout_s)
+            raise
+        self.start_updates = self.report.updates
+        self.checkpoints = _Checkpoints(config, self.run_dir, self.schedule)
+
+    def watch(self, cleanup: contextlib.ExitStack) -> None:
+        """Arm the freeze watchdog (thread actors), disarmed when ``cleanup`` closes."""
+        self.watchdog = FreezeWatchdog.for_run(
+            self.config, self.run_dir, self.start_updates,
+            self.run_dir / ERROR_FILE if self.run_dir is not None else None)
+        if self.watchdog is not None:
+            cleanup.callback(self.watchdog.close)
+
+    def learn(self, progress: bool, on_update: Callable[[dict[str, float]], None] | None,
+              wandb: WandbSettings | None) -> None:
+        """Start the transport, the run's files, the evaluator and the actors; run the learner."""
+        config, watchdog = self.config, self.watchdog
         # Before any run file: Ray refuses a cluster without room for the actors here.
-        transport = _make_transport(config, program, actor_device)
-        channels = LearnerChannels(
-            transport, queue.Queue() if evaluating else None, queue.Queue() if evaluating else None,
-        )
-        supervisor = Supervisor(config, transport, watchdog)
-        run_log = _open_run(config, directories, progress, report, end_update, resume, wandb)
+        transport = self.transport = _make_transport(config, self.program, self.actor_device)
+        self.channels = LearnerChannels(
+            transport, *(queue.Queue() if self.evaluating else None for _ in range(2)))
+        self.supervisor = Supervisor(config, transport, watchdog)
+        run_log = self.run_log = _open_run(config, self.directories, progress, self.report,
+                                           self.end_update, self.resume, wandb)
 
         def record(metrics: dict[str, float]) -> None:
             run_log(metrics)
             if on_update is not None:
                 on_update(metrics)
 
-        transport.publish(state.params, start_updates)
-        if evaluating:
-            evaluator_thread = _spawn_evaluator(config, channels, stop)
-        for actor_id, carry in enumerate(carries):
+        transport.publish(self.state.params, self.start_updates)
+        if self.evaluating:
+            self.evaluator_thread = _spawn_evaluator(config, self.channels, self.stop)
+        for actor_id, carry in enumerate(self.carries):
             transport.start_actor(actor_id, ActorStart(
-                produced_steps=start_updates * config.num_steps,
-                carry=jax.device_put(carry, actor_device) if carry is not None else None,
+                produced_steps=self.start_updates * config.num_steps,
+                carry=jax.device_put(carry, self.actor_device) if carry is not None else None,
             ))
         transport.wait_started()  # processes take seconds to start; threads none
         if watchdog is not None:
             watchdog.name_threads()
-        state, report = learner_loop(
-            config, program.network, state, channels, learner_device, record,
-            on_actor_failure=supervisor.on_failure, on_stuck_actors=supervisor.on_stuck,
-            after_update=checkpoints.after_update, report=report,
-            update=warm_up.before(update), end_update=end_update, on_evaluation=run_log.evaluation,
+        self.state, self.report = learner_loop(
+            config, self.program.network, self.state, self.channels, self.learner_device, record,
+            on_actor_failure=self.supervisor.on_failure, on_stuck_actors=self.supervisor.on_stuck,
+            after_update=self.checkpoints.after_update, report=self.report,
+            update=self.warm_up.before(self.update), end_update=self.end_update,
+            on_evaluation=run_log.evaluation,
             heartbeat=watchdog.heartbeat if watchdog is not None else None,
         )
-        if evaluator_thread is not None:
+        if self.evaluator_thread is not None:
             # Let the evaluations asked for finish, so that they are reported and logged.
-            channels.evaluator_queue.put(None)
-            evaluator_thread.join(config.shutdown_timeout_s)
-    except BaseException as caught:  # noqa: BLE001 - re-raised below, after the shutdown
-        error = caught
+            self.channels.evaluator_queue.put(None)
+            self.evaluator_thread.join(config.shutdown_timeout_s)
 
-    # Shutdown, on every path: stop the actors and threads, then keep the newest good state.
-    if watchdog is not None:
-        watchdog.allow(watchdog.timeout_s + config.shutdown_timeout_s)
-    stop.set()
-    deadline = time.monotonic() + config.shutdown_timeout_s
-    stragglers = stop_threads([t for t in (warm_up.thread, evaluator_thread) if t],
-                              config.shutdown_timeout_s)
-    late: list[ActorFailure] = []
-    if transport is not None:
-        stragglers += transport.stop(max(0.0, deadline - time.monotonic()),
-                                     known_stuck=getattr(error, "actor_ids", ()))
-        late = transport.late_failures()
-        supervisor.annotate(error)
-    if error is None and evaluating and run_log is not None:
-        try:  # evaluations that finished after the last update: the shutdown waited for them
-            for evaluation in drain_evaluations(channels, report):
-                run_log.evaluation(evaluation)
-        except Exception as caught:  # noqa: BLE001 - raised below, like the run's own errors
-            error = caught
-    if run_log is not None:
-        run_log.close(failed=error is not None)
-    saved = checkpoints.save_latest() if run_dir is not None else None
+    def shut_down(self, error: BaseException | None) -> _Shutdown:
+        """Stop the actors and threads, log what is left, keep the newest good state; on every path."""
+        config = self.config
+        if self.watchdog is not None:
+            self.watchdog.allow(self.watchdog.timeout_s + config.shutdown_timeout_s)
+        self.stop.set()
+        deadline = time.monotonic() + config.shutdown_timeout_s
+        stragglers = stop_threads(
+            [t for t in (self.warm_up.thread, self.evaluator_thread) if t],
+            config.shutdown_timeout_s)
+        late: list[ActorFailure] = []
+        if self.transport is not None:
+            stragglers += self.transport.stop(max(0.0, deadline - time.monotonic()),
+                                              known_stuck=getattr(error, "actor_ids", ()))
+            late = self.transport.late_failures()
+            if self.supervisor is not None:
+                self.supervisor.annotate(error)
+        return _Shutdown(stragglers, late, None)
 
-    if error is not None:
-        if stragglers:
-            error.add_note(f"threads still running (they cannot be killed): {'; '.join(stragglers)}")
-        for failure in late:
+    def finish(self, shutdown: _Shutdown, error: BaseException | None) -> TrainResult:
+        """Close the log and save the newest good state; then raise ``error`` or return the result."""
+        if error is None and self.evaluating and self.run_log is not None:
+            try:  # evaluations that finished after the last update: the shutdown waited for them
+                for evaluation in drain_evaluations(self.channels, self.report):
+                    self.run_log.evaluation(evaluation)
+            except Exception as caught:  # noqa: BLE001 - raised below, like the run's own errors
+                error = caught
+        if self.run_log is not None:
+            self.run_log.close(failed=error is not None)
+        saved = self.checkpoints.save_latest() if self.run_dir is not None else None
+        if error is not None:
+            self._reraise(error, shutdown._replace(saved=saved))
+        return self._result(shutdown)
+
+    def _reraise(self, error: BaseException, shutdown: _Shutdown) -> NoReturn:
+        """Raise ``error`` with what the shutdown left noted on it (Ctrl-C: as `TrainingInterrupted`)."""
+        if shutdown.stragglers:
+            error.add_note("threads still running (they cannot be killed): "
+                           f"{'; '.join(shutdown.stragglers)}")
+        for failure in shutdown.late:
             error.add_note(f"also failed while stopping:\n{failure.formatted_traceback}")
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, TrainingInterrupted):
-            raise TrainingInterrupted(checkpoints.latest[0] if checkpoints.latest else start_updates,
-                                      run_dir, saved) from error
+            latest = self.checkpoints.latest
+            raise TrainingInterrupted(latest[0] if latest else self.start_updates,
+                                      self.run_dir, shutdown.saved) from error
         raise error
 
-    report.actor_stats = transport.actor_stats()
-    report.actor_restarts = sum(stats.restarts for stats in report.actor_stats)
-    result = TrainResult(jax.device_get(state.params), report)
-    if run_dir is not None:
-        write_atomically(run_dir / PARAMS_FILE, flax.serialization.to_bytes(result.params))
-        write_json(run_dir / SUMMARY_FILE, _summary(report))
-    if late:
-        raise ActorError(late[0].actor_id, late[0].formatted_traceback + (
-            "\n(it failed while the finished run was stopping; the final params and "
-            "summary were written)")) from late[0].error
-    if stragglers:
-        raise ShutdownTimeoutError(
-            f"the run finished, but threads did not stop within shutdown_timeout_s="
-            f"{config.shutdown_timeout_s} s: {'; '.join(stragglers)}. The final params and "
-            "summary were written; the threads are daemons and end with the process.",
-            stragglers, result,
-        )
-    return result
+    def _result(self, shutdown: _Shutdown) -> TrainResult:
+        """The finished run's params and report, written to the run directory."""
+        config, report = self.config, self.report
+        report.actor_stats = self.transport.actor_stats()
+        report.actor_restarts = sum(stats.restarts for stats in report.actor_stats)
+        result = TrainResult(jax.device_get(self.state.params), report)
+        if self.run_dir is not None:
+            write_atomically(self.run_dir / PARAMS_FILE, flax.serialization.to_bytes(result.params))
+            write_json(self.run_dir / SUMMARY_FILE, _summary(report))
+        late, stragglers = shutdown.late, shutdown.stragglers
+        if late:
+            raise ActorError(late[0].actor_id, late[0].formatted_traceback + (
+                "\n(it failed while the finished run was stopping; the final params and "
+                "summary were written)")) from late[0].error
+        if stragglers:
+            raise ShutdownTimeoutError(
+                f"the run finished, but threads did not stop within shutdown_timeout_s="
+                f"{config.shutdown_timeout_s} s: {'; '.join(stragglers)}. The final params and "
+                "summary were written; the threads are daemons and end with the process.",
+                stragglers, result,
+            )
+        return result

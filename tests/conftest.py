@@ -33,6 +33,12 @@ def no_thread_leaks():
     assert run_threads_alive() == []
 
 
+@pytest.fixture(params=[False, True], ids=["eager", "jit"])
+def maybe_jit(request):
+    """The function under test as it is, then jitted: a pure kernel must agree both ways."""
+    return jax.jit if request.param else (lambda fn: fn)
+
+
 @pytest.fixture
 def recorded_updates(monkeypatch):
     """``(updates, calls)``: every jitted update `train` builds, and the batch

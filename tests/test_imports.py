@@ -81,6 +81,28 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return violations
 
 
+def test_every_import_goes_down_the_layers():
+    assert set(map(_part, MODULES)) == set(BELOW)
+    assert layer_violations(GRAPH) == []
+
+
+def test_the_layer_check_reports_an_import_that_goes_up():
+    broken = {
+        "ppo_async.core.losses": {"ppo_async.runtime.actor"},
+        "ppo_async.envs.host": {"ppo_async.runtime.learner"},
+        "ppo_async.runs.run_log": {"ppo_async.tools.cli"},
+        "ppo_async.sync": {"ppo_async.runtime.learner"},
+        "ppo_async.config": {"ppo_async.envs.host"},
+    }
+    assert layer_violations(broken) == [
+        "ppo_async.config imports ppo_async.envs.host",
+        "ppo_async.core.losses imports ppo_async.runtime.actor",
+        "ppo_async.envs.host imports ppo_async.runtime.learner",
+        "ppo_async.runs.run_log imports ppo_async.tools.cli",
+        "ppo_async.sync imports ppo_async.runtime.learner",
+    ]
+
+
 def test_the_subpackages_init_files_only_describe_them():
     for module, path in MODULES.items():
         if path.name == "__init__.py" and module != "ppo_async":

@@ -5,9 +5,10 @@ Each is a full 500k-step run (about a minute on a 2-core machine), marked
 """
 
 import pytest
-from timing_cases import DEFAULT_CARTPOLE, VTRACE_LONG_LEAD
 
 from ppo_async import train
+
+from timing_cases import DEFAULT_CARTPOLE, VTRACE_LONG_LEAD
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-
 # Log-ratios are clipped to +-LOG_RATIO_LIMIT before exponentiating: e^20 is
 # far past any ratio a healthy update sees, and far from float32's overflow.
 LOG_RATIO_LIMIT = 20.0
@@ -26,7 +25,7 @@ def masked_mean(x: jax.Array, mask: jax.Array | None) -> jax.Array:
 
 def ppo_loss(
     logp: jax.Array,
-    old_logp: jax.Array,
+    proximal_logp: jax.Array,
     advantages: jax.Array,
     values: jax.Array,
     old_values: jax.Array,
@@ -44,16 +43,16 @@ def ppo_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped-surrogate PPO loss, value loss and entropy bonus.
 
-    ``old_logp`` is the proximal policy pi_prox the ratio is centred on
+    ``proximal_logp`` is the proximal policy pi_prox the ratio is centred on
     (Hilton et al. 2021, arXiv:2110.00641). With ``r = pi / pi_prox =
-    exp(clip(logp - old_logp, -20, 20))``::
+    exp(clip(logp - proximal_logp, -20, 20))``::
 
         policy_loss = -mean(w * min(r * A, clip(r, 1 - eps, 1 + eps) * A))
 
     where ``w = 1`` when ``behaviour_logp`` is None (pi_prox is the policy
     that collected the data: standard PPO), and otherwise the importance
     weight of the proximal over the behaviour policy mu,
-    ``w = exp(min(old_logp - behaviour_logp, log(is_weight_max)))``, so the
+    ``w = exp(min(proximal_logp - behaviour_logp, log(is_weight_max)))``, so the
     surrogate is an expectation under mu of the decoupled objective.
     ``value_loss = 0.5 * mean((V - target)^2)``, or with ``value_clip_eps`` the
     elementwise max against the value clipped to ``old_values +- value_clip_eps``;
@@ -64,7 +63,7 @@ def ppo_loss(
 
     Args:
       logp: ``[N]`` log pi(a|x) under the parameters being optimised.
-      old_logp: ``[N]`` log pi_prox(a|x), the ratio's anchor (the behaviour
+      proximal_logp: ``[N]`` log pi_prox(a|x), the ratio's anchor (the behaviour
         policy, the learner's params at the update's start, or their moving
         average: see ``AsyncActorLearnerConfig.ppo_ratio_anchor``).
       advantages: ``[N]`` advantage estimates (no gradient flows into them).
@@ -89,7 +88,7 @@ def ppo_loss(
     """
     chex.assert_rank(logp, 1)
     chex.assert_equal_shape(
-        [logp, old_logp, advantages, values, old_values, value_targets, entropy]
+        [logp, proximal_logp, advantages, values, old_values, value_targets, entropy]
     )
     advantages = jax.lax.stop_gradient(advantages)
     value_targets = jax.lax.stop_gradient(value_targets)
@@ -100,7 +99,7 @@ def ppo_loss(
         std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
         advantages = (advantages - mean) / (std + 1e-8)
 
-    log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    log_ratio = jnp.clip(logp - proximal_logp, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = jnp.exp(log_ratio)
     surrogate = ratio * advantages
     clipped_surrogate = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
@@ -109,7 +108,7 @@ def ppo_loss(
     if behaviour_logp is not None:
         chex.assert_equal_shape([logp, behaviour_logp])
         log_weight = jnp.minimum(
-            old_logp - behaviour_logp, jnp.log(jnp.float32(is_weight_max))
+            proximal_logp - behaviour_logp, jnp.log(jnp.float32(is_weight_max))
         )
         weight = jnp.exp(log_weight)
         objective = weight * objective

@@ -20,7 +20,7 @@ the statistics they last received, scale rewards with them, and send the raw
 observations and their discounted returns; the learner folds each batch into
 the statistics in consumption order (before the update, as brax does),
 trains on the batch normalized with the new statistics, and broadcasts
-both. A run with both options off carries plain params, exactly as before.
+both. A run with both options off carries plain network params.
 
 Everything here is pure and jittable, and takes named options, never the config.
 """

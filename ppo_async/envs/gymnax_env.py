@@ -7,7 +7,7 @@ final observation in ``info["final_observation"]``.
 
 `make_rollout` returns one jitted function that steps ``E`` envs ``T`` times
 under fixed policy parameters with ``lax.scan`` and returns a time-major
-`Trajectory`. Truncation is resolved here, as DESIGN.md asks: at a step that
+`Trajectory`. Truncation is resolved here: at a step that
 was truncated (and not terminated) the rollout adds ``gamma * V(final_obs)``
 to the stored reward, and ``done`` is set, so the learner's
 ``discount = gamma * (1 - done)`` is 0 and no value leaks from the next
@@ -21,21 +21,36 @@ is zeroed (`ppo_async.networks.actor_critic.reset_hidden`) right before the netw
 the first observation of an episode -- which is where ``episode_length`` is 0 --
 and the trajectory records each step's ``reset`` flag and the state the step
 acted with, so the learner can re-unroll the chunk exactly.
+
+`make_gymnax_actor_program` builds an actor's `ActorProgram` from both.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from ppo_async.networks.actor_critic import reset_hidden
-from ppo_async.core.normalization import NormalizedPolicy, accumulate_return, scale_reward
-
-class UnknownEnvError(ValueError):
-    """An env id that gymnax does not know."""
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.normalization import (
+    NormalizationOptions,
+    NormalizedPolicy,
+    accumulate_return,
+    acting_apply,
+    scale_reward,
+    wrap_params,
+)
+from ppo_async.envs.program import ActorProgram, Trajectory
+from ppo_async.envs.registry import UnknownEnvError, split_env_id
+from ppo_async.networks.actor_critic import (
+    is_recurrent,
+    make_config_network,
+    params_template,
+    reset_hidden,
+)
 
 
 def make_gymnax_env(env_id: str):
@@ -66,34 +81,6 @@ class EnvCarry(NamedTuple):
     # Reward scaling only (None otherwise): the discounted return R_{t-1}, 0
     # after an episode ended (`ppo_async.core.normalization.accumulate_return`).
     discounted_return: jax.Array | None = None  # [E] float32
-
-
-class Trajectory(NamedTuple):
-    """``T`` steps of ``E`` envs, time-major."""
-
-    obs: jax.Array  # [T, E, *obs_shape] float32, observation acted on
-    action: jax.Array  # [T, E] int32, or [T, E, action_dim] float32 (unclipped sample)
-    reward: jax.Array  # [T, E] float32, with gamma * V(final_obs) folded in at truncations
-    terminated: jax.Array  # [T, E] bool, the MDP ended at this step
-    truncated: jax.Array  # [T, E] bool, the time limit ended the episode (and it did not terminate)
-    behaviour_logp: jax.Array  # [T, E] float32, log mu(a|x) of the acting policy
-    behaviour_value: jax.Array  # [T, E] float32, V(x) of the acting policy
-    episode_return: jax.Array  # [T, E] float32, return of the episode that ended here, else 0
-    episode_length: jax.Array  # [T, E] int32, length of the episode that ended here, else 0
-    # Recurrent policies only (None otherwise):
-    reset: jax.Array | None = None  # [T, E] bool, an episode starts here: the state was zeroed before acting
-    hidden: jax.Array | None = None  # [T, E, state_size] float32, the state the step acted with (after its reset)
-    # Only when the learner bootstraps truncations (None otherwise): the
-    # observation each truncated episode reached (rows where truncated; others
-    # unspecified), and then ``reward`` has nothing folded in.
-    final_obs: jax.Array | None = None  # [T, E, *obs_shape] float32
-    # Reward scaling only (None otherwise): the learner's return statistics take these.
-    discounted_return: jax.Array | None = None  # [T, E] float32, R_t of the raw env rewards
-
-    @property
-    def done(self) -> jax.Array:
-        """``[T, E]`` bool: an episode ended at this step (either way)."""
-        return self.terminated | self.truncated
 
 
 class BatchedEnv:
@@ -265,3 +252,42 @@ def make_rollout(
         return carry, trajectory, bootstrap_value
 
     return rollout
+
+
+def make_gymnax_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
+    """The `ActorProgram` of a gymnax id: ``num_steps`` env steps in one jitted ``lax.scan``."""
+    env_name = split_env_id(config.env_id)[1]
+    env = BatchedEnv(env_name, config.envs_per_actor)
+    network = make_config_network(config, env.observation_shape, env.action_space)
+    options = NormalizationOptions.from_config(config)
+    template = wrap_params(params_template(network, env.observation_shape),
+                           env.observation_shape, options)
+    # A recurrent actor's hidden state lives in its EnvCarry: it crosses chunk
+    # boundaries and policy updates (new params meet the state the old ones
+    # built, as in IMPALA) and is checkpointed with the carry.
+    recurrent = is_recurrent(network)
+    scan_rollout = make_rollout(env, acting_apply(network.apply, options), config.num_steps,
+                                config.gamma, recurrent=recurrent,
+                                reward_clip=options.reward_clip if options.rewards else None,
+                                keep_final_obs=config.learner_bootstraps_truncation)
+    state_size = network.state_size if recurrent else None
+
+    # One compiled program: run eagerly, the reset's key splits, gymnax reset,
+    # dtype fixes and zeros are each compiled (and cached) on their own, a
+    # dozen small compiles on every actor's way to its first chunk.
+    jitted_reset = jax.jit(functools.partial(env.reset, state_size=state_size,
+                                             track_return=options.rewards))
+
+    def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
+        return jax.device_put(jitted_reset(key), device)
+
+    def rollout(params, carry: EnvCarry):
+        carry, trajectory, bootstrap_value = scan_rollout(params, carry)
+        return carry, trajectory, carry.obs, bootstrap_value
+
+    # Traced, not run: the shapes and dtypes the learner's batches will have.
+    carry_spec = jax.eval_shape(jitted_reset, jax.random.key(0))
+    _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
+    return ActorProgram(
+        env.observation_shape, network, template, reset, rollout, tuple(chunk_spec)
+    )

@@ -1,9 +1,10 @@
-"""`ActorProgram`: the contract between an env backend and the actor loop.
+"""The contract between an env backend and the actor loop: `ActorProgram` and `Trajectory`.
 
-An env backend (jitted gymnax envs in `ppo_async.runtime.actor`, host simulators in
-`ppo_async.envs.host`) builds one; the actor loop runs it, whichever
-transport carries its messages. It lives apart from both so that neither
-imports the other to name it.
+An env backend (jitted gymnax envs, `ppo_async.envs.gymnax_env`; host
+simulators, `ppo_async.envs.host_rollout`) builds an `ActorProgram`
+(`ppo_async.envs.backends.make_actor_program` picks it from the env id); the
+actor loop runs it, whichever transport carries its messages, and every
+backend's rollout returns the same `Trajectory`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,36 @@ from typing import Any, NamedTuple
 
 import jax
 
-from ppo_async.envs.gymnax_env import Trajectory
 from ppo_async.networks.actor_critic import ActorCritic
+
+
+class Trajectory(NamedTuple):
+    """``T`` steps of ``E`` envs, time-major."""
+
+    obs: jax.Array  # [T, E, *obs_shape] float32, observation acted on
+    action: jax.Array  # [T, E] int32, or [T, E, action_dim] float32 (unclipped sample)
+    reward: jax.Array  # [T, E] float32, with gamma * V(final_obs) folded in at truncations
+    terminated: jax.Array  # [T, E] bool, the MDP ended at this step
+    truncated: jax.Array  # [T, E] bool, the time limit ended the episode (and it did not terminate)
+    behaviour_logp: jax.Array  # [T, E] float32, log mu(a|x) of the acting policy
+    behaviour_value: jax.Array  # [T, E] float32, V(x) of the acting policy
+    episode_return: jax.Array  # [T, E] float32, return of the episode that ended here, else 0
+    episode_length: jax.Array  # [T, E] int32, length of the episode that ended here, else 0
+    # Recurrent policies only (None otherwise):
+    reset: jax.Array | None = None  # [T, E] bool, an episode starts here: the state was zeroed before acting
+    hidden: jax.Array | None = None  # [T, E, state_size] float32, the state the step acted with (after its reset)
+    # Only when the learner bootstraps truncations (None otherwise): the
+    # observation each truncated episode reached (rows where truncated; others
+    # unspecified), and then ``reward`` has nothing folded in.
+    final_obs: jax.Array | None = None  # [T, E, *obs_shape] float32
+    # Reward scaling only (None otherwise): the learner's return statistics take these.
+    discounted_return: jax.Array | None = None  # [T, E] float32, R_t of the raw env rewards
+
+    @property
+    def done(self) -> jax.Array:
+        """``[T, E]`` bool: an episode ended at this step (either way)."""
+        return self.terminated | self.truncated
+
 
 Carry = Any  # whatever an ActorProgram's envs carry between chunks
 

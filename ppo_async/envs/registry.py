@@ -1,9 +1,8 @@
 """Env ids and the host-env registry: which backend an id names, and whether it can run.
 
 The config validates ``env_id`` here and the actors look their host envs up
-here, so this module imports no runtime code (no actor, learner, config or
-host-env backend): it only parses names and looks them up, building no env.
-`ppo_async.envs.host` re-exports everything below from where it always was.
+here, so this module imports nothing else of the package, nor any env
+backend: it only parses names and looks them up, building no env.
 """
 
 from __future__ import annotations
@@ -12,7 +11,10 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ppo_async.envs.gymnax_env import UnknownEnvError
+
+class UnknownEnvError(ValueError):
+    """An env id that no backend knows (the message lists the valid ones)."""
+
 
 GYMNAX, GYMNASIUM, ENVPOOL, HOST = "gymnax", "gymnasium", "envpool", "host"
 ENV_BACKENDS = (GYMNAX, GYMNASIUM, ENVPOOL, HOST)  # env id prefixes, in the order docs list them
@@ -50,6 +52,13 @@ def registered_host_envs() -> tuple[str, ...]:
 # --------------------------------------------------------------------------
 # Env ids.
 # --------------------------------------------------------------------------
+
+
+def host_env_factory(name: str) -> HostEnvFactory:
+    """The factory `register_host_env` registered under ``name`` (`UnknownEnvError` if none)."""
+    if name not in _REGISTRY:
+        raise UnknownEnvError(env_id_problem(f"{HOST}:{name}"))
+    return _REGISTRY[name]
 
 
 def split_env_id(env_id: str) -> tuple[str, str]:
@@ -108,7 +117,7 @@ def env_id_problem(env_id: Any) -> str | None:
         return None
     if backend == ENVPOOL:
         try:
-            envpool = _import_envpool()
+            envpool = import_envpool()
         except BackendNotInstalledError as error:
             return str(error)
         if name not in envpool.list_all_envs():
@@ -118,12 +127,12 @@ def env_id_problem(env_id: Any) -> str | None:
         registered = ", ".join(registered_host_envs()) or "none yet"
         return (
             f"no host env registered as {name!r} (registered: {registered}); call "
-            "ppo_async.envs.host.register_host_env(name, factory) before building the config"
+            "ppo_async.envs.registry.register_host_env(name, factory) before building the config"
         )
     return None
 
 
-def _import_envpool():
+def import_envpool():
     try:
         return importlib.import_module("envpool")
     except ImportError as error:
@@ -174,7 +183,7 @@ def is_envpool_atari(env_id: str) -> bool:
     if backend != ENVPOOL:
         return False
     try:
-        envpool = _import_envpool()
+        envpool = import_envpool()
     except BackendNotInstalledError:
         return False
     spec = envpool.registration.registry.specs.get(name)
@@ -208,7 +217,7 @@ def envpool_kwargs_problem(env_id: str, overrides: Any) -> str | None:
     backend, name = split_env_id(env_id)
     if backend != ENVPOOL:
         return f"only envpool: env ids take envpool make() arguments (env_id is {env_id!r})"
-    envpool = _import_envpool()
+    envpool = import_envpool()
     settings = set(envpool.make_spec(name).config._fields) - set(ENVPOOL_RESERVED_KWARGS)
     for key, _ in overrides:
         if key not in settings:

@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.networks.distributions import Categorical, DiagGaussian, Distribution
-
 
 # Newton-Schulz steps of the polar factor. Each step maps a singular value s
 # to 1.5 s - 0.5 s^3: one near 0 grows by 1.5x a step, then converges
@@ -79,10 +79,9 @@ def orthogonal(scale: float = 1.0):
     which takes the Q of a QR instead; the draws differ, the law does not.
     It is computed with Newton-Schulz steps (matrix products only), and the
     Gaussian with XLA's Philox generator (`_standard_normal`), because this
-    initializer's compile time is on the path to a run's first update: the
-    default network's initializers took ~1.7 s of CPU to compile with
-    Gram-Schmidt on ``jax.random.normal``, ~1.2 s like this. Why not QR: with jax 0.10.2 on a 2-core CPU, a vmapped
-    init (``jax.vmap(make_train(cfg))`` over seeds) runs XLA's batched QR,
+    initializer's compile time is on the path to a run's first update
+    (``experiments/bench_startup.py`` times it). Why not QR: with jax 0.10.2
+    on CPU, a vmapped init (``jax.vmap(make_train(cfg))`` over seeds) runs XLA's batched QR,
     which deadlocks the CPU thread pool -- the twin hangs forever; matrix
     products have no such kernel. The last axis is the output (column) axis,
     as in flax's default.
@@ -238,6 +237,23 @@ def make_network(
     return ActorCritic(shape[0], True, tuple(hidden_sizes), torso)
 
 
+def make_config_network(config: AsyncActorLearnerConfig, observation_shape, action_space):
+    """`ppo_async.networks.actor_critic.make_network` with ``config``'s network fields.
+
+    The one place actors, learner, evaluation and the twin build their
+    network, so all of them get the same one. A torso that cannot read the
+    env's observations (known only once the env exists) is a `ConfigError`
+    naming the field.
+    """
+    try:
+        return make_network(observation_shape, action_space, config.hidden_sizes,
+                            config.network, config.rnn_hidden_size, config.network_torso)
+    except ValueError as error:
+        if "torso" not in str(error):
+            raise
+        raise ConfigError(f"torso={config.torso!r} with env_id={config.env_id!r}: {error}") from None
+
+
 def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
     """The torso (one of `TORSOS`) that ``torso`` names for ``observation_shape``.
 
@@ -280,9 +296,9 @@ def params_template(network: ActorCritic, observation_shape: Sequence[int]):
     """Host zeros with the structure, shapes and dtypes of ``network``'s params.
 
     What decoding broadcast bytes needs, without running (or compiling) the
-    initializers: ``jax.eval_shape`` only traces them. Compiling ``init`` costs
-    seconds on a 2-core CPU, and a run would otherwise pay it once more for
-    every template it builds.
+    initializers: ``jax.eval_shape`` only traces them. Compiling ``init`` takes
+    seconds, and a run would otherwise pay it once more for every template it
+    builds.
     """
     dummy = jax.ShapeDtypeStruct((1, *observation_shape), jnp.float32)
     if is_recurrent(network):

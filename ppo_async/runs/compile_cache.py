@@ -1,8 +1,8 @@
 """The opt-in persistent compilation cache: compile a run's programs once per machine.
 
 A run compiles a few dozen XLA programs (the initializers, the update, each
-actor's reset and rollout, and small ones dispatched op by op); on a 2-core CPU
-that is most of the seconds before its first update. With
+actor's reset and rollout, and small ones dispatched op by op): on a CPU
+most of the seconds before its first update (``experiments/bench_startup.py``). With
 ``AsyncActorLearnerConfig.compilation_cache_dir`` set, `train` and the
 synchronous twin point JAX's persistent compilation cache there, so a later
 process running the same config loads the compiled programs from disk instead.

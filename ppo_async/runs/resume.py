@@ -23,7 +23,7 @@ uninterrupted run). A new budget or ``learning_rate`` re-plans the linear
 schedule as if the run had been planned so from the start: from
 ``learning_rate`` at optimizer step 0 to 0 at the new last step, so that the
 rate at the resume point is ``learning_rate * (1 - steps_done / new_total)``
-(`ppo_async.runtime.learner.continue_schedule`; extending a finished run does not
+(`ppo_async.core.update.continue_schedule`; extending a finished run does not
 continue from its final rate of 0). Steps are optimizer steps: ``new_total`` is
 those taken so far plus the updates left times the resuming config's
 ``num_epochs * num_minibatches``. ``anneal_lr`` may be switched: off, the rate
@@ -46,19 +46,19 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ppo_async.runtime.actor import ActorProgram, make_actor_program
+from ppo_async.envs.backends import make_actor_program
+from ppo_async.envs.program import ActorProgram
 from ppo_async.runs.checkpoint import LoadedCheckpoint, load_latest_checkpoint
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs.gymnax_env import EnvCarry
-from ppo_async.runtime.learner import (
-    RECENT_EPISODES,
-    LearnerReport,
+from ppo_async.core.update import (
     LearnerState,
     LearningRateSchedule,
     continue_schedule,
     init_learner_state,
     optimizer_steps_per_update,
 )
+from ppo_async.runtime.learner import LearnerReport, RECENT_EPISODES
 
 logger = logging.getLogger(__name__)
 

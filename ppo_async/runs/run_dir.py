@@ -46,6 +46,7 @@ SEGMENTS_FILE = "segments.json"
 METRICS_FILE = "metrics.jsonl"
 PARAMS_FILE = "params.msgpack"
 SUMMARY_FILE = "summary.json"
+ERROR_FILE = "error.txt"  # the traceback of a run that failed (the CLI's, the freeze watchdog's)
 CHECKPOINT_SUBDIR = "checkpoints"
 
 TEMP_PREFIX = ".tmp-"  # temporary files of atomic writes; readers ignore them
@@ -109,11 +110,13 @@ def _fsync_directory(directory: pathlib.Path) -> None:
 
 
 def write_json(path: str | os.PathLike, value: Any) -> pathlib.Path:
-    """`write_atomically` of ``value`` as indented strict JSON (NaN and inf become null)."""
+    """`write_atomically` of ``value`` as indented strict JSON (NaN and inf become null; numpy values become lists and numbers)."""
     return write_atomically(path, (strict_json(value, indent=2) + "\n").encode())
 
 
 def _finite_or_none(value: Any) -> Any:
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy scalars, arrays
+        value = value.tolist()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):

@@ -155,8 +155,8 @@ class RunLog:
         # The file is named after the second it was opened and opened with "wb";
         # a resume within the same second would truncate the previous file.
         suffix = f".{len(earlier)}" if append else ""
-        # One Summary proto per update through the FileWriter costs ~0.4 ms in
-        # the learner thread; SummaryWriter.add_scalar per metric costs ~10x that.
+        # One Summary proto per update through the FileWriter: SummaryWriter.add_scalar
+        # would cost the learner thread one event per metric.
         # The writer's own thread does the disk writes, flushed every few seconds
         # so a live TensorBoard keeps up.
         self.events = FileWriter(str(run_dir), flush_secs=5, filename_suffix=suffix)

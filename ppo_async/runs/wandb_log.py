@@ -31,6 +31,7 @@ import pathlib
 from typing import Any, NamedTuple
 
 from ppo_async.config import ConfigError
+from ppo_async.runs.run_dir import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class WandbRun:
         A nonzero ``exit_code`` (the run raised, or was interrupted) marks the W&B run failed.
         """
         try:
-            if self.run_dir is not None and (self.run_dir / "metrics.jsonl").is_file():
+            if self.run_dir is not None and (self.run_dir / METRICS_FILE).is_file():
                 from ppo_async.runs.plotting import plot_run
 
                 # Into the W&B run's own files (uploaded with it); not into the run directory.

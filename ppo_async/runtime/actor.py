@@ -8,8 +8,8 @@ and (4) sends one `Experience` to the learner. An exception inside an actor is
 sent to the learner as an `ActorFailure` so that the run stops at once
 instead of starving.
 
-The loop (`actor_thread`) is written once and talks to an `ActorEndpoint`:
-how messages move is a transport's business. `ActorChannels` is the endpoint
+The loop (`run_actor`) is written once and talks to an `ActorEndpoint`:
+how messages move is a transport's business. `QueueEndpoint` is the endpoint
 of an actor thread (queues in the learner's process, `spawn_actor`);
 `ppo_async.runtime.ray_transport` gives the same loop an endpoint in a process.
 """
@@ -17,7 +17,6 @@ of an actor thread (queues in the learner's process, `spawn_actor`);
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import queue
 import threading
@@ -28,38 +27,18 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import numpy as np
 
+from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs.program import ActorProgram, Carry
-from ppo_async.config import AsyncActorLearnerConfig, make_config_network
-from ppo_async.envs.registry import GYMNAX, split_env_id
-from ppo_async.envs.gymnax_env import BatchedEnv, EnvCarry, Trajectory, make_rollout
-from ppo_async.envs.host import make_host_actor_program
-from ppo_async.networks.actor_critic import is_recurrent, params_template
-from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
-from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
+from ppo_async.runtime.messages import (
+    ActorFailure,
+    Experience,
+    PolicyBroadcast,
+    load_policy_from_broadcast,
+    take_newest,
+)
 
 # How often a waiting actor looks at the stop signal.
 _POLL_S = 0.05
-
-
-class Experience(NamedTuple):
-    """One chunk from one actor: ``T = num_steps`` rows of its ``E`` envs (numpy)."""
-
-    actor_id: int
-    policy_version: int  # learner updates behind the params that collected it
-    trajectory: Trajectory  # time-major [T, E, ...] numpy arrays
-    bootstrap_obs: np.ndarray  # [E, *obs_shape] observation after the last row
-    bootstrap_value: np.ndarray  # [E] V(bootstrap_obs) under the behaviour params
-    # The actor's env carry after this chunk: where the actor would resume from if
-    # this were the last chunk the learner consumed (checkpoints keep it).
-    env_carry: Any = None
-
-
-class ActorFailure(NamedTuple):
-    """Sent on the experience queue by an actor that raised."""
-
-    actor_id: int
-    error: BaseException  # carries its own __traceback__
-    formatted_traceback: str
 
 
 EVALUATOR_ID = -1  # the actor_id an evaluator thread's failure is reported under
@@ -140,7 +119,7 @@ class ActorEndpoint(Protocol):
         """Whether the run has asked this actor to end."""
 
 
-class ActorChannels(NamedTuple):
+class QueueEndpoint(NamedTuple):
     """The `ActorEndpoint` of an actor thread: queue ends and stop signal in the learner's process."""
 
     experience_queue: queue.Queue  # shared by all actors -> learner (Experience | ActorFailure)
@@ -151,7 +130,7 @@ class ActorChannels(NamedTuple):
         self.experience_queue.put(item)
 
     def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
-        return _drain(self.broadcast_queue)
+        return take_newest(self.broadcast_queue)
 
     def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
         try:
@@ -163,67 +142,6 @@ class ActorChannels(NamedTuple):
         return self.stop.is_set()
 
 
-def make_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
-    """The `ActorProgram` for ``config.env_id``.
-
-    gymnax ids (no prefix, or ``gymnax:``) are rolled out by a jitted
-    ``lax.scan``; ``gymnasium:``, ``envpool:`` and ``host:`` ids by
-    `ppo_async.envs.host.make_host_actor_program`.
-    """
-    backend, env_name = split_env_id(config.env_id)
-    if backend != GYMNAX:
-        return make_host_actor_program(config)
-    env = BatchedEnv(env_name, config.envs_per_actor)
-    network = make_config_network(config, env.observation_shape, env.action_space)
-    options = NormalizationOptions.from_config(config)
-    template = wrap_params(params_template(network, env.observation_shape),
-                           env.observation_shape, options)
-    # A recurrent actor's hidden state lives in its EnvCarry: it crosses chunk
-    # boundaries and policy updates (new params meet the state the old ones
-    # built, as in IMPALA) and is checkpointed with the carry.
-    recurrent = is_recurrent(network)
-    scan_rollout = make_rollout(env, acting_apply(network.apply, options), config.num_steps,
-                                config.gamma, recurrent=recurrent,
-                                reward_clip=options.reward_clip if options.rewards else None,
-                                keep_final_obs=config.learner_bootstraps_truncation)
-    state_size = network.state_size if recurrent else None
-
-    # One compiled program: run eagerly, the reset's key splits, gymnax reset,
-    # dtype fixes and zeros are each compiled (and cached) on their own, a
-    # dozen small compiles on every actor's way to its first chunk.
-    jitted_reset = jax.jit(functools.partial(env.reset, state_size=state_size,
-                                             track_return=options.rewards))
-
-    def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
-        return jax.device_put(jitted_reset(key), device)
-
-    def rollout(params, carry: EnvCarry):
-        carry, trajectory, bootstrap_value = scan_rollout(params, carry)
-        return carry, trajectory, carry.obs, bootstrap_value
-
-    # Traced, not run: the shapes and dtypes the learner's batches will have.
-    carry_spec = jax.eval_shape(jitted_reset, jax.random.key(0))
-    _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
-    return ActorProgram(
-        env.observation_shape, network, template, reset, rollout, tuple(chunk_spec)
-    )
-
-
-def _drain(broadcast_queue: queue.Queue) -> tuple[PolicyBroadcast | None, int]:
-    """The newest broadcast waiting (or None) and how many were taken."""
-    newest, taken = None, 0
-    while True:
-        try:
-            message = broadcast_queue.get_nowait()
-        except queue.Empty:
-            return newest, taken
-        taken += 1
-        # Newest by version, not by arrival: a restarted actor's re-delivered
-        # broadcast may land behind a newer one.
-        if newest is None or message.version >= newest.version:
-            newest = message
-
-
 class ActorStart(NamedTuple):
     """Where an actor starts: fresh, after a restart, or from a checkpoint."""
 
@@ -232,7 +150,7 @@ class ActorStart(NamedTuple):
     carry: Any = None  # env carry to continue from; None resets the envs
 
 
-def actor_thread(
+def run_actor(
     actor_id: int,
     config: AsyncActorLearnerConfig,
     program: ActorProgram,
@@ -243,7 +161,7 @@ def actor_thread(
 ) -> ActorStats:
     """The actor loop; returns its `ActorStats` once ``channels.stopped()``.
 
-    ``channels`` is any `ActorEndpoint` (`ActorChannels` for a thread). The
+    ``channels`` is any `ActorEndpoint` (`QueueEndpoint` for a thread). The
     first `PolicyBroadcast` must already wait there (or arrive): the actor
     never acts with params the learner did not send. Raises whatever the env,
     rollout or loading raises; the transport reports it (`spawn_actor`).
@@ -266,7 +184,7 @@ def actor_thread(
 def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
              channels: ActorEndpoint, device: jax.Device, stats: ActorStats,
              start: ActorStart, carry: Carry) -> None:
-    """The actor loop of `actor_thread`, until the stop signal."""
+    """The actor loop of `run_actor`, until the stop signal."""
     throttle = ActorThrottle.from_config(config)
     params, learner_updates, policy_version = None, 0, -1
     produced = start.produced_steps
@@ -289,7 +207,7 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
             continue  # never step back to older params
         if newest is not None:
             params = load_policy_from_broadcast(newest, program.params_template, device)
-            learner_updates, policy_version = newest.learner_updates, newest.version
+            learner_updates, policy_version = newest.version, newest.version
             continue  # look again: more may have arrived, and the valve may now open
 
         chunk_start, chunk_cpu_start = time.perf_counter(), time.thread_time()
@@ -335,12 +253,12 @@ def spawn_actor(
     actor_id: int,
     config: AsyncActorLearnerConfig,
     program: ActorProgram,
-    channels: ActorChannels,
+    channels: QueueEndpoint,
     device: jax.Device,
     stats: ActorStats | None = None,
     start: ActorStart = ActorStart(),
 ) -> ActorHandle:
-    """Start `actor_thread` in a daemon thread and return its `ActorHandle`.
+    """Start `run_actor` in a daemon thread and return its `ActorHandle`.
 
     An exception in the actor is stored on the handle and sent to the learner
     as an `ActorFailure` on the experience queue. ``stats`` carries counters
@@ -352,7 +270,7 @@ def spawn_actor(
 
     def run() -> None:
         try:
-            actor_thread(actor_id, config, program, channels, device, handle.stats, start)
+            run_actor(actor_id, config, program, channels, device, handle.stats, start)
         except BaseException as error:  # noqa: BLE001 - reported, never swallowed
             handle.error = error
             channels.send(ActorFailure(actor_id, error, traceback.format_exc()))

@@ -23,10 +23,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import AsyncActorLearnerConfig, make_config_network, resolve_device
-from ppo_async.envs.gymnax_env import BatchedEnv
-from ppo_async.networks.actor_critic import is_recurrent, params_template, reset_hidden
+from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
+from ppo_async.envs.gymnax_env import BatchedEnv
+from ppo_async.networks.actor_critic import (
+    is_recurrent,
+    make_config_network,
+    params_template,
+    reset_hidden,
+)
+from ppo_async.runtime.devices import resolve_device
 from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds
@@ -197,7 +203,7 @@ class Evaluator:
         and seed give the same result.
         """
         if isinstance(params, (bytes, bytearray)):
-            params = self._decode(PolicyBroadcast(-1, -1, bytes(params)))
+            params = self._decode(PolicyBroadcast(-1, bytes(params)))
         params = jax.device_put(params, self.device)
         key = jax.device_put(jax.random.key(seed), self.device)
         outcome = jax.device_get(self._run(params, key))
@@ -275,7 +281,7 @@ def evaluate(
     Host envs (``gymnasium:``, ``envpool:``, ``host:``) run the same episodes
     in a Python loop over the env (`evaluate_host_env`).
     """
-    from ppo_async.envs.host import GYMNAX, split_env_id
+    from ppo_async.envs.registry import GYMNAX, split_env_id
 
     if split_env_id(config.env_id)[0] != GYMNAX:
         return evaluate_host_env(config, params, num_episodes, seed, greedy)
@@ -326,7 +332,7 @@ def evaluate_host_env(
     (`ppo_async.envs.registry.ATARI_EVAL_KWARGS`: whole games, unclipped
     score, sticky actions), not the training ones.
     """
-    from ppo_async.envs.host import _batch, _close_envs, make_host_env
+    from ppo_async.envs.host import checked_array, close_envs, make_host_env
 
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes={num_episodes!r}: must be an integer >= 1")
@@ -341,7 +347,7 @@ def evaluate_host_env(
                                options)
         device = resolve_device(config.actor_device)
         if isinstance(params, (bytes, bytearray)):
-            params = load_policy_from_broadcast(PolicyBroadcast(-1, -1, bytes(params)), template)
+            params = load_policy_from_broadcast(PolicyBroadcast(-1, bytes(params)), template)
         params = jax.device_put(params, device)
         continuous = not hasattr(envs.action_space, "n")
         low = np.asarray(getattr(envs.action_space, "low", -np.inf), np.float32)
@@ -358,7 +364,7 @@ def evaluate_host_env(
         episode_length = np.zeros(num_envs, np.int32)
         key = jax.random.key(seed)
         hidden = network.zero_hidden(num_envs) if is_recurrent(network) else None
-        obs = _batch(config.env_id, "reset obs", envs.reset(seed),
+        obs = checked_array(config.env_id, "reset obs", envs.reset(seed),
                      (num_envs, *observation_shape), np.float32)
         for _ in range(MAX_HOST_EVAL_STEPS):
             if np.all(done_count >= share):
@@ -366,7 +372,7 @@ def evaluate_host_env(
             key, action, hidden = act(params, obs, key, hidden, episode_length == 0)
             action = np.asarray(action)
             step = envs.step(np.clip(action, low, high) if continuous else action)
-            obs = _batch(config.env_id, "obs", step[0], (num_envs, *observation_shape), np.float32)
+            obs = checked_array(config.env_id, "obs", step[0], (num_envs, *observation_shape), np.float32)
             episode_return += np.asarray(step[1], np.float32)
             episode_length += 1
             done = np.asarray(step[2], bool) | np.asarray(step[3], bool)
@@ -382,5 +388,5 @@ def evaluate_host_env(
                 f"{int(done_count.sum())} of {num_episodes} episodes done"
             )
     finally:
-        _close_envs(envs)
+        close_envs(envs)
     return EvalResult(returns, lengths, float(np.mean(returns)), float(np.std(returns)))

@@ -1,4 +1,8 @@
-"""Weights as bytes: the only thing that crosses from the learner to an actor.
+"""The messages between actors and learner, and the weights as bytes.
+
+An actor sends `Experience` (or, when it raised, `ActorFailure`) to the
+learner; the learner sends `PolicyBroadcast` to every actor. Weights as bytes
+are the only thing that crosses from the learner to an actor.
 
 ``serialize_policy`` pulls the params to the host and packs them with flax's
 msgpack serialization; ``load_policy_from_broadcast`` unpacks them into a
@@ -10,6 +14,7 @@ on the CPU share one params pytree definition.
 from __future__ import annotations
 
 import functools
+import queue
 from typing import Any, NamedTuple
 
 import flax.serialization
@@ -17,13 +22,54 @@ import jax
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
+from ppo_async.envs.program import Trajectory
+
+
+class Experience(NamedTuple):
+    """One chunk from one actor: ``T = num_steps`` rows of its ``E`` envs (numpy)."""
+
+    actor_id: int
+    policy_version: int  # learner updates behind the params that collected it
+    trajectory: Trajectory  # time-major [T, E, ...] numpy arrays
+    bootstrap_obs: np.ndarray  # [E, *obs_shape] observation after the last row
+    bootstrap_value: np.ndarray  # [E] V(bootstrap_obs) under the behaviour params
+    # The actor's env carry after this chunk: where the actor would resume from if
+    # this were the last chunk the learner consumed (checkpoints keep it).
+    env_carry: Any = None
+
+
+class ActorFailure(NamedTuple):
+    """Sent on the experience queue by an actor that raised."""
+
+    actor_id: int
+    error: BaseException  # carries its own __traceback__
+    formatted_traceback: str
+
 
 class PolicyBroadcast(NamedTuple):
-    """One message on an actor's broadcast queue."""
+    """One message on an actor's broadcast queue: the learner's params after update ``version``."""
 
-    version: int  # policy version: learner updates applied to these params
-    learner_updates: int  # updates the learner had completed when it sent this
+    # policy version: learner updates applied to these params, which are also
+    # the updates the learner had completed when it sent them
+    version: int
     payload: bytes  # flax.serialization.to_bytes of the host params
+
+
+def take_newest(inbox: queue.Queue) -> tuple[Any, int]:
+    """The newest message waiting in ``inbox`` by ``.version`` (None if none), and how many were taken.
+
+    Never blocks. Newest by version, not by arrival: a restarted actor's
+    re-delivered broadcast may land behind a newer one.
+    """
+    newest, taken = None, 0
+    while True:
+        try:
+            message = inbox.get_nowait()
+        except queue.Empty:
+            return newest, taken
+        taken += 1
+        if newest is None or message.version >= newest.version:
+            newest = message
 
 
 class PolicyLoadError(ValueError):
@@ -40,9 +86,8 @@ def place(tree: Any, device: jax.Device | None) -> Any:
 
     Same result as ``jax.device_put(tree, device)``, but as one jitted identity
     whose outputs are pinned to ``device``: a single dispatch for the whole
-    tree, where ``device_put`` pays its per-call overhead on every leaf (on
-    this project's small pytrees, 2-5x slower; ``experiments/bench_learner.py``
-    times both). Used on the hot paths: the learner's batch every update and
+    tree, where ``device_put`` pays its per-call overhead on every leaf
+    (``experiments/bench_learner.py`` times both). Used on the hot paths: the learner's batch every update and
     an actor's params every broadcast.
     """
     if device is None:

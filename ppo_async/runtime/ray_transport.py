@@ -1,7 +1,7 @@
 """Actors as Ray processes: past the GIL on one machine, and across machines on the same path.
 
 Each actor is one Ray actor (a process: `_ActorProcess`) that runs the same
-actor loop as a thread does (`ppo_async.runtime.actor.actor_thread`, its
+actor loop as a thread does (`ppo_async.runtime.actor.run_actor`, its
 `ActorThrottle`, the same `Experience` and `PolicyBroadcast` messages), behind
 an `ActorEndpoint` whose queues live in that process:
 
@@ -40,22 +40,16 @@ import time
 import traceback
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from ppo_async.runtime.actor import (
-    ActorFailure,
-    ActorProgram,
-    ActorStart,
-    ActorStats,
-    Experience,
-    actor_thread,
-    make_actor_program,
-)
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
-from ppo_async.envs.registry import _REGISTRY, HOST, split_env_id
+from ppo_async.envs.backends import make_actor_program
 from ppo_async.envs.gymnax_env import EnvCarry
+from ppo_async.envs.program import ActorProgram
+from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
+from ppo_async.runtime.actor import ActorStart, ActorStats, run_actor
 from ppo_async.runtime.learner import LearnerTimeoutError
-from ppo_async.runtime.messages import PolicyBroadcast
+from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast, take_newest
 from ppo_async.runtime.transport import Publisher
 
 logger = logging.getLogger(__name__)
@@ -84,6 +78,13 @@ def _import_ray():
 # --------------------------------------------------------------------------
 
 
+class Delivery(NamedTuple):
+    """A broadcast on its way into an actor process: its version and the reference to its bytes."""
+
+    version: int
+    refs: list  # [ObjectRef]: in a list, so that Ray hands the reference over unresolved
+
+
 class _ProcessEndpoint:
     """The `ActorEndpoint` of an actor process: an inbox of references, an outbox of items."""
 
@@ -91,18 +92,17 @@ class _ProcessEndpoint:
         import jax
 
         self._ray, self._jax = ray, jax
-        self.inbox: queue.Queue = queue.Queue()  # (version, learner_updates, [ObjectRef])
+        self.inbox: queue.Queue = queue.Queue()  # Delivery
         self.outbox: queue.Queue = queue.Queue()  # Experience | ActorFailure, in order
         self.stop = threading.Event()
 
     def _load(self, delivery) -> PolicyBroadcast:
-        version, learner_updates, (ref,) = delivery
-        return PolicyBroadcast(version, learner_updates, self._ray.get(ref))
+        return PolicyBroadcast(delivery.version, self._ray.get(delivery.refs[0]))
 
     def send(self, item: Experience | ActorFailure) -> None:
         if isinstance(item, Experience):
             # A gymnax carry travels as host arrays: unpickling device arrays would cost
-            # the learner's thread ~0.2 ms a chunk. A host-env carry holds live
+            # the learner's thread time on every chunk. A host-env carry holds live
             # simulators: it stays here (checkpoints of host-env runs restart their envs).
             carry = item.env_carry
             item = item._replace(env_carry=(
@@ -112,15 +112,7 @@ class _ProcessEndpoint:
         self.outbox.put(item)
 
     def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
-        newest, taken = None, 0
-        while True:
-            try:
-                delivery = self.inbox.get_nowait()
-            except queue.Empty:
-                break
-            taken += 1
-            if newest is None or delivery[0] >= newest[0]:
-                newest = delivery
+        newest, taken = take_newest(self.inbox)
         # Only the newest version's bytes are fetched.
         return (self._load(newest) if newest is not None else None), taken
 
@@ -170,7 +162,7 @@ class _ActorProcess:
 
         def run() -> None:
             try:
-                actor_thread(actor_id, config, program, self.endpoint, device, self.stats, start)
+                run_actor(actor_id, config, program, self.endpoint, device, self.stats, start)
             except BaseException as error:  # noqa: BLE001 - reported, never swallowed
                 self.endpoint.send(ActorFailure(actor_id, error, traceback.format_exc()))
 
@@ -181,10 +173,10 @@ class _ActorProcess:
         """(pid, Ray node id) of this process."""
         return self.stats.pid, self.stats.node_id
 
-    def deliver(self, version: int, learner_updates: int, refs: list) -> None:
+    def deliver(self, version: int, refs: list) -> None:
         # The reference arrives wrapped in a list, so Ray does not fetch the bytes
         # now: only the version the loop actually loads is fetched.
-        self.endpoint.inbox.put((version, learner_updates, refs))
+        self.endpoint.inbox.put(Delivery(version, refs))
 
     def poll(self, timeout_s: float) -> tuple[list, ActorStats]:
         """Everything sent since the last poll (waiting up to ``timeout_s`` for one), and the stats."""
@@ -229,7 +221,7 @@ def _host_env_payload(ray: Any, env_id: str) -> tuple[str, bytes] | None:
     backend, name = split_env_id(env_id)
     if backend != HOST:
         return None
-    factory = _REGISTRY[name]
+    factory = host_env_factory(name)
     module = sys.modules.get(getattr(factory, "__module__", ""), None)
     by_value = module is not None and module.__name__ != "__main__" and not (
         module.__name__.startswith("ppo_async")
@@ -326,7 +318,7 @@ class RayTransport:
         self._stats = [ActorStats(i) for i in range(n)]
         self._polls: dict[int, Any] = {}  # actor id -> its poll call in flight
         self._received: queue.Queue = queue.Queue()  # polled items and reported failures
-        self._latest: tuple[int, int, Any] | None = None  # (version, updates, ref) of the newest
+        self._latest: tuple[int, Any] | None = None  # (version, ref) of the newest
         self._in_flight: dict[int, Any] = {}  # actor id -> its deliver call in flight
         self._owed: set[int] = set()  # actors owed the newest version
         self.publisher = Publisher(self._deliver, self.report_failure, on_idle=self._pay_owed)
@@ -335,7 +327,7 @@ class RayTransport:
 
     def _deliver(self, message: PolicyBroadcast) -> None:
         """Publisher thread, under its lock: one ``ray.put`` of the bytes, one reference to each."""
-        self._latest = (message.version, message.learner_updates, self._ray.put(message.payload))
+        self._latest = (message.version, self._ray.put(message.payload))
         for actor_id in range(len(self.actors)):
             self._send_latest(actor_id)
 
@@ -347,8 +339,8 @@ class RayTransport:
             self._owed.add(actor_id)  # at most one delivery in flight per actor
             return
         self._owed.discard(actor_id)
-        version, learner_updates, ref = self._latest
-        self._in_flight[actor_id] = actor.deliver.remote(version, learner_updates, [ref])
+        version, ref = self._latest
+        self._in_flight[actor_id] = actor.deliver.remote(version, [ref])
 
     def _pay_owed(self) -> None:
         for actor_id in list(self._owed):

@@ -6,7 +6,7 @@ and `Supervisor.on_stuck` when actors it waits on sent nothing for
 ``learner_timeout_s``. A failed actor is restarted under
 ``max_actor_restarts``; a stuck one is first killed, which only a transport
 of processes can do (a thread stuck in an env cannot be ended, so the run
-then fails naming it, as before). With thread actors, a restarted actor's
+then fails naming it). With thread actors, a restarted actor's
 new thread is named to the run's freeze watchdog.
 """
 
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from ppo_async.runtime.actor import ActorFailure, ActorStart
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.runtime.actor import ActorStart
 from ppo_async.runtime.learner import LearnerTimeoutError
+from ppo_async.runtime.messages import ActorFailure
 from ppo_async.runtime.transport import LearnerTransport
 from ppo_async.runtime.watchdog import FreezeWatchdog
 

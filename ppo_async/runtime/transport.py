@@ -1,6 +1,6 @@
 """Transports: how `Experience` and `PolicyBroadcast` messages move between actors and learner.
 
-The actor loop (`ppo_async.runtime.actor.actor_thread`) talks to an `ActorEndpoint`;
+The actor loop (`ppo_async.runtime.actor.run_actor`) talks to an `ActorEndpoint`;
 the learner and the supervisor talk to a `LearnerTransport`. A transport
 implements both ends; nothing on either side knows which one runs:
 
@@ -31,20 +31,18 @@ from typing import Any, Protocol
 
 import jax
 
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.envs.program import ActorProgram
 from ppo_async.runtime.actor import (
     PUBLISHER_ID,
-    ActorChannels,
     ActorEndpoint,
-    ActorFailure,
     ActorHandle,
-    ActorProgram,
     ActorStart,
     ActorStats,
-    Experience,
+    QueueEndpoint,
     spawn_actor,
 )
-from ppo_async.config import AsyncActorLearnerConfig
-from ppo_async.runtime.messages import PolicyBroadcast, serialize_policy
+from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast, serialize_policy
 
 __all__ = ["ActorEndpoint", "LearnerTransport", "Publisher", "ThreadTransport",
            "PUBLISHER_ID", "stop_threads", "where"]
@@ -147,7 +145,7 @@ class Publisher:
                     continue
                 params, learner_updates = taken
                 start = time.perf_counter()
-                message = PolicyBroadcast(learner_updates, learner_updates, serialize_policy(params))
+                message = PolicyBroadcast(learner_updates, serialize_policy(params))
                 self.serialize_s += time.perf_counter() - start
                 with self.lock:
                     self._deliver(message)
@@ -176,8 +174,8 @@ class ThreadTransport:
         for broadcast_queue in self.broadcast_queues:
             broadcast_queue.put(message)
 
-    def _channels(self, actor_id: int) -> ActorChannels:
-        return ActorChannels(self.experience_queue, self.broadcast_queues[actor_id], self.stop_event)
+    def _channels(self, actor_id: int) -> QueueEndpoint:
+        return QueueEndpoint(self.experience_queue, self.broadcast_queues[actor_id], self.stop_event)
 
     def start_actor(self, actor_id: int, start: ActorStart, stats: ActorStats | None = None) -> None:
         self.handles[actor_id] = spawn_actor(

@@ -43,7 +43,6 @@ import time
 
 from ppo_async.config import AsyncActorLearnerConfig
 
-ERROR_FILE = "error.txt"
 _START_UP_S = 600.0  # as long as train waits for the update's compile
 _REARM_FRACTION = 0.05  # re-arm when this much of the allowance is gone: it fires within 95-100%
 
@@ -87,8 +86,12 @@ class FreezeWatchdog:
 
     @classmethod
     def for_run(cls, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
-                start_updates: int) -> FreezeWatchdog | None:
-        """The armed watchdog of a run with thread actors; None for Ray, when disabled, or taken."""
+                start_updates: int, error_file: pathlib.Path | None = None
+                ) -> FreezeWatchdog | None:
+        """The armed watchdog of a run with thread actors; None for Ray, when disabled, or taken.
+
+        ``error_file``: where the stacks of a frozen run are written (``RUN_DIR/error.txt``).
+        """
         global _owner
         if config.actor_backend == "ray" or not config.freeze_watchdog:
             return None
@@ -98,7 +101,7 @@ class FreezeWatchdog:
                 return None
             _owner = cls(timeout_s, _START_UP_S + timeout_s, start_updates,
                          explanation(timeout_s, run_dir),
-                         run_dir / ERROR_FILE if run_dir is not None else None)
+                         error_file)
             _owner._arm(time.monotonic())
             return _owner
 
@@ -122,9 +125,9 @@ class FreezeWatchdog:
     def heartbeat(self, updates: int) -> None:
         """The learner came round (``updates`` done so far); the first update ends the start-up.
 
-        Re-arming starts a C thread (20-40 us), so it happens only once 5% of
-        the allowance has gone (and at the first update); otherwise this is a
-        clock read and a comparison (about half a microsecond).
+        Re-arming starts a C thread, so it happens only once 5% of the
+        allowance has gone (and at the first update); otherwise this is a
+        clock read and a comparison.
         """
         now = time.monotonic()
         if self._starting and updates != self._start_updates:

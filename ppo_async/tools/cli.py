@@ -39,7 +39,7 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
 from ppo_async.tools.presets import PRESETS, load_config_file, preset
 from ppo_async.version import __version__
 
@@ -72,18 +72,18 @@ def load_run_config(run_dir: pathlib.Path) -> AsyncActorLearnerConfig:
     version) are left out with a one-line warning on stderr: the run stays
     usable, and the warning says what was not applied.
     """
-    from ppo_async.runs.run_dir import read_config_fields
+    from ppo_async.runs.run_dir import CONFIG_FILE, read_config_fields
 
     fields = read_config_fields(run_dir)
     if fields is None:
-        raise ConfigError(f"run_dir={str(run_dir)!r}: no config.json there; is it a run directory?")
+        raise ConfigError(f"run_dir={str(run_dir)!r}: no {CONFIG_FILE} there; is it a run directory?")
     known = {f.name for f in dataclasses.fields(AsyncActorLearnerConfig)}
     unknown = sorted(set(fields) - known)
     if unknown:
-        print(f"ppo-async: warning: {pathlib.Path(run_dir) / 'config.json'}: ignoring "
+        print(f"ppo-async: warning: {pathlib.Path(run_dir) / CONFIG_FILE}: ignoring "
               f"{', '.join(unknown)}, not config fields of ppo-async {__version__} "
               "(written by another version?)", file=sys.stderr)
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items() if k in known}
+    fields = fields_from_json({k: v for k, v in fields.items() if k in known})
     return AsyncActorLearnerConfig(**fields)
 
 
@@ -91,7 +91,7 @@ def load_run_params(run_dir: pathlib.Path, config: AsyncActorLearnerConfig) -> A
     """A run's final ``params.msgpack``, or the params of its newest valid checkpoint."""
     import flax.serialization
 
-    from ppo_async.runtime.actor import make_actor_program
+    from ppo_async.envs.backends import make_actor_program
     from ppo_async.runs.resume import load_newest_checkpoint
     from ppo_async.runs.run_dir import PARAMS_FILE, checkpoint_dir
 
@@ -113,18 +113,19 @@ def _new_run_dir(run_root: pathlib.Path, env_id: str) -> pathlib.Path:
 
 def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathlib.Path | None,
            progress: bool, wandb: Any = None) -> None:
+    from ppo_async.runs.run_dir import ERROR_FILE, checkpoint_dir, write_atomically
     from ppo_async.runtime.actor import ActorError
     from ppo_async.runtime.learner import LearnerTimeoutError, NonFiniteError
-    from ppo_async.runs.run_dir import write_atomically
     from ppo_async.train import ShutdownTimeoutError, train
 
     try:
         report = train(config, run_dir=run_dir, resume_from=resume, progress=progress,
                        wandb=wandb).report
     except (ActorError, LearnerTimeoutError, NonFiniteError, ShutdownTimeoutError) as error:
-        log = write_atomically(run_dir / "error.txt", traceback.format_exc().encode())
+        log = write_atomically(run_dir / ERROR_FILE, traceback.format_exc().encode())
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        resumable = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+        checkpoints = checkpoint_dir(run_dir)
+        resumable = checkpoints.is_dir() and any(checkpoints.iterdir())
         print(
             f"ppo-async: {type(error).__name__}: {first_line} (traceback in {log})"
             + (f"; resume with: ppo-async train --resume {run_dir}" if resumable else ""),
@@ -279,7 +280,12 @@ def enjoy_command(
         seed: Seeds the env resets.
         fps: Frames per second of the video.
     """
-    from ppo_async.tools.video import check_video_path, record_episodes, use_headless_backends, write_video
+    from ppo_async.tools.video import (
+        check_video_path,
+        record_episodes,
+        use_headless_backends,
+        write_video,
+    )
 
     use_headless_backends()  # before loading the run can import pygame or MuJoCo
     _check_count("--episodes", episodes)
@@ -519,9 +525,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] in (["--version"], ["-V"]):
         print(f"ppo-async {__version__}")
         return
+    from ppo_async.envs.host import HostEnvError
+    from ppo_async.envs.registry import BackendNotInstalledError, UnknownEnvError
     from ppo_async.runs.checkpoint import CheckpointError
-    from ppo_async.envs.gymnax_env import UnknownEnvError
-    from ppo_async.envs.host import BackendNotInstalledError, HostEnvError
     from ppo_async.runtime.messages import PolicyLoadError
     from ppo_async.tools.video import RenderError
 

@@ -32,7 +32,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
 
 # Field overrides on the dataclass defaults (2 actors x 4 envs x 64 steps, lr
 # 5e-4, gamma 0.99, 4 epochs x 4 minibatches). Pendulum's rewards reach -16
@@ -40,10 +40,9 @@ from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 # results were measured without it), so a short horizon (gamma
 # 0.95) keeps the value targets small; it gets a larger batch (16 envs x 128),
 # more epochs, a higher lr and no entropy bonus, as continuous-control PPO
-# usually does (the sync twin, one seed, reached -171 at 200k steps with
-# these). MinAtar's conv torso is expensive on CPU: a short budget, far from
-# the 10M steps of published curves (the sync twin, one seed, reached 6.6 at
-# 200k steps, at about 0.6 s per 1k steps on 2 cores).
+# usually does. MinAtar's conv torso is expensive on CPU: a short budget, far
+# from the 10M steps of published curves. What each preset reaches is in
+# docs/results.md.
 PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": dict(env_id="CartPole-v1", total_env_steps=500_000),
     "acrobot": dict(env_id="Acrobot-v1", total_env_steps=500_000),
@@ -106,7 +105,7 @@ def apply_overrides(base: AsyncActorLearnerConfig, overrides: Mapping[str, Any],
                 f"{source}: {key!r} is not a config field; {hint}"
                 "`ppo-async train --help` lists the fields"
             )
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    values = fields_from_json(overrides)
     try:
         return dataclasses.replace(base, **values)
     except ConfigError as error:

@@ -39,9 +39,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ppo_async.config import AsyncActorLearnerConfig, make_config_network, resolve_device
+from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs.registry import GYMNAX, split_env_id
-from ppo_async.networks.actor_critic import is_recurrent
+from ppo_async.networks.actor_critic import is_recurrent, make_config_network
+from ppo_async.runtime.devices import resolve_device
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
 VIDEO_EXTRA = "pip install 'ppo-async[video]'"
@@ -145,8 +146,8 @@ def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: 
 
 def _play(player: Any, params: Any, num_episodes: int, seed: int) -> Recording:
     """The episode loop every backend shares: act greedily, step, keep a snapshot per step."""
-    from ppo_async.runtime.evaluate import make_host_act
     from ppo_async.core.normalization import NormalizationOptions
+    from ppo_async.runtime.evaluate import make_host_act
 
     network = player.network
     act = make_host_act(network, greedy=True,
@@ -281,9 +282,9 @@ class _HostPlayer:
     def __init__(self, config: AsyncActorLearnerConfig, seed: int):
         import gymnasium
 
-        from ppo_async.envs.host import _close_envs, make_host_env
+        from ppo_async.envs.host import close_envs, make_host_env
 
-        self.config, self._seed, self._close = config, seed, _close_envs
+        self.config, self._seed, self._close = config, seed, close_envs
         try:
             self.envs = make_host_env(config.env_id, 1, envpool_kwargs=config.envpool_kwargs,
                                       evaluation=True, render=True)

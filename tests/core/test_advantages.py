@@ -2,7 +2,9 @@
 
 The library kernels are compared with the independent float64 forward-sum
 references in ``tests/reference.py``, with hand-derived golden cases, with the
-identities of DESIGN.md ("Pure functions"), and with shape/gradient contracts.
+identities that tie the two together (on-policy V-trace with c_bar = rho_bar = 1
+is GAE with the same lambda; docs/design.md, "The math"), and with
+shape/gradient contracts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from ppo_async.core.advantages import VTraceOutput, gae, vtrace
+
 from reference import gae_reference, vtrace_reference
 
 GAMMA = 0.99

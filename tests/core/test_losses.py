@@ -21,19 +21,14 @@ N = 16
 METRIC_NAMES = {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"}
 
 
-@pytest.fixture(params=[False, True], ids=["eager", "jit"])
-def maybe_jit(request):
-    return jax.jit if request.param else (lambda fn: fn)
-
-
 def _random_inputs(rng, n=N):
     """Per-sample loss inputs ``[n]`` as float32 jax arrays, ratios near 1."""
-    old_logp = -np.abs(rng.standard_normal(n))
-    logp = old_logp + 0.3 * rng.standard_normal(n)
+    proximal_logp = -np.abs(rng.standard_normal(n))
+    logp = proximal_logp + 0.3 * rng.standard_normal(n)
     old_values = rng.standard_normal(n)
     return dict(
         logp=logp,
-        old_logp=old_logp,
+        proximal_logp=proximal_logp,
         advantages=rng.standard_normal(n),
         values=old_values + 0.5 * rng.standard_normal(n),
         old_values=old_values,
@@ -52,8 +47,8 @@ def _loss_fn(**options):
     return lambda inputs: ppo_loss(**inputs, **options)
 
 
-def _np_policy_loss(logp, old_logp, advantages, clip_eps):
-    ratio = np.exp(logp - old_logp)
+def _np_policy_loss(logp, proximal_logp, advantages, clip_eps):
+    ratio = np.exp(logp - proximal_logp)
     clipped = np.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     return -np.mean(np.minimum(ratio * advantages, clipped * advantages))
 
@@ -78,7 +73,7 @@ def _f64(inputs):
 def test_ratio_one_is_plain_policy_gradient(maybe_jit):
     rng = np.random.default_rng(0)
     inputs = _random_inputs(rng)
-    inputs["logp"] = inputs["old_logp"]
+    inputs["logp"] = inputs["proximal_logp"]
     inputs = _as_jax(inputs)
     loss_fn = _loss_fn(normalize_advantages=False)
 
@@ -97,7 +92,7 @@ def test_policy_loss_matches_numpy(maybe_jit):
     inputs = _as_jax(_random_inputs(rng))
     _, metrics = maybe_jit(_loss_fn(normalize_advantages=False))(inputs)
     f64 = _f64(inputs)
-    expected = _np_policy_loss(f64["logp"], f64["old_logp"], f64["advantages"], CLIP_EPS)
+    expected = _np_policy_loss(f64["logp"], f64["proximal_logp"], f64["advantages"], CLIP_EPS)
     np.testing.assert_allclose(metrics["policy_loss"], expected, rtol=1e-5, atol=1e-6)
 
 
@@ -130,9 +125,9 @@ def test_clipping_zeroes_gradient_exactly_where_clipped_branch_is_active(maybe_j
     clipped_active = np.array([case[2] for case in _CLIP_CASES])
     n = len(_CLIP_CASES)
     assert n == N
-    old_logp = np.full(n, -1.0)
+    proximal_logp = np.full(n, -1.0)
     inputs = _as_jax(dict(
-        logp=old_logp + np.log(ratio), old_logp=old_logp, advantages=advantages,
+        logp=proximal_logp + np.log(ratio), proximal_logp=proximal_logp, advantages=advantages,
         values=np.zeros(n), old_values=np.zeros(n), value_targets=np.zeros(n),
         entropy=np.zeros(n),
     ))
@@ -155,7 +150,7 @@ def test_clipping_zeroes_gradient_exactly_where_clipped_branch_is_active(maybe_j
     f64 = _f64(inputs)
     np.testing.assert_allclose(
         metrics["policy_loss"],
-        _np_policy_loss(f64["logp"], f64["old_logp"], f64["advantages"], CLIP_EPS),
+        _np_policy_loss(f64["logp"], f64["proximal_logp"], f64["advantages"], CLIP_EPS),
         rtol=1e-5,
     )
     # clip_fraction counts |ratio - 1| > eps whatever the advantage's sign.
@@ -172,7 +167,7 @@ def test_clip_fraction_matches_numpy_on_random_ratios(maybe_jit):
     edges = np.log([1.0 - CLIP_EPS, 1.0 + CLIP_EPS])
     clear = np.abs(log_ratio[:, None] - edges).min(axis=1) > 1e-3
     log_ratio = log_ratio[clear][:N]
-    inputs["logp"] = inputs["old_logp"] + log_ratio
+    inputs["logp"] = inputs["proximal_logp"] + log_ratio
     _, metrics = maybe_jit(_loss_fn())(_as_jax(inputs))
     expected = np.mean(np.abs(np.exp(log_ratio) - 1.0) > CLIP_EPS)
     assert 0.1 < expected < 0.9  # the case is not degenerate
@@ -184,15 +179,15 @@ def test_approx_kl_nonnegative_and_zero_at_ratio_one(maybe_jit):
     loss_fn = maybe_jit(_loss_fn())
     for _ in range(5):
         inputs = _random_inputs(rng)
-        inputs["logp"] = inputs["old_logp"] + rng.standard_normal(N)
+        inputs["logp"] = inputs["proximal_logp"] + rng.standard_normal(N)
         _, metrics = loss_fn(_as_jax(inputs))
-        log_ratio = np.float32(inputs["logp"]) - np.float32(inputs["old_logp"])
+        log_ratio = np.float32(inputs["logp"]) - np.float32(inputs["proximal_logp"])
         expected = np.mean(np.expm1(log_ratio.astype(np.float64)) - log_ratio)
         assert metrics["approx_kl"] >= 0.0
         np.testing.assert_allclose(metrics["approx_kl"], expected, rtol=1e-4)
 
     inputs = _random_inputs(rng)
-    inputs["logp"] = inputs["old_logp"]
+    inputs["logp"] = inputs["proximal_logp"]
     _, metrics = loss_fn(_as_jax(inputs))
     assert metrics["approx_kl"] == 0.0
     assert metrics["clip_fraction"] == 0.0
@@ -202,7 +197,7 @@ def test_normalize_advantages_standardises(maybe_jit):
     rng = np.random.default_rng(4)
     inputs = _random_inputs(rng)
     inputs["advantages"] = 5.0 + 3.0 * inputs["advantages"]
-    inputs["logp"] = inputs["old_logp"]
+    inputs["logp"] = inputs["proximal_logp"]
     inputs = _as_jax(inputs)
     loss_fn = _loss_fn(normalize_advantages=True)
 
@@ -219,7 +214,7 @@ def test_normalize_advantages_standardises(maybe_jit):
     np.testing.assert_allclose(grad, -standardised / N, rtol=1e-4, atol=1e-6)
     assert abs(float(value)) < 1e-6  # -mean of standardised advantages
     # Away from ratio 1, the same loss for a positive affine map of the advantages.
-    logp = inputs["old_logp"] + jnp.asarray(0.3 * rng.standard_normal(N), jnp.float32)
+    logp = inputs["proximal_logp"] + jnp.asarray(0.3 * rng.standard_normal(N), jnp.float32)
     np.testing.assert_allclose(
         policy_loss(logp, 0.5 * inputs["advantages"] - 2.0),
         policy_loss(logp, inputs["advantages"]),
@@ -252,7 +247,7 @@ def test_value_clip_golden_case(maybe_jit):
     # Sample 2: V within the clip: both terms (0.05 - 1)^2 = 0.9025.
     values = jnp.array([2.0, 0.2, 0.05])
     inputs = dict(
-        logp=jnp.zeros(3), old_logp=jnp.zeros(3), advantages=jnp.zeros(3),
+        logp=jnp.zeros(3), proximal_logp=jnp.zeros(3), advantages=jnp.zeros(3),
         values=values, old_values=jnp.zeros(3),
         value_targets=jnp.array([0.0, 1.0, 1.0]), entropy=jnp.zeros(3),
     )
@@ -303,7 +298,7 @@ def test_gradients_finite_and_none_into_targets(maybe_jit, normalize_advantages,
     chex.assert_tree_all_finite((loss, grads))
     np.testing.assert_array_equal(grads["advantages"], 0.0)
     np.testing.assert_array_equal(grads["value_targets"], 0.0)
-    np.testing.assert_array_equal(grads["old_logp"], -grads["logp"])
+    np.testing.assert_array_equal(grads["proximal_logp"], -grads["logp"])
     # The entropy bonus: d loss / d entropy = -ent_coef / N.
     np.testing.assert_allclose(grads["entropy"], np.full(N, -0.01 / N), rtol=1e-5)
     assert np.any(grads["logp"] != 0.0) and np.any(grads["values"] != 0.0)

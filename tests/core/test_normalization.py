@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig, train
-from ppo_async.runtime.evaluate import Evaluator
-from ppo_async.networks.actor_critic import init_params
 from ppo_async.core.normalization import (
     EPSILON,
     NormalizationOptions,
@@ -23,8 +21,11 @@ from ppo_async.core.normalization import (
     update_running_mean_std,
     wrap_params,
 )
+from ppo_async.networks.actor_critic import init_params
+from ppo_async.runtime.evaluate import Evaluator
 from ppo_async.sync import make_train
-from test_resume import _interrupt_at
+
+from run_helpers import interrupt_at
 
 # Pendulum: continuous control, where normalization is meant to be used.
 NORMALIZED = AsyncActorLearnerConfig(
@@ -136,8 +137,8 @@ def test_statistics_survive_checkpoint_and_resume(tmp_path):
     whole = train(config, run_dir=tmp_path / "whole", progress=False)
     run_dir = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
-        train(config, run_dir=run_dir, progress=False, on_update=_interrupt_at(3))
-    from ppo_async.runtime.actor import make_actor_program
+        train(config, run_dir=run_dir, progress=False, on_update=interrupt_at(3))
+    from ppo_async.envs.backends import make_actor_program
     from ppo_async.runs.resume import load_resume_point
     from ppo_async.runs.run_dir import checkpoint_dir
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from ppo_async.config import AsyncActorLearnerConfig
-from ppo_async.runtime.learner import (
+from ppo_async.core.losses import ppo_loss
+from ppo_async.core.update import (
     Batch,
     ProximalAverage,
     average_in,
@@ -21,7 +22,6 @@ from ppo_async.runtime.learner import (
     init_learner_state,
     make_update_fn,
 )
-from ppo_async.core.losses import ppo_loss
 from ppo_async.networks.actor_critic import init_params, make_network
 
 from reference import gae_reference, vtrace_reference
@@ -343,8 +343,8 @@ def test_default_is_the_studys_recommendation():
 
 
 def test_resume_cannot_switch_to_or_from_the_moving_average():
-    from ppo_async.runs.checkpoint import check_resume_compatible
     from ppo_async.config import ConfigError
+    from ppo_async.runs.checkpoint import check_resume_compatible
 
     def config(**kw):
         return AsyncActorLearnerConfig(**kw).to_dict()
@@ -366,8 +366,8 @@ def test_pendulum_at_lag_15_stays_finite_with_every_anchor():
     # Regression: the learner-anchored V-trace path once diverged here
     # (NonFiniteError at update 110, 225k env steps). One seed per anchor,
     # 240k steps at a simulated lag of 15 updates.
-    from ppo_async.tools.presets import preset
     from ppo_async.sync import make_train
+    from ppo_async.tools.presets import preset
 
     for anchor in ("behaviour", "learner", "ewma"):
         config = preset("pendulum", total_env_steps=240_000, use_vtrace=True,
@@ -376,3 +376,37 @@ def test_pendulum_at_lag_15_stays_finite_with_every_anchor():
         assert metrics["params_finite"].min() == 1.0, anchor
         for name, values in metrics.items():
             assert np.all(np.isfinite(values)), (anchor, name)
+
+
+# --- the loss's own knobs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, metric", [
+    (dict(value_clip_eps=0.01), "value_loss"),
+    (dict(normalize_advantages=False), "policy_loss"),
+])
+def test_the_configs_value_clip_and_advantage_standardisation_reach_the_loss(params, fields,
+                                                                             metric):
+    # One epoch of one minibatch: the update's loss metrics are ppo_loss of the whole
+    # batch at the initial params (a mean does not depend on the shuffle).
+    config = dataclasses.replace(CONFIG, num_epochs=1, num_minibatches=1, **fields)
+    network = _network()
+    batch = _batch(params)
+    noise = np.random.default_rng(3).normal(size=(T, B))
+    batch = batch._replace(behaviour_value=batch.behaviour_value + jnp.asarray(noise, jnp.float32))
+    _, metrics = make_update_fn(config, network)(
+        init_learner_state(config, params, jax.random.key(0)), batch)
+
+    targets = batch_targets(config, network, params, batch)
+    dist, values = network.apply(params, batch.obs)
+
+    def loss_metrics(**knobs):
+        flat = [x.reshape(-1) for x in (
+            dist.log_prob(batch.action), batch.behaviour_logp, targets.advantages, values,
+            targets.old_values, targets.value_targets, dist.entropy())]
+        return ppo_loss(*flat, clip_eps=config.clip_eps, vf_coef=config.vf_coef,
+                        ent_coef=config.ent_coef, **knobs)[1]
+
+    expected, default = loss_metrics(**fields), loss_metrics()
+    assert abs(float(expected[metric]) - float(default[metric])) > 1e-3  # the knob matters here
+    np.testing.assert_allclose(metrics[metric], expected[metric], rtol=1e-5)

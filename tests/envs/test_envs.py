@@ -21,15 +21,10 @@ import numpy as np
 import pytest
 from gymnax.environments.classic_control.cartpole import EnvState as CartPoleState
 
+from ppo_async.envs.gymnax_env import BatchedEnv, EnvCarry, make_gymnax_env, make_rollout
+from ppo_async.envs.program import Trajectory
+from ppo_async.envs.registry import UnknownEnvError
 from ppo_async.networks.distributions import Categorical, DiagGaussian
-from ppo_async.envs.gymnax_env import (
-    BatchedEnv,
-    EnvCarry,
-    Trajectory,
-    UnknownEnvError,
-    make_gymnax_env,
-    make_rollout,
-)
 
 GAMMA = 0.99
 RESET_BOUND = 0.05  # gymnax's CartPole resets every state component in U(-0.05, 0.05)

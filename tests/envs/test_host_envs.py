@@ -20,21 +20,20 @@ import gymnasium
 import jax
 import numpy as np
 import pytest
-from timing_cases import GYMNASIUM_CARTPOLE
 
 from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, train
-from ppo_async.runtime.actor import make_actor_program
-from ppo_async.envs.gymnax_env import UnknownEnvError
-from ppo_async.envs.host import (
-    HostEnvError,
-    HostStep,
-    HostVectorEnv,
-    make_host_actor_program,
+from ppo_async.envs.backends import make_actor_program
+from ppo_async.envs.host import HostEnvError, HostStep, HostVectorEnv
+from ppo_async.envs.host_rollout import make_host_actor_program
+from ppo_async.envs.registry import (
+    UnknownEnvError,
     register_host_env,
     registered_host_envs,
     split_env_id,
 )
 from ppo_async.networks.actor_critic import init_params
+
+from timing_cases import GYMNASIUM_CARTPOLE
 
 GAMMA = 0.99
 
@@ -314,13 +313,13 @@ def test_envpool_rollout_is_same_step_and_matches_gymnax_dtypes():
 
 
 def test_envpool_atari_gets_the_standard_settings_for_training_and_evaluation():
+    from ppo_async.envs.host import make_host_env
     from ppo_async.envs.registry import (
         ATARI_EVAL_KWARGS,
         ATARI_TRAIN_KWARGS,
         envpool_make_kwargs,
         is_envpool_atari,
     )
-    from ppo_async.envs.host import make_host_env
 
     common = dict(frame_skip=4, img_height=84, img_width=84, gray_scale=True, stack_num=4,
                   noop_max=30, max_episode_steps=27_000)  # 108,000 frames

@@ -12,16 +12,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from ppo_async.networks.distributions import Categorical, DiagGaussian
 
 NUM_DRAWS = 20_000
-
-
-@pytest.fixture(params=[False, True], ids=["eager", "jit"])
-def maybe_jit(request):
-    return jax.jit if request.param else (lambda fn: fn)
 
 
 def _np_log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
-from ppo_async.networks.distributions import Categorical, DiagGaussian
 from ppo_async.networks.actor_critic import ActorCritic, init_params, make_network, params_template
+from ppo_async.networks.distributions import Categorical, DiagGaussian
 
 BATCH = 5
 HIDDEN = 64  # make_network's default hidden width
@@ -413,8 +413,8 @@ def test_a_torso_that_cannot_read_the_observation_is_refused(shape, torso, probl
 
 def test_auto_torso_picks_nature_for_envpool_atari_and_minatar_for_minatar():
     from ppo_async import config as config_module
-    from ppo_async.networks import actor_critic as networks
     from ppo_async.config import AsyncActorLearnerConfig
+    from ppo_async.networks import actor_critic as networks
 
     assert config_module.TORSOS == ("auto", *networks.TORSOS)
     minatar = AsyncActorLearnerConfig(env_id="Breakout-MinAtar")
@@ -431,8 +431,8 @@ def test_auto_torso_picks_nature_for_envpool_atari_and_minatar_for_minatar():
 
 
 def test_a_torso_the_env_cannot_feed_is_a_config_error():
-    from ppo_async.runtime.actor import make_actor_program
     from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+    from ppo_async.envs.backends import make_actor_program
 
     with pytest.raises(ConfigError, match="torso='nature' with env_id='CartPole-v1'"):
         make_actor_program(AsyncActorLearnerConfig(env_id="CartPole-v1", torso="nature"))

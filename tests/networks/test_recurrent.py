@@ -24,27 +24,25 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict, unflatten_dict
-from timing_cases import MEMORY_CHAIN, MEMORY_CHAIN_LSTM
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, train
-from ppo_async.runtime.actor import Experience, make_actor_program
-from ppo_async.runs.checkpoint import list_checkpoints
-from ppo_async.networks.distributions import Categorical
+from ppo_async.core.update import Sequences, recurrent_sequences, reevaluate_recurrent
+from ppo_async.envs.backends import make_actor_program
 from ppo_async.envs.gymnax_env import BatchedEnv, make_rollout
-from ppo_async.runtime.evaluate import Evaluator
-from ppo_async.runtime.learner import (
-    Sequences,
-    reevaluate_recurrent,
-    recurrent_sequences,
-    stack_experiences,
-)
 from ppo_async.networks.actor_critic import (
     init_params,
     make_network,
     reset_hidden,
     unroll,
 )
+from ppo_async.networks.distributions import Categorical
+from ppo_async.runs.checkpoint import list_checkpoints
+from ppo_async.runtime.evaluate import Evaluator
+from ppo_async.runtime.learner import stack_experiences
+from ppo_async.runtime.messages import Experience
 from ppo_async.sync import make_train
+
+from timing_cases import MEMORY_CHAIN, MEMORY_CHAIN_LSTM
 
 CELLS = ["lstm", "gru"]
 MEMORY_ENV = "MemoryChain-bsuite"  # 6-step episodes: the context is shown at the start only
@@ -319,7 +317,7 @@ def test_recurrent_minibatches_are_whole_env_sequences():
 
 def test_the_first_minibatch_step_at_lag_zero_has_ratio_one():
     """Inside the update, the re-unrolled policy starts exactly at the behaviour policy."""
-    from ppo_async.runtime.learner import init_learner_state, make_update_fn
+    from ppo_async.core.update import init_learner_state, make_update_fn
 
     config = dataclasses.replace(LOCK_STEP, num_epochs=1, num_minibatches=1, learning_rate=1e-12,
                                  anneal_lr=False)

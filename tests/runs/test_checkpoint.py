@@ -24,7 +24,7 @@ from ppo_async.runs.checkpoint import (
 )
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs.gymnax_env import BatchedEnv
-from ppo_async.runtime.learner import LearnerState, init_learner_state, make_optimizer
+from ppo_async.core.update import LearnerState, init_learner_state, make_optimizer
 from ppo_async.networks.actor_critic import init_params, make_network
 
 CONFIG = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=1, envs_per_actor=2,

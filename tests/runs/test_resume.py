@@ -15,6 +15,7 @@ import flax.serialization
 import numpy as np
 import pytest
 
+from run_helpers import interrupt_at
 from ppo_async import AsyncActorLearnerConfig, ConfigError, NonFiniteError, train
 from ppo_async.runs.checkpoint import CheckpointWarning, list_checkpoints
 
@@ -25,19 +26,12 @@ LOCK_STEP = AsyncActorLearnerConfig(
 )
 
 
-def _interrupt_at(update):
-    def on_update(metrics):
-        if metrics["update"] == update:
-            raise KeyboardInterrupt
-    return on_update
-
-
 def test_lock_step_resume_is_byte_identical_to_an_uninterrupted_run(tmp_path):
     whole = train(LOCK_STEP, run_dir=tmp_path / "whole", progress=False)
 
     run_dir = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
-        train(LOCK_STEP, run_dir=run_dir, progress=False, on_update=_interrupt_at(7))
+        train(LOCK_STEP, run_dir=run_dir, progress=False, on_update=interrupt_at(7))
     steps = [int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints")]
     assert steps == [6, 7]  # every 3 updates, and where it stopped; keep_checkpoints=2
     resumed = train(LOCK_STEP, resume_from=run_dir, progress=False)
@@ -130,7 +124,7 @@ def _leaves(tree):
 
 def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=_interrupt_at(7))
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=interrupt_at(7))
     newest = list_checkpoints(tmp_path / "checkpoints")[-1]
     content = newest.read_bytes()
     newest.write_bytes(content[: len(content) // 2])
@@ -154,7 +148,7 @@ def test_bad_resumes_are_config_errors(tmp_path):
         train(LOCK_STEP, progress=False)  # checkpoints without a run directory
 
     with pytest.raises(KeyboardInterrupt):
-        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=_interrupt_at(4))
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=interrupt_at(4))
     wider = dataclasses.replace(LOCK_STEP, hidden_sizes=(32, 32))
     with pytest.raises(ConfigError, match="hidden_sizes"):
         train(wider, resume_from=tmp_path, progress=False)
@@ -211,7 +205,7 @@ def test_anneal_lr_may_be_switched_on_resume(tmp_path, caplog):
 
 def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=_interrupt_at(7))
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=interrupt_at(7))
     checkpoints = tmp_path / "checkpoints"
     stale = [checkpoints / ".ckpt_x1y2.tmp",  # an older version's checkpoint temporary
              checkpoints / ".tmp-ckpt_000000008.msgpack.a1b2", tmp_path / ".tmp-params.msgpack.c3"]

@@ -10,8 +10,8 @@ import pytest
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs.gymnax_env import BatchedEnv
-from ppo_async.runtime.evaluate import EvalResult, Evaluator, evaluate
 from ppo_async.networks.actor_critic import init_params, make_network
+from ppo_async.runtime.evaluate import EvalResult, Evaluator, evaluate
 from ppo_async.runtime.messages import PolicyBroadcast, PolicyLoadError, serialize_policy
 
 CARTPOLE = AsyncActorLearnerConfig(env_id="CartPole-v1")
@@ -142,7 +142,7 @@ def test_bytes_and_broadcast_give_the_same_result(cartpole_params):
     payload = serialize_policy(cartpole_params)
     from_bytes = evaluate(CARTPOLE, payload, num_episodes=10, seed=2)
     evaluator = Evaluator(CARTPOLE, 10)
-    from_broadcast = evaluator.evaluate_broadcast(PolicyBroadcast(3, 3, payload), seed=2)
+    from_broadcast = evaluator.evaluate_broadcast(PolicyBroadcast(3, payload), seed=2)
     for result in (from_bytes, from_broadcast):
         np.testing.assert_array_equal(result.episode_returns, direct.episode_returns)
         np.testing.assert_array_equal(result.episode_lengths, direct.episode_lengths)
@@ -153,7 +153,7 @@ def test_other_architecture_bytes_are_refused():
     payload = flax.serialization.to_bytes(_random_params(wide, 0))
     evaluator = Evaluator(CARTPOLE, 2)
     with pytest.raises(PolicyLoadError, match="policy version 7"):
-        evaluator.evaluate_broadcast(PolicyBroadcast(7, 7, payload))
+        evaluator.evaluate_broadcast(PolicyBroadcast(7, payload))
 
 
 def test_bad_arguments():

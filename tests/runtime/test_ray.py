@@ -18,7 +18,6 @@ import warnings
 import flax.serialization
 import numpy as np
 import pytest
-from timing_cases import RAY_CARTPOLE
 
 from ppo_async import (
     ActorError,
@@ -27,7 +26,10 @@ from ppo_async import (
     LearnerTimeoutError,
     train,
 )
-from ppo_async.envs.host import HostStep, register_host_env
+from ppo_async.envs.host import HostStep
+from ppo_async.envs.registry import register_host_env
+
+from timing_cases import RAY_CARTPOLE
 
 ray = pytest.importorskip("ray")
 

@@ -26,12 +26,15 @@ from ppo_async import (
     LearnerTimeoutError,
     train,
 )
+from ppo_async.core.update import LearningRateSchedule, continue_schedule, default_schedule
+from ppo_async.envs.host import HostStep
+from ppo_async.envs.registry import register_host_env
 from ppo_async.runs.checkpoint import CheckpointWarning, encode_checkpoint, list_checkpoints
-from ppo_async.envs.host import HostStep, register_host_env
-from ppo_async.runtime.learner import LearningRateSchedule, continue_schedule, default_schedule
 from ppo_async.runs.resume import TopologyChangeWarning
-from ppo_async.runs.run_dir import unique_run_dir, write_atomically
+from ppo_async.runs.run_dir import ERROR_FILE, unique_run_dir, write_atomically
 from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted
+
+from run_helpers import interrupt_at
 
 TINY = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
@@ -43,13 +46,6 @@ CLI_TINY = ["--num-actors", "2", "--envs-per-actor", "2", "--num-steps", "8",
 
 def _updates(run_dir):
     return [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
-
-
-def _interrupt_at(update):
-    def on_update(metrics):
-        if metrics["update"] == update:
-            raise KeyboardInterrupt
-    return on_update
 
 
 def _wait_for_run_threads(timeout_s=30.0):
@@ -139,7 +135,7 @@ def test_resume_refuses_run_root_and_names_the_flag_when_there_is_no_checkpoint(
 
 def test_resume_with_another_topology_starts_fresh_episodes_with_a_warning(tmp_path):
     with pytest.raises(TrainingInterrupted):
-        train(TINY, run_dir=tmp_path, progress=False, on_update=_interrupt_at(3))
+        train(TINY, run_dir=tmp_path, progress=False, on_update=interrupt_at(3))
     # The budget counts env steps: 3 updates of 32, then 3 of 48.
     wider = dataclasses.replace(TINY, num_actors=3, envs_per_actor=2, num_minibatches=3,
                                 total_env_steps=3 * 32 + 3 * 48)
@@ -158,7 +154,7 @@ def test_an_extended_budget_re_plans_the_learning_rate_from_the_initial_rate(tmp
     config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10)
     with pytest.raises(TrainingInterrupted):
         train(config, run_dir=tmp_path, progress=False,
-              on_update=lambda m: (seen.append(m), _interrupt_at(6)(m)))
+              on_update=lambda m: (seen.append(m), interrupt_at(6)(m)))
     longer = dataclasses.replace(config, total_env_steps=config.batch_size * 20)
     train(longer, resume_from=tmp_path, progress=False, on_update=seen.append)
     rates = [m["learning_rate"] for m in seen]
@@ -187,7 +183,7 @@ def test_continue_schedule_keeps_an_unchanged_plan_and_re_plans_a_new_one():
 
 def test_progress_and_throughput_count_from_the_resume_point(tmp_path):
     with pytest.raises(TrainingInterrupted):
-        train(TINY, run_dir=tmp_path, progress=False, on_update=_interrupt_at(4))
+        train(TINY, run_dir=tmp_path, progress=False, on_update=interrupt_at(4))
     report = train(TINY, resume_from=tmp_path, progress=False).report
     assert report.start_update == 4 and report.updates == 6
     assert report.segment_env_steps == 2 * TINY.batch_size
@@ -197,7 +193,7 @@ def test_progress_and_throughput_count_from_the_resume_point(tmp_path):
 def test_a_checkpoint_with_a_malformed_counter_falls_back_like_a_damaged_file(tmp_path):
     with pytest.raises(TrainingInterrupted):
         train(dataclasses.replace(TINY, checkpoint_every_updates=2), run_dir=tmp_path,
-              progress=False, on_update=_interrupt_at(4))
+              progress=False, on_update=interrupt_at(4))
     newest = list_checkpoints(tmp_path / "checkpoints")[-1]
     content = flax.serialization.msgpack_restore(newest.read_bytes())
     payload = flax.serialization.msgpack_restore(content["payload"])
@@ -548,7 +544,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys, args, expected):
 
 
 def test_unknown_fields_of_a_run_config_are_named_in_one_warning_line(tmp_path, capsys):
-    from ppo_async.tools.cli import load_run_config  # what eval, enjoy and --resume read a run with
+    from ppo_async.tools.cli import (
+        load_run_config,  # what eval, enjoy and --resume read a run with
+    )
 
     fields = dict(TINY.to_dict(), added_later=1, also_unknown=True)
     (tmp_path / "config.json").write_text(json.dumps(fields))
@@ -759,10 +757,10 @@ def test_the_watchdog_is_released_on_every_way_out_and_says_nothing_after_a_norm
     monkeypatch.setattr(watchdog, "_start_relay", start_relay)
     train(TINY, run_dir=tmp_path / "run", progress=False)
     with pytest.raises(KeyboardInterrupt):
-        train(TINY, progress=False, on_update=_interrupt_at(2))
+        train(TINY, progress=False, on_update=interrupt_at(2))
     assert watchdog._owner is None  # released: the next run (or the program) may arm it
     assert len(relays) == 2 and all(relay.poll() is not None for relay in relays)
-    assert not (tmp_path / "run" / watchdog.ERROR_FILE).exists()
+    assert not (tmp_path / "run" / ERROR_FILE).exists()
     # Not armed with Ray actors, when switched off, or while another run holds it.
     for config in (dataclasses.replace(TINY, actor_backend="ray"),
                    dataclasses.replace(TINY, freeze_watchdog=False)):

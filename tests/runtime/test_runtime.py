@@ -32,7 +32,7 @@ from ppo_async import (
     serialize_policy,
     train,
 )
-from ppo_async.envs.gymnax_env import Trajectory
+from ppo_async.envs.program import Trajectory
 from ppo_async.networks.actor_critic import init_params, make_network
 from ppo_async.runtime.messages import place
 
@@ -53,7 +53,7 @@ def test_policy_bytes_round_trip_exactly_onto_requested_device():
     _, params = _cartpole_params(0)
     _, template = _cartpole_params(1)
     device = jax.devices("cpu")[0]
-    message = PolicyBroadcast(3, 3, serialize_policy(params))
+    message = PolicyBroadcast(3, serialize_policy(params))
     assert isinstance(message.payload, bytes)
     loaded = load_policy_from_broadcast(message, jax.device_get(template), device)
     chex.assert_trees_all_equal(jax.device_get(loaded), jax.device_get(params))
@@ -83,11 +83,11 @@ def test_broadcast_of_another_architecture_is_refused():
     _, params = _cartpole_params(0)
     wider = make_network((4,), type("Discrete", (), {"n": 2})(), (32, 16))
     other = init_params(wider, jax.random.key(0), (4,))
-    message = PolicyBroadcast(1, 1, serialize_policy(other))
+    message = PolicyBroadcast(1, serialize_policy(other))
     with pytest.raises(PolicyLoadError, match="version 1"):
         load_policy_from_broadcast(message, jax.device_get(params))
     with pytest.raises(PolicyLoadError):
-        load_policy_from_broadcast(PolicyBroadcast(2, 2, b"not msgpack"), params)
+        load_policy_from_broadcast(PolicyBroadcast(2, b"not msgpack"), params)
 
 
 # --- the staleness valve ----------------------------------------------------------
@@ -422,9 +422,9 @@ def test_the_learners_vtrace_uses_target_minus_behaviour_log_probs():
     """With nonzero log-rhos of both signs, the update's V-trace equals the numpy
     reference fed log pi(a|x) - log mu(a|x) from the network itself: flipping
     the sign, or swapping the two log-probs, changes every checked figure."""
-    from reference import vtrace_reference
+    from ppo_async.core.update import Batch, init_learner_state, make_update_fn
 
-    from ppo_async.runtime.learner import Batch, init_learner_state, make_update_fn
+    from reference import vtrace_reference
 
     # The rho-weighted advantage (vtrace_pg_rho_bar set) shows the sign in every figure.
     config = dataclasses.replace(TINY, use_vtrace=True, vtrace_rho_bar=1.0, vtrace_c_bar=1.0,

@@ -7,8 +7,9 @@ import time
 import flax.serialization
 import numpy as np
 
-from ppo_async import ActorChannels, ActorError, PolicyBroadcast
-from ppo_async.runtime.actor import PUBLISHER_ID, ActorFailure
+from ppo_async import ActorError, PolicyBroadcast, QueueEndpoint
+from ppo_async.runtime.actor import PUBLISHER_ID
+from ppo_async.runtime.messages import ActorFailure
 from ppo_async.runtime.transport import Publisher
 
 
@@ -65,9 +66,9 @@ def test_a_publisher_that_fails_is_reported_as_the_publisher():
 
 def test_a_thread_endpoint_takes_the_newest_version_whatever_the_arrival_order():
     broadcasts = queue.Queue()
-    channels = ActorChannels(queue.Queue(), broadcasts, threading.Event())
+    channels = QueueEndpoint(queue.Queue(), broadcasts, threading.Event())
     for version in (3, 5, 4):  # a re-delivered older one behind a newer one
-        broadcasts.put(PolicyBroadcast(version, version, b""))
+        broadcasts.put(PolicyBroadcast(version, b""))
     newest, taken = channels.take_newest()
     assert (newest.version, taken) == (5, 3)
     assert channels.take_newest() == (None, 0)

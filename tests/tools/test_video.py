@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig
+from ppo_async.envs.registry import register_host_env
 from ppo_async.tools.cli import main
-from ppo_async.envs.host import register_host_env
 
 imageio = pytest.importorskip("imageio.v3")
 
@@ -87,7 +87,7 @@ class _Unrenderable:
 
 def _enjoy_error(name, env_class, run_dir, capsys) -> str:
     """The one stderr line of ``ppo-async enjoy`` on a saved run of ``host:name`` (exit 2)."""
-    from ppo_async.runtime.actor import make_actor_program
+    from ppo_async.envs.backends import make_actor_program
     from ppo_async.runs.run_dir import PARAMS_FILE
 
     register_host_env(name, env_class)

@@ -1,0 +1,525 @@
+"""The learner's update: one jitted step from a batch of trajectories to new params.
+
+`make_update_fn` builds ``update(state, batch) -> (state, metrics)``:
+`batch_targets` first -- advantages by GAE on the behaviour values, or by
+V-trace re-evaluated under the current params (Espeholt et al. 2018,
+arXiv:1802.01561) -- then ``num_epochs x num_minibatches`` steps of the clipped
+PPO loss with optax, the ratio centred on the anchor
+``config.ppo_ratio_anchor`` names (Hilton et al. 2021, arXiv:2110.00641). A
+recurrent network is re-unrolled from each chunk's stored initial state
+(`reevaluate_recurrent`) and trained on minibatches of whole env sequences
+(`recurrent_sequences`). `with_normalization` wraps the step for a policy that
+carries running observation and reward statistics.
+
+Pure and jittable: the runtime's learner loop (`ppo_async.runtime.learner`)
+and the fully jitted twin (`ppo_async.sync`) call the same step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.advantages import gae, vtrace
+from ppo_async.core.losses import ppo_loss
+from ppo_async.core.normalization import (
+    NormalizationOptions,
+    network_params,
+    normalize_observation,
+    update_statistics,
+)
+from ppo_async.networks.actor_critic import (
+    ActorCritic,
+    RecurrentActorCritic,
+    is_recurrent,
+    reset_hidden,
+    unroll,
+)
+
+
+class Batch(NamedTuple):
+    """One learner batch: a chunk from every actor, envs stacked (``B = num_envs``)."""
+
+    obs: jax.Array  # [T, B, *obs_shape]
+    action: jax.Array  # [T, B] or [T, B, action_dim]
+    reward: jax.Array  # [T, B] truncation bootstrap folded in (unless final_obs is given)
+    done: jax.Array  # [T, B] bool, terminated or truncated
+    behaviour_logp: jax.Array  # [T, B]
+    behaviour_value: jax.Array  # [T, B]
+    bootstrap_obs: jax.Array  # [B, *obs_shape]
+    bootstrap_value: jax.Array  # [B] under the behaviour params
+    # Recurrent policies only (None otherwise):
+    reset: jax.Array | None = None  # [T, B] bool, the state was zeroed before this step
+    initial_hidden: jax.Array | None = None  # [B, state_size] the state row 0 acted with
+    # Learner updates since each env's chunk was collected (None: all fresh):
+    policy_lag: jax.Array | None = None  # [B] int32
+    # When the learner bootstraps truncations (config.learner_bootstraps_truncation;
+    # None otherwise): ``reward`` has nothing folded in, and at truncated steps
+    # the learner adds gamma * V(final_obs) under its current critic.
+    truncated: jax.Array | None = None  # [T, B] bool, the time limit ended the episode
+    final_obs: jax.Array | None = None  # [T, B, *obs_shape] the observation it reached
+    # Reward scaling only (None otherwise):
+    discounted_return: jax.Array | None = None  # [T, B] R_t of the raw rewards
+
+class ProximalAverage(NamedTuple):
+    """The bias-corrected moving average of the learner's params (``ppo_ratio_anchor='ewma'``).
+
+    With decay ``beta``, ``m_t = beta * m_{t-1} + (1 - beta) * theta_t`` from
+    ``m_0 = 0``, and the average is ``m_t / (1 - beta^t)`` (Adam's bias
+    correction; Hilton et al. 2021). ``theta_1`` is the initial params and
+    every optimizer step adds the next; ``params`` holds the corrected
+    average itself, updated as ``avg += (1 - beta) / (1 - beta^t) * (theta_t - avg)``.
+    """
+
+    params: Any
+    count: jax.Array  # int32 t, the params averaged so far
+
+
+def average_in(average: ProximalAverage, params: Any, decay: float) -> ProximalAverage:
+    """``average`` after one more params ``theta_{t+1}`` (see `ProximalAverage`)."""
+    count = average.count + 1
+    step = (1.0 - decay) / (1.0 - jnp.power(jnp.float32(decay), count.astype(jnp.float32)))
+    return ProximalAverage(
+        jax.tree.map(lambda a, p: a + step * (p - a), average.params, params), count
+    )
+
+
+class LearnerState(NamedTuple):
+    """What the update step carries from one update to the next."""
+
+    # network params on the learner device; with normalization, a
+    # `ppo_async.core.normalization.NormalizedPolicy` (params and statistics)
+    params: Any
+    opt_state: Any  # optax state
+    key: jax.Array  # PRNG key for minibatch shuffling
+    proximal: ProximalAverage | None = None  # with ppo_ratio_anchor='ewma' only
+
+
+class LearningRateSchedule(NamedTuple):
+    """One linear piece of the annealed learning rate, in optimizer steps.
+
+    The rate is ``begin_value`` up to ``begin_step`` and falls linearly to 0
+    at ``end_step``. A fresh run's piece is ``(0, learning_rate,
+    num_updates * num_epochs * num_minibatches)``. A run resumed with another
+    budget or ``learning_rate`` is re-planned as if it had been planned so
+    from the start: ``(0, learning_rate, new end)`` (`continue_schedule`).
+    (Checkpoints of older versions may hold a piece with ``begin_step > 0``;
+    resumed with their own budget, they keep it.)
+    """
+
+    begin_step: int
+    begin_value: float
+    end_step: int
+
+    def __call__(self, step: Any) -> Any:
+        return _linear(self)(step)
+
+
+def _linear(schedule: LearningRateSchedule) -> optax.Schedule:
+    if schedule.begin_step == 0:
+        return optax.linear_schedule(schedule.begin_value, 0.0, schedule.end_step)
+    return optax.linear_schedule(
+        schedule.begin_value, 0.0, schedule.end_step - schedule.begin_step,
+        transition_begin=schedule.begin_step,
+    )
+
+
+def optimizer_steps_per_update(config: AsyncActorLearnerConfig) -> int:
+    return config.num_epochs * config.num_minibatches
+
+
+def default_schedule(config: AsyncActorLearnerConfig) -> LearningRateSchedule:
+    """The schedule of a fresh run: ``learning_rate`` to 0 over the whole budget."""
+    return LearningRateSchedule(
+        0, float(config.learning_rate), config.num_updates * optimizer_steps_per_update(config)
+    )
+
+
+def continue_schedule(
+    schedule: LearningRateSchedule, end_step: int, learning_rate: float,
+    saved_learning_rate: float,
+) -> LearningRateSchedule:
+    """The schedule of a resumed run that now ends at optimizer step ``end_step``.
+
+    ``schedule`` and ``saved_learning_rate`` are the checkpoint's;
+    ``learning_rate`` is the resuming config's. The same end and rate keep the
+    piece as it was, so an interrupted run resumed with its own budget computes
+    exactly the rates an uninterrupted one would. Otherwise the schedule is
+    re-planned from the initial rate over the new total,
+    ``(0, learning_rate, end_step)``: at the resume point, after
+    ``steps_done`` optimizer steps, the rate is
+    ``learning_rate * (1 - steps_done / end_step)``, the schedule of a run
+    planned for the new budget from the start. (``end_step`` counts the
+    optimizer steps taken so far plus those of the updates left, at the
+    resuming config's ``num_epochs * num_minibatches``, so the rate reaches 0
+    at the last step even if the batch changed.)
+    """
+    if end_step == schedule.end_step and learning_rate == saved_learning_rate:
+        return schedule
+    return LearningRateSchedule(0, float(learning_rate), end_step)
+
+
+def make_optimizer(
+    config: AsyncActorLearnerConfig, schedule: LearningRateSchedule | None = None
+) -> optax.GradientTransformation:
+    """Adam after global-norm clipping; with ``anneal_lr``, ``schedule`` (default: a fresh run's)."""
+    if config.anneal_lr:
+        learning_rate = _linear(schedule if schedule is not None else default_schedule(config))
+    else:
+        learning_rate = config.learning_rate
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adam(learning_rate, eps=1e-5),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _optimizer_init(config: AsyncActorLearnerConfig) -> Callable[[Any], Any]:
+    # Jitted: run eagerly, the zeros of every distinct leaf shape compile on
+    # their own, a dozen small compiles on the way to a run's first update.
+    return jax.jit(make_optimizer(config).init)
+
+
+def init_learner_state(
+    config: AsyncActorLearnerConfig, params: Any, key: jax.Array
+) -> LearnerState:
+    proximal = None
+    if config.ppo_ratio_anchor == "ewma":
+        # t = 1: the average of the initial params alone is those params.
+        proximal = ProximalAverage(jax.tree.map(jnp.array, network_params(params)),
+                                   jnp.ones((), jnp.int32))
+    return LearnerState(params, _optimizer_init(config)(network_params(params)), key, proximal)
+
+
+UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
+
+
+class Targets(NamedTuple):
+    """What the PPO epochs train towards, for every sample of a batch (`batch_targets`)."""
+
+    advantages: jax.Array  # [T, B]
+    value_targets: jax.Array  # [T, B]
+    old_values: jax.Array  # [T, B] the values the estimate started from
+    # log pi_prox(a|x) of a fixed anchor ('behaviour' or 'learner'); None for
+    # 'ewma', whose anchor moves with every optimizer step.
+    proximal_logp: jax.Array | None
+    mask: jax.Array | None  # [T, B] float32, 0 where max_policy_lag drops the sample
+    metrics: dict[str, jax.Array]
+
+
+def batch_targets(
+    config: AsyncActorLearnerConfig, network: ActorCritic | RecurrentActorCritic,
+    params: Any, batch: Batch,
+) -> Targets:
+    """Advantages, value targets, the ratio's anchor and the lag mask of ``batch``.
+
+    Without V-trace: GAE on the behaviour values, with the truncation
+    bootstrap the actors folded into the rewards. With V-trace: the batch is
+    re-evaluated under ``params`` (the learner's current policy pi and critic
+    V), truncated steps get ``gamma * V(final_obs)`` added to their reward
+    (`AsyncActorLearnerConfig.learner_bootstraps_truncation`), and V-trace
+    runs with ``log_rho = log pi(a|x) - log mu(a|x)``. The anchor is mu
+    (``'behaviour'``) or pi at the update's start (``'learner'``). Pure and
+    jittable; `make_update_fn` calls it first.
+    """
+    anchor = config.ppo_ratio_anchor
+    metrics: dict[str, jax.Array] = {}
+    learner_logp = learner_values = learner_bootstrap = None
+    if config.use_vtrace or anchor == "learner":
+        if is_recurrent(network):
+            learner_logp, learner_values, learner_bootstrap = reevaluate_recurrent(
+                network, params, batch
+            )
+        else:
+            dist, learner_values = network.apply(params, batch.obs)
+            learner_logp = dist.log_prob(batch.action)
+            _, learner_bootstrap = network.apply(params, batch.bootstrap_obs)
+    reward = batch.reward
+    if batch.final_obs is not None:
+        _, final_values = network.apply(params, batch.final_obs)
+        reward = reward + config.gamma * jnp.where(batch.truncated, final_values, 0.0)
+    discounts = config.gamma * (1.0 - batch.done.astype(jnp.float32))
+    if config.use_vtrace:
+        out = vtrace(
+            reward, learner_values, discounts, learner_bootstrap,
+            learner_logp - batch.behaviour_logp,
+            lambda_=config.vtrace_lambda, rho_bar=config.vtrace_rho_bar,
+            c_bar=config.vtrace_c_bar, pg_rho_bar=config.vtrace_pg_rho_bar,
+            weight_pg=config.vtrace_pg_rho_bar is not None,
+        )
+        advantages, value_targets, old_values = out.pg_advantages, out.value_targets, learner_values
+        metrics["vtrace_clipped_rho_mean"] = jnp.mean(out.clipped_rhos)
+    else:
+        advantages, value_targets = gae(
+            reward, batch.behaviour_value, discounts, batch.bootstrap_value,
+            lambda_=config.gae_lambda,
+        )
+        old_values = batch.behaviour_value
+    proximal_logp = {"behaviour": batch.behaviour_logp, "learner": learner_logp}.get(anchor)
+    mask = None
+    if config.max_policy_lag is not None:
+        fresh = batch.policy_lag <= config.max_policy_lag  # [B]
+        mask = jnp.broadcast_to(fresh, batch.reward.shape).astype(jnp.float32)
+        metrics["dropped_fraction"] = 1.0 - jnp.mean(mask)
+    return Targets(advantages, value_targets, old_values, proximal_logp, mask, metrics)
+
+
+class Samples(NamedTuple):
+    """Flat ``[N]`` samples a feed-forward minibatch trains on (None: not used by this config)."""
+
+    obs: jax.Array
+    action: jax.Array
+    proximal_logp: jax.Array | None
+    behaviour_logp: jax.Array | None
+    advantages: jax.Array
+    old_values: jax.Array
+    value_targets: jax.Array
+    mask: jax.Array | None
+
+
+def _minibatch_loss(config: AsyncActorLearnerConfig, network: ActorCritic | RecurrentActorCritic):
+    """``loss(params, proximal, minibatch) -> (loss, metrics)`` of one minibatch: `ppo_loss`.
+
+    A feed-forward minibatch is flat `Samples`; a recurrent one is whole
+    `Sequences`, re-unrolled from the state each started with. With
+    ``ppo_ratio_anchor='ewma'`` the anchor is the moving average ``proximal``
+    as it stands at this optimizer step.
+    """
+
+    def loss(logp, values, entropy, proximal_logp, minibatch):
+        return ppo_loss(
+            logp, proximal_logp, minibatch.advantages, values, minibatch.old_values,
+            minibatch.value_targets, entropy,
+            clip_eps=config.clip_eps, vf_coef=config.vf_coef, ent_coef=config.ent_coef,
+            value_clip_eps=config.value_clip_eps,
+            normalize_advantages=config.normalize_advantages,
+            behaviour_logp=minibatch.behaviour_logp, is_weight_max=config.is_weight_max,
+            mask=minibatch.mask,
+        )
+
+    def feed_forward(params, proximal, minibatch: Samples):
+        dist, values = network.apply(params, minibatch.obs)
+        proximal_logp = minibatch.proximal_logp
+        if proximal_logp is None:  # 'ewma': the average as it stands now
+            proximal_logp = network.apply(proximal.params, minibatch.obs)[0].log_prob(
+                minibatch.action)
+        return loss(dist.log_prob(minibatch.action), values, dist.entropy(), proximal_logp,
+                    minibatch)
+
+    def recurrent(params, proximal, minibatch: Sequences):
+        unrolled = unroll(network, params, minibatch.initial_hidden, minibatch.obs,
+                          minibatch.reset)
+        proximal_logp = minibatch.proximal_logp
+        if proximal_logp is None:
+            proximal_logp = unroll(
+                network, proximal.params, minibatch.initial_hidden, minibatch.obs,
+                minibatch.reset,
+            ).distribution.log_prob(minibatch.action)
+        per_step = Samples(None, None, None, minibatch.behaviour_logp, minibatch.advantages,
+                           minibatch.old_values, minibatch.value_targets, minibatch.mask)
+        flat = jax.tree.map(lambda x: x.reshape(-1), per_step)
+        return loss(
+            unrolled.distribution.log_prob(minibatch.action).reshape(-1),
+            unrolled.value.reshape(-1), unrolled.distribution.entropy().reshape(-1),
+            proximal_logp.reshape(-1), flat,
+        )
+
+    return recurrent if is_recurrent(network) else feed_forward
+
+
+def _training_samples(config: AsyncActorLearnerConfig, batch: Batch, targets: Targets,
+                      recurrent: bool) -> Samples | Sequences:
+    """What the epochs shuffle: flat ``[B * T]`` samples, or whole env sequences (recurrent)."""
+    # The surrogate carries pi_prox / mu unless the anchor is the behaviour policy itself.
+    behaviour_logp = batch.behaviour_logp if config.ppo_ratio_anchor != "behaviour" else None
+    if recurrent:
+        return Sequences(batch.initial_hidden, batch.obs, batch.action, batch.reset,
+                         targets.proximal_logp, targets.advantages, targets.old_values,
+                         targets.value_targets, behaviour_logp, targets.mask)
+    return jax.tree.map(
+        lambda x: x.reshape(config.batch_size, *x.shape[2:]),
+        Samples(batch.obs, batch.action, targets.proximal_logp, behaviour_logp,
+                targets.advantages, targets.old_values, targets.value_targets, targets.mask),
+    )
+
+
+def _minibatches(config: AsyncActorLearnerConfig, key: jax.Array,
+                 samples: Samples | Sequences) -> Samples | Sequences:
+    """One epoch's shuffled minibatches, stacked on a leading ``[num_minibatches]`` axis."""
+    if isinstance(samples, Sequences):
+        return recurrent_sequences(key, samples, config.num_minibatches)
+    permutation = jax.random.permutation(key, config.batch_size)
+    return jax.tree.map(
+        lambda x: x[permutation].reshape(
+            config.num_minibatches, config.minibatch_size, *x.shape[1:]
+        ),
+        samples,
+    )
+
+
+def make_update_fn(
+    config: AsyncActorLearnerConfig, network: ActorCritic,
+    schedule: LearningRateSchedule | None = None,
+) -> UpdateFn:
+    """A jitted ``update(state, batch) -> (state, metrics)``: one learner update.
+
+    `batch_targets` first, then ``num_epochs x num_minibatches`` steps of
+    `ppo_loss` with the ratio centred on ``config.ppo_ratio_anchor``: the
+    behaviour log-probs, the learner's at the update's start, or (``'ewma'``)
+    those of `ProximalAverage`'s params, re-evaluated on every minibatch and
+    averaged forward after every optimizer step. For the last two, each
+    sample's surrogate is weighted by ``min(pi_prox / mu, is_weight_max)``.
+
+    ``schedule``: the learning-rate schedule with ``anneal_lr`` (default: a
+    fresh run's, `default_schedule`). A recurrent ``network`` re-unrolls every
+    env's sequence from the state its chunk started with
+    (``batch.initial_hidden``), zeroing it where ``batch.reset``, for the
+    V-trace targets and inside every minibatch; the minibatches are whole env
+    sequences (see `recurrent_sequences`).
+    """
+    optimizer = make_optimizer(config, schedule)
+    recurrent = is_recurrent(network)
+    loss_fn = _minibatch_loss(config, network)
+
+    def learning_rate_at(opt_state) -> jax.Array:
+        """The rate of the update's first optimizer step (what the curves show)."""
+        if not config.anneal_lr:
+            return jnp.float32(config.learning_rate)
+        steps = optax.tree_utils.tree_get_all_with_path(opt_state, "count")[-1][1]
+        rate = _linear(schedule if schedule is not None else default_schedule(config))
+        return jnp.asarray(rate(steps), jnp.float32)
+
+    def sgd_step(carry, minibatch):
+        params, opt_state, proximal = carry
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, proximal, minibatch
+        )
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        if proximal is not None:
+            proximal = average_in(proximal, params, config.proximal_ewma_decay)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        return (params, opt_state, proximal), metrics
+
+    @jax.jit
+    def update(state: LearnerState, batch: Batch):
+        targets = batch_targets(config, network, state.params, batch)
+        samples = _training_samples(config, batch, targets, recurrent)
+
+        def epoch(carry, key):
+            return jax.lax.scan(sgd_step, carry, _minibatches(config, key, samples))
+
+        key, epoch_key = jax.random.split(state.key)
+        (params, opt_state, proximal), metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state, state.proximal),
+            jax.random.split(epoch_key, config.num_epochs),
+        )
+        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics.update(targets.metrics)
+        metrics["advantage_mean"] = jnp.mean(targets.advantages)
+        metrics["value_target_mean"] = jnp.mean(targets.value_targets)
+        metrics["learning_rate"] = learning_rate_at(state.opt_state)
+        metrics["params_finite"] = jnp.all(
+            jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(params)])
+        ).astype(jnp.float32)
+        return LearnerState(params, opt_state, key, proximal), metrics
+
+    return update
+
+
+def with_normalization(update: UpdateFn, options: NormalizationOptions) -> UpdateFn:
+    """``update`` for a learner whose params are a `NormalizedPolicy` (``update`` itself if off).
+
+    The statistics take the batch first (raw observations; with reward
+    scaling, the actors' discounted returns), in consumption order; then
+    ``update`` trains the network params on the batch with its observations
+    (and bootstrap observations) normalized by the new statistics, and the
+    new statistics travel with the new params. Rewards arrive scaled: the
+    actors scale them with the statistics they acted under.
+    """
+    if not options.enabled:
+        return update
+
+    @jax.jit
+    def normalized_update(state: LearnerState, batch: Batch):
+        policy = update_statistics(state.params, batch.obs, batch.discounted_return)
+        if policy.obs_stats is not None:
+            def normalize(obs):
+                return normalize_observation(policy.obs_stats, obs, clip=options.obs_clip)
+
+            batch = batch._replace(
+                obs=normalize(batch.obs), bootstrap_obs=normalize(batch.bootstrap_obs),
+                final_obs=None if batch.final_obs is None else normalize(batch.final_obs),
+            )
+        inner, metrics = update(state._replace(params=policy.params), batch)
+        if policy.return_stats is not None:
+            metrics["return_std"] = jnp.sqrt(policy.return_stats.var)
+        return inner._replace(params=policy._replace(params=inner.params)), metrics
+
+    return normalized_update
+
+
+def reevaluate_recurrent(
+    network: RecurrentActorCritic, params: Any, batch: Batch
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(logp [T, B], value [T, B], bootstrap_value [B])`` of ``batch`` under ``params``.
+
+    Re-unrolls each env's sequence from ``batch.initial_hidden`` with the
+    resets the actor made, then values the bootstrap observation with the
+    state the next chunk will start from (zeroed where the last step ended
+    an episode, as the actor's next chunk will).
+    """
+    unrolled = unroll(network, params, batch.initial_hidden, batch.obs, batch.reset)
+    hidden = reset_hidden(unrolled.final_hidden, batch.done[-1])
+    _, _, bootstrap_value = network.apply(params, hidden, batch.bootstrap_obs)
+    return unrolled.distribution.log_prob(batch.action), unrolled.value, bootstrap_value
+
+
+class Sequences(NamedTuple):
+    """What the recurrent PPO epochs train on: whole sequences of ``B`` envs.
+
+    In a minibatch from `recurrent_sequences`, ``B`` is ``B // M`` and every
+    field gains a leading ``[M]`` axis.
+    """
+
+    initial_hidden: jax.Array  # [B, state_size] the state the chunk's first step acted with
+    obs: jax.Array  # [T, B, *obs_shape]
+    action: jax.Array  # [T, B] or [T, B, action_dim]
+    reset: jax.Array  # [T, B] bool, zero the state before this step
+    proximal_logp: jax.Array | None  # [T, B] the ratio's anchor (None: 'ewma', evaluated per minibatch)
+    advantages: jax.Array  # [T, B]
+    old_values: jax.Array  # [T, B]
+    value_targets: jax.Array  # [T, B]
+    behaviour_logp: jax.Array | None = None  # [T, B] when the surrogate is weighted by pi_prox / mu
+    mask: jax.Array | None = None  # [T, B] 0 where max_policy_lag drops the sample
+
+
+def recurrent_sequences(key: jax.Array, sequences: Sequences, num_minibatches: int) -> Sequences:
+    """``sequences`` split into ``num_minibatches`` shuffled groups of whole envs.
+
+    Returns `Sequences` with a leading minibatch axis: ``initial_hidden``
+    ``[M, B // M, S]``, the rest ``[M, T, B // M, ...]``. Never split along
+    time: a minibatch re-unrolls each of its sequences from the state it
+    started with, so a sequence must arrive whole.
+    """
+    num_envs = sequences.initial_hidden.shape[0]
+    time_major = sequences._replace(initial_hidden=None)
+    chex.assert_equal_shape_prefix(jax.tree.leaves(time_major), 2)
+    chex.assert_equal(time_major.obs.shape[1], num_envs)
+    permutation = jax.random.permutation(key, num_envs)
+    size = num_envs // num_minibatches
+    hidden = sequences.initial_hidden[permutation].reshape(num_minibatches, size, -1)
+    split = jax.tree.map(
+        lambda x: jnp.moveaxis(
+            x[:, permutation].reshape(x.shape[0], num_minibatches, size, *x.shape[2:]), 1, 0
+        ),
+        time_major,
+    )
+    return split._replace(initial_hidden=hidden)
