@@ -1,6 +1,6 @@
 """Actor collection rate inside the running system against the raw jitted rollout.
 
-Both sides use the same program (`ppo_async.runtime.actor.make_actor_program`: env,
+Both sides use the same program (`ppo_async.envs.backends.make_actor_program`: env,
 policy network, batch of ``envs_per_actor`` envs, ``num_steps`` rows) and the
 same number of threads (``num_actors``), in this process:
 

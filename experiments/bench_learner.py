@@ -84,14 +84,14 @@ def _learner_alone(config, program, params, experiences, update, pipeline: bool,
     import jax
 
     from ppo_async.core.update import init_learner_state
-    from ppo_async.runtime.learner import LearnerChannels, learner_loop
+    from ppo_async.runtime.learner import LearnerConnections, learner_loop
     from ppo_async.runtime.messages import place
 
     cpu = jax.devices("cpu")[0]
     state = place(init_learner_state(config, params, jax.random.key(1)), cpu)
 
     def run(n):
-        learner_loop(config, program.network, state, LearnerChannels(_Replay(experiences)), cpu,
+        learner_loop(config, program.network, state, LearnerConnections(_Replay(experiences)), cpu,
                      on_update=lambda metrics: None, update=update, end_update=n,
                      pipeline=pipeline)
 

@@ -73,7 +73,7 @@ from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart
 from ppo_async.runtime.devices import resolve_device
 from ppo_async.runtime.learner import (
     EvalOutcome,
-    LearnerChannels,
+    LearnerConnections,
     LearnerReport,
     drain_evaluations,
     learner_loop,
@@ -135,7 +135,7 @@ def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
     return ThreadTransport(config, program, actor_device)
 
 
-def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerChannels,
+def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerConnections,
                      stop: threading.Event) -> threading.Thread:
     """A thread that evaluates each `EvalRequest` put on ``channels.evaluator_queue``.
 
@@ -450,7 +450,7 @@ class _Run:
         self.watchdog: FreezeWatchdog | None = None
         self.transport: LearnerTransport | None = None
         self.supervisor: Supervisor | None = None
-        self.channels: LearnerChannels | None = None
+        self.channels: LearnerConnections | None = None
         self.run_log: RunLog | None = None
         self.evaluator_thread: threading.Thread | None = None
 
@@ -500,7 +500,7 @@ class _Run:
         config, watchdog = self.config, self.watchdog
         # Before any run file: Ray refuses a cluster without room for the actors here.
         transport = self.transport = _make_transport(config, self.program, self.actor_device)
-        self.channels = LearnerChannels(
+        self.channels = LearnerConnections(
             transport, *(queue.Queue() if self.evaluating else None for _ in range(2)))
         self.supervisor = Supervisor(config, transport, watchdog)
         run_log = self.run_log = _open_run(config, self.directories, progress, self.report,

@@ -171,8 +171,8 @@ class LearnerReport:
             self.policy_lag_max = max(self.policy_lag_counts)
 
 
-class LearnerChannels(NamedTuple):
-    """The learner's ends: the actors' transport and the evaluator's queues."""
+class LearnerConnections(NamedTuple):
+    """What the learner is connected to: the actors through its transport, the evaluator through two queues."""
 
     transport: LearnerTransport  # experience (and failures of any thread) in, broadcasts out
     evaluator_queue: queue.Queue | None = None  # EvalRequests (None: the evaluator ends)
@@ -194,7 +194,7 @@ class EvalOutcome(NamedTuple):
     result: EvalResult
 
 
-def drain_evaluations(channels: LearnerChannels, report: LearnerReport) -> list[dict[str, float]]:
+def drain_evaluations(channels: LearnerConnections, report: LearnerReport) -> list[dict[str, float]]:
     """The evaluations finished since the last call, each counted in ``report.eval_returns``.
 
     Each is a metrics line of its own, keyed by the ``update`` and
@@ -237,7 +237,7 @@ def _check_finite(metrics: dict[str, float], update: int) -> None:
 AfterUpdate = Callable[[LearnerState, "LearnerReport", list[Any]], None]
 
 
-def _request_evaluation(channels: LearnerChannels, message: EvalRequest) -> bool:
+def _request_evaluation(channels: LearnerConnections, message: EvalRequest) -> bool:
     """Queue ``message`` for the evaluator, replacing a request it has not started.
 
     The evaluator may be slower than the learner; only the newest policy is
@@ -284,7 +284,7 @@ class LearnerHooks(NamedTuple):
 class _Learner:
     """The state `learner_loop` keeps between its steps, and the steps themselves."""
 
-    def __init__(self, config: AsyncActorLearnerConfig, channels: LearnerChannels,
+    def __init__(self, config: AsyncActorLearnerConfig, channels: LearnerConnections,
                  device: jax.Device, update: UpdateFn, report: LearnerReport,
                  end_update: int, hooks: LearnerHooks):
         self.config, self.channels, self.device = config, channels, device
@@ -480,7 +480,7 @@ def learner_loop(
     config: AsyncActorLearnerConfig,
     network: ActorCritic,
     state: LearnerState,
-    channels: LearnerChannels,
+    channels: LearnerConnections,
     device: jax.Device,
     on_update: Callable[[dict[str, float]], None] | None = None,
     on_actor_failure: ActorFailureHandler | None = None,

@@ -58,7 +58,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # details of PPO" (cleanrl ppo_atari.py): 8 envs x 128 steps, 4 epochs x 4
     # minibatches, lr 2.5e-4 annealed, clip 0.1, 10M env steps, the Nature CNN
     # (which scales the frames to [0, 1]). The env gets the standard Atari
-    # settings (env_registry.ATARI_TRAIN_KWARGS: 4 stacked 84x84 grey frames,
+    # settings (envs.registry.ATARI_TRAIN_KWARGS: 4 stacked 84x84 grey frames,
     # episodic life, clipped rewards). Not trained to the end here (only its
     # speed was measured, experiments/bench_atari.py).
     "atari-pong": dict(

@@ -693,7 +693,7 @@ _FREEZING_RUN = """
 import pathlib, sys
 import gymnasium, numpy as np
 from ppo_async import AsyncActorLearnerConfig, train
-from ppo_async.envs.host import register_host_env
+from ppo_async.envs.registry import register_host_env
 
 run_dir = pathlib.Path(sys.argv[1])
 

@@ -185,7 +185,7 @@ class _FakeState(NamedTuple):
 def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None, pipeline=True):
     """Run `learner_loop` on `_ScriptedActors` with an update that counts, logging to ``log``."""
     from ppo_async import StopTraining, learner_loop
-    from ppo_async.runtime.learner import LearnerChannels
+    from ppo_async.runtime.learner import LearnerConnections
 
     def update(state, batch):
         log.append(("update", state.params))
@@ -201,7 +201,7 @@ def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None, pipe
         log.append(("saved", state.params))
 
     config = dataclasses.replace(TINY, num_steps=2, envs_per_actor=1)
-    channels = LearnerChannels(_ScriptedActors(log, updates, lock_step))
+    channels = LearnerConnections(_ScriptedActors(log, updates, lock_step))
     return learner_loop(config, None, _FakeState(0), channels, jax.devices("cpu")[0],
                         on_update=on_update, after_update=after_update, update=update,
                         end_update=updates, pipeline=pipeline)
