@@ -2,10 +2,10 @@
 
 Every cell trains the synchronous twin (`ppo_async.sync.make_train`) with a
 simulated policy lag k: each rollout acts with the params of k updates ago,
-exactly what one actor with a valve lead of k + 1 chunks does when the learner
-keeps up, but deterministic and free of thread timing, so all seeds of a cell
-run at once under ``jax.jit(jax.vmap(...))``. ``--validate`` checks the
-simulation against the asynchronous runtime itself (one actor, lead k + 1).
+exactly what one actor of the runtime does at ``exact_policy_lag=k``, so all
+seeds of a cell run at once under ``jax.jit(jax.vmap(...))``. ``--validate``
+checks it against the asynchronous runtime itself (one actor at
+``exact_policy_lag=k``): the params agree byte for byte.
 
 Variants (`VARIANTS`): the advantage estimator (GAE on the behaviour values,
 or V-trace under the learner's current critic, its policy-gradient advantage
@@ -226,10 +226,19 @@ def straggler_report(out) -> str:
 
 
 def validate(args) -> None:
-    """The simulated lag against the asynchronous runtime: one actor, valve lead lag + 1 chunks."""
+    """The simulated lag against the asynchronous runtime itself, one actor at ``exact_policy_lag=lag``.
+
+    Each seed runs the twin (`ppo_async.sync.make_train` with ``policy_lag=lag``,
+    keyed ``jax.random.key(seed)`` as `train` keys itself) and `train` with one
+    actor whose every chunk is exactly ``lag`` updates old: the two should give
+    the same params, byte for byte, so the study's figures are the runtime's.
+    """
+    import flax.serialization
+    import jax
     import numpy as np
 
     from ppo_async import train
+    from ppo_async.sync import make_train, recent_return_mean
     from ppo_async.tools.presets import preset
 
     rows = []
@@ -237,25 +246,28 @@ def validate(args) -> None:
         for lag in args.lags:
             for variant in args.variants:
                 steps = args.total_env_steps or BUDGETS[env]
-                simulated = [r["final_return"] for r in run_cell(env, lag, variant, args.seeds, steps)]
-                real, lags = [], []
+                simulated, real, lags, identical = [], [], [], 0
                 for seed in range(args.seeds):
                     base = preset(env, total_env_steps=steps, seed=seed, **VARIANTS[variant])
-                    config = dataclasses.replace(
-                        base, num_actors=1, envs_per_actor=base.num_envs,
-                        max_lead_steps=(lag + 1) * base.num_steps)
-                    report = train(config, progress=False).report
-                    real.append(report.episode_return_mean)
-                    lags.append(report.policy_lag_mean)
+                    config = dataclasses.replace(base, num_actors=1, envs_per_actor=base.num_envs,
+                                                 exact_policy_lag=lag)
+                    twin = jax.device_get(
+                        jax.jit(make_train(config, policy_lag=lag))(jax.random.key(seed)))
+                    result = train(config, progress=False)
+                    simulated.append(recent_return_mean(twin.metrics))
+                    real.append(result.report.episode_return_mean)
+                    lags.append(result.report.policy_lag_mean)
+                    identical += (flax.serialization.to_bytes(twin.params)
+                                  == flax.serialization.to_bytes(result.params))
                 rows.append([env, lag, variant, f"{np.mean(simulated):.1f} ± {np.std(simulated):.1f}",
-                             f"{np.mean(real):.1f} ± {np.std(real):.1f}", f"{np.mean(lags):.2f}"])
+                             f"{np.mean(real):.1f} ± {np.std(real):.1f}", f"{np.mean(lags):.2f}",
+                             f"{identical} of {args.seeds}"])
                 print(rows[-1], flush=True)
-    table = markdown_table(["env", "lag", "variant", "twin, simulated lag", "train(), 1 actor",
-                            "observed lag"], rows)
+    table = markdown_table(["env", "lag", "variant", "twin, simulated lag",
+                            "train(), 1 actor, exact lag", "observed lag", "same params"], rows)
     print(table)
     out = out_dir("offpolicy_study", args.out) / "validate.md"
-    previous = out.read_text().splitlines()[2:] if out.exists() else []
-    out.write_text("\n".join(table.splitlines() + previous) + "\n")  # newest rows first
+    out.write_text(table + "\n")
 
 
 def report(path, out, random_returns: dict[str, float]) -> dict[str, Any]:

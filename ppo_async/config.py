@@ -36,6 +36,16 @@ class _DerivedLead(int):
     """
 
 
+class _DefaultExactLag(int):
+    """``exact_policy_lag`` left at its default (1).
+
+    A ``max_lead_steps`` given beside it chooses the free-running valve
+    instead (``exact_policy_lag`` becomes None), as it did before exact lags
+    existed; an ``exact_policy_lag`` given on purpose and a lead that
+    disagrees with it is a `ConfigError`.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class AsyncActorLearnerConfig:
     """Configuration of one asynchronous actor-learner PPO run."""
@@ -59,8 +69,10 @@ class AsyncActorLearnerConfig:
     """Rows (env steps per env) in one actor chunk and in one column of the learner's batch."""
     broadcast_every: int = 1
     """The learner sends new weights to the actors every this many updates."""
+    exact_policy_lag: int | None = _DefaultExactLag(1)
+    """Reproducible asynchrony: the chunk that feeds update u (1-based) is collected by every actor with exactly the params of update max(0, u - 1 - exact_policy_lag) (with broadcast_every > 1, the newest broadcast not above it), never a newer one, so a run is fixed by its seed: 0 is lock-step, 1 (the default) lets every actor collect the next chunk while the learner computes. None: free-running actors act with the newest params they have, as far ahead as max_lead_steps allows (setting max_lead_steps alone chooses this)."""
     max_lead_steps: int | None = None
-    """Staleness valve: steps per env an actor may run ahead of what the learner consumed from it. None: two chunks (2 * num_steps * broadcast_every)."""
+    """Staleness valve of free-running actors (exact_policy_lag=None): steps per env an actor may run ahead of what the learner consumed from it. None: two chunks (2 * num_steps * broadcast_every), or with an exact lag the (exact_policy_lag + broadcast_every) chunks it implies. Given alone, it chooses free-running actors."""
     learner_timeout_s: float = 60.0
     """The run fails, naming the actor, if an actor the learner waits on sends nothing for this long."""
     shutdown_timeout_s: float = 30.0
@@ -179,9 +191,22 @@ class AsyncActorLearnerConfig:
                 # Pairs given as lists (config.json stores them so): a tuple of tuples.
                 object.__setattr__(self, name, _as_tuples(pairs))
         _validate(self)
-        if self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead):
-            lead = _DerivedLead(2 * self.num_steps * self.broadcast_every)
+        explicit_lead = not (self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead))
+        if isinstance(self.exact_policy_lag, _DefaultExactLag) and explicit_lead:
+            object.__setattr__(self, "exact_policy_lag", None)  # a lead given alone: free-running
+        exact_lead = (None if self.exact_policy_lag is None
+                      else (self.exact_policy_lag + self.broadcast_every) * self.num_steps)
+        if not explicit_lead:
+            lead = _DerivedLead(exact_lead if exact_lead is not None
+                                else 2 * self.num_steps * self.broadcast_every)
             object.__setattr__(self, "max_lead_steps", lead)
+        elif exact_lead is not None and self.max_lead_steps != exact_lead:
+            raise ConfigError(
+                f"max_lead_steps={self.max_lead_steps} with exact_policy_lag="
+                f"{self.exact_policy_lag}: the exact lag fixes the lead at (exact_policy_lag + "
+                f"broadcast_every) * num_steps = {exact_lead}; leave max_lead_steps unset, or "
+                "set exact_policy_lag=None for free-running actors with this lead"
+            )
         if self.max_lead_steps < self.num_steps * self.broadcast_every:
             raise ConfigError(
                 f"max_lead_steps={self.max_lead_steps} is below num_steps * "
@@ -246,11 +271,15 @@ class AsyncActorLearnerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (tuples become lists)."""
-        return {
-            f.name: (list(v) if isinstance(v, tuple) else (int(v) if isinstance(v, _DerivedLead) else v))
+        fields = {
+            f.name: (list(v) if isinstance(v, tuple)
+                     else (int(v) if isinstance(v, (_DerivedLead, _DefaultExactLag)) else v))
             for f in dataclasses.fields(self)
             for v in [getattr(self, f.name)]
         }
+        if self.exact_policy_lag is not None:
+            fields["max_lead_steps"] = None  # fixed by the exact lag, derived again when read
+        return fields
 
 
 def _as_tuples(value: Any) -> Any:
@@ -300,6 +329,9 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     for name in ("keep_checkpoints", "eval_episodes"):
         value = getattr(cfg, name)
         _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+    _require(cfg.exact_policy_lag is None
+             or (_is_int(cfg.exact_policy_lag) and cfg.exact_policy_lag >= 0),
+             "exact_policy_lag", cfg.exact_policy_lag, "must be None or an integer >= 0")
     if cfg.max_lead_steps is not None:
         _require(_is_int(cfg.max_lead_steps) and cfg.max_lead_steps >= 1,
                  "max_lead_steps", cfg.max_lead_steps,

@@ -15,6 +15,7 @@ a process is killed.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -53,6 +54,7 @@ from ppo_async.runs.resume import (
     ResumePoint,
     checkpoint_contents,
     load_resume_point,
+    params_history_size,
 )
 from ppo_async.runs.run_dir import (
     ERROR_FILE,
@@ -69,7 +71,7 @@ from ppo_async.runs.run_dir import (
 )
 from ppo_async.runs.run_log import RunLog
 from ppo_async.runs.wandb_log import WandbSettings
-from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart
+from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart, exact_version
 from ppo_async.runtime.devices import resolve_device
 from ppo_async.runtime.learner import (
     EvalOutcome,
@@ -253,10 +255,13 @@ class _UpdateWarmUp:
             self._thread.join(timeout_s)
 
 
-def _summary(report: LearnerReport) -> dict[str, Any]:
-    """The report as JSON (actor stats as dicts)."""
+def _summary(report: LearnerReport, not_reproducible: str | None) -> dict[str, Any]:
+    """The report as JSON (actor stats as dicts), and whether the run is fixed by its seed."""
     summary = dataclasses.asdict(report)
     summary["policy_lag_counts"] = {str(k): v for k, v in report.policy_lag_counts.items()}
+    summary["reproducible"] = not_reproducible is None
+    if not_reproducible is not None:
+        summary["not_reproducible_because"] = not_reproducible
     return summary
 
 
@@ -265,18 +270,27 @@ class _Checkpoints:
     and the newest good state, which every way out of the run saves."""
 
     def __init__(self, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
-                 schedule: LearningRateSchedule):
+                 schedule: LearningRateSchedule, published: list[tuple[int, Any]]):
         self.config, self.schedule = config, schedule
         self.directory = checkpoint_dir(run_dir) if run_dir is not None else None
         self.policy = CheckpointPolicy(config.checkpoint_every_updates, config.checkpoint_every_s)
         self.latest: tuple[int, Any, dict[str, int]] | None = None  # (update, tree, counters)
         self.last_path: pathlib.Path | None = None
+        # exact_policy_lag: (version, params) of the versions actors may still need
+        size = params_history_size(config)
+        self.history = collections.deque(published[-size:] if size else (), maxlen=size)
 
     def after_update(self, state: LearnerState, report: LearnerReport, carries: list) -> None:
         """Called by the learner after each good update: remember it; save it when due."""
         if self.directory is None:
             return
-        self.latest = (report.updates, *checkpoint_contents(state, report, carries, self.schedule))
+        history = list(self.history)
+        if history and len(history) < self.history.maxlen:  # a young run: pad with the oldest
+            history = [history[0]] * (self.history.maxlen - len(history)) + history
+        self.latest = (report.updates, *checkpoint_contents(state, report, carries, self.schedule,
+                                                            history))
+        if self.history.maxlen:
+            self.history.append((report.updates, state.params))
         if self.policy.due(report.updates):
             self.save_latest()
 
@@ -484,7 +498,12 @@ class _Run:
             self.warm_up.join(config.shutdown_timeout_s)
             raise
         self.start_updates = self.report.updates
-        self.checkpoints = _Checkpoints(config, self.run_dir, self.schedule)
+        # What is published before the actors start: with exact_policy_lag, the earlier
+        # versions a resumed run's actors still need, then the state's own.
+        history = list(resume.params_history) if resume is not None and params_history_size(
+            config) else []
+        self.published = [*history, (self.start_updates, self.state.params)]
+        self.checkpoints = _Checkpoints(config, self.run_dir, self.schedule, self.published)
 
     def watch(self, cleanup: contextlib.ExitStack) -> None:
         """Arm the freeze watchdog (thread actors), disarmed when ``cleanup`` closes."""
@@ -511,13 +530,15 @@ class _Run:
             if on_update is not None:
                 on_update(metrics)
 
-        transport.publish(self.state.params, self.start_updates)
+        for version, params in self.published:
+            transport.publish(params, version)
         if self.evaluating:
             self.evaluator_thread = _spawn_evaluator(config, self.channels, self.stop)
         for actor_id, carry in enumerate(self.carries):
             transport.start_actor(actor_id, ActorStart(
                 produced_steps=self.start_updates * config.num_steps,
                 carry=jax.device_put(carry, self.actor_device) if carry is not None else None,
+                first_version=self.published[0][0],
             ))
         transport.wait_started()  # processes take seconds to start; threads none
         if watchdog is not None:
@@ -582,6 +603,22 @@ class _Run:
                                       self.run_dir, shutdown.saved) from error
         raise error
 
+    def not_reproducible(self) -> str | None:
+        """Why another run with this seed could differ (None: it is fixed by its seed)."""
+        config = self.config
+        if config.exact_policy_lag is None and not config.lock_step:
+            return ("free-running actors (exact_policy_lag=None): which params each chunk "
+                    "was collected with depends on thread timing")
+        if self.report.actor_restarts:
+            return (f"{self.report.actor_restarts} actor restart(s): a restarted actor's "
+                    "envs and keys differ from the uninterrupted run's")
+        lag = config.exact_policy_lag
+        if lag is not None and self.published[0][0] > exact_version(
+                self.start_updates, lag, config.broadcast_every):
+            return ("resumed from a checkpoint without the earlier params versions the "
+                    "actors needed (written by a run without exact_policy_lag)")
+        return None
+
     def _result(self, shutdown: _Shutdown) -> TrainResult:
         """The finished run's params and report, written to the run directory."""
         config, report = self.config, self.report
@@ -590,7 +627,7 @@ class _Run:
         result = TrainResult(jax.device_get(self.state.params), report)
         if self.run_dir is not None:
             write_atomically(self.run_dir / PARAMS_FILE, flax.serialization.to_bytes(result.params))
-            write_json(self.run_dir / SUMMARY_FILE, _summary(report))
+            write_json(self.run_dir / SUMMARY_FILE, _summary(report, self.not_reproducible()))
         late, stragglers = shutdown.late, shutdown.stragglers
         if late:
             raise ActorError(late[0].actor_id, late[0].formatted_traceback + (

@@ -171,6 +171,11 @@ def test_offpolicy_study_writes_its_tables_and_skips_finished_cells(tmp_path):
     dropped = [float(r["dropped_fraction_mean"]) for r in rows if r["max_policy_lag"] == "1"]
     assert all(0.0 < d <= 0.25 for d in dropped)
 
+    validation = study("--validate", "--lags", "2", "--variants", "vtrace+behaviour")
+    assert validation.returncode == 0, validation.stderr[-3000:]
+    table = (tmp_path / "validate.md").read_text()
+    assert "| cartpole | 2 | vtrace+behaviour |" in table and "| 2 of 2 |" in table  # byte-equal
+
 
 def test_recurrent_results_runs_both_modes_and_measures_the_cost(tmp_path):
     argv = ["--envs", "MemoryChain-bsuite", "--networks", "mlp", "lstm", "--seeds", "1",

@@ -76,13 +76,37 @@ class ResumePoint(NamedTuple):
     schedule: LearningRateSchedule  # the learning-rate schedule the resumed run follows
     end_update: int  # the update the resumed run ends at
     path: pathlib.Path  # the checkpoint file
+    # exact_policy_lag: (version, params) of the versions before the checkpoint's that
+    # the actors may still need, oldest first (empty for a free-running run's checkpoint)
+    params_history: tuple = ()
+
+
+def params_history_size(config: AsyncActorLearnerConfig | dict[str, Any]) -> int:
+    """How many params versions before its own a checkpoint keeps (``exact_policy_lag`` only).
+
+    After update ``U`` an exact-lag actor's next chunk needs version
+    `ppo_async.runtime.actor.exact_version` ``(U, lag, broadcast_every)``, at
+    least ``U - lag - broadcast_every + 1``: the checkpoint keeps the versions
+    from there up to ``U - 1`` (the learner's own params are version ``U``).
+    ``config`` may be a saved config's dict.
+    """
+    get = config.get if isinstance(config, dict) else (lambda name: getattr(config, name))
+    lag, every = get("exact_policy_lag"), get("broadcast_every")
+    if not (isinstance(lag, int) and isinstance(every, int)):
+        return 0
+    return max(0, lag + every - 1)
 
 
 def checkpoint_contents(
     state: LearnerState, report: LearnerReport, carries: list[Any],
-    schedule: LearningRateSchedule,
+    schedule: LearningRateSchedule, params_history: list[tuple[int, Any]] = (),
 ) -> tuple[dict[str, Any], dict[str, int]]:
-    """(state pytree, integer counters) of one checkpoint."""
+    """(state pytree, integer counters) of one checkpoint.
+
+    ``params_history``: (version, params) of the earlier versions an exact-lag
+    run's actors may still need (`params_history_size` of them; padded at the
+    front with the oldest when the run is younger).
+    """
     recent = np.full(RECENT_EPISODES, np.nan, np.float32)
     recent[: len(report.recent_returns)] = report.recent_returns
     resumable = all(isinstance(carry, EnvCarry) for carry in carries)
@@ -93,6 +117,11 @@ def checkpoint_contents(
         "recent_returns": recent,
         "lr_begin_value": np.float64(schedule.begin_value),
     }
+    if params_history:
+        tree["params_history"] = {
+            "versions": np.array([version for version, _ in params_history], np.int64),
+            "params": tuple(params for _, params in params_history),
+        }
     counters = {
         "updates": report.updates,
         "env_steps": report.env_steps,
@@ -191,6 +220,7 @@ def load_newest_checkpoint(
             "actor_carries": _carries_template(config, program, saved),
             "recent_returns": np.zeros(RECENT_EPISODES, np.float32),
             "lr_begin_value": np.float64(0.0),
+            **_history_template(saved, params_template),
         }
 
     loaded = load_latest_checkpoint(
@@ -202,6 +232,23 @@ def load_newest_checkpoint(
             "is nothing to resume (ppo-async train --resume, train(resume_from=...)) or evaluate"
         )
     return loaded
+
+
+def _history_template(saved: dict[str, Any], params_template: Any) -> dict[str, Any]:
+    size = params_history_size(saved)
+    if not size:
+        return {}
+    return {"params_history": {"versions": np.zeros(size, np.int64),
+                               "params": (params_template,) * size}}
+
+
+def _params_history(loaded: LoadedCheckpoint) -> tuple[tuple[int, Any], ...]:
+    """The saved (version, params) before the checkpoint's own, each version once, oldest first."""
+    saved = loaded.state.get("params_history")
+    if saved is None:
+        return ()
+    history = dict(zip((int(v) for v in saved["versions"]), saved["params"], strict=True))
+    return tuple(sorted(history.items(), key=lambda item: item[0]))
 
 
 def load_resume_point(
@@ -251,7 +298,7 @@ def load_resume_point(
     carries = _fit_carries(config, loaded.config, tuple(loaded.state["actor_carries"]))
     logger.info("resuming from %s (update %d)", loaded.path, report.updates)
     return ResumePoint(state, report, carries, schedule,
-                       report.updates + remaining, loaded.path)
+                       report.updates + remaining, loaded.path, _params_history(loaded))
 
 
 def _saved_anneal_lr(saved: dict[str, Any], config: AsyncActorLearnerConfig) -> bool:

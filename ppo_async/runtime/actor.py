@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -34,6 +35,7 @@ from ppo_async.runtime.messages import (
     Experience,
     PolicyBroadcast,
     load_policy_from_broadcast,
+    take_all,
     take_newest,
 )
 
@@ -112,6 +114,12 @@ class ActorEndpoint(Protocol):
     def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
         """The newest broadcast waiting (None if none), and how many were taken; never blocks."""
 
+    def take_all(self) -> list[Any]:
+        """Every broadcast waiting, each with its ``.version``, unloaded (`load`); never blocks."""
+
+    def load(self, item: Any) -> PolicyBroadcast:
+        """The `PolicyBroadcast` of an item of `take_all` (or of `wait_broadcast`)."""
+
     def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
         """The next broadcast, waiting up to ``timeout_s``; None if none came."""
 
@@ -132,6 +140,12 @@ class QueueEndpoint(NamedTuple):
     def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
         return take_newest(self.broadcast_queue)
 
+    def take_all(self) -> list[PolicyBroadcast]:
+        return take_all(self.broadcast_queue)
+
+    def load(self, item: PolicyBroadcast) -> PolicyBroadcast:
+        return item
+
     def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
         try:
             return self.broadcast_queue.get(timeout=timeout_s)
@@ -148,6 +162,9 @@ class ActorStart(NamedTuple):
     restart: int = 0  # restarts so far; a restarted actor folds it into its key
     produced_steps: int = 0  # rows (per env) the learner counts as already produced
     carry: Any = None  # env carry to continue from; None resets the envs
+    # With exact_policy_lag: the oldest params version this actor will be sent (a
+    # resumed or restarted actor is not sent again the versions before it).
+    first_version: int = 0
 
 
 def run_actor(
@@ -181,35 +198,104 @@ def run_actor(
     return stats
 
 
-def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
-             channels: ActorEndpoint, device: jax.Device, stats: ActorStats,
-             start: ActorStart, carry: Carry) -> None:
-    """The actor loop of `run_actor`, until the stop signal."""
-    throttle = ActorThrottle.from_config(config)
-    params, learner_updates, policy_version = None, 0, -1
-    produced = start.produced_steps
+def exact_version(chunk: int, lag: int, broadcast_every: int) -> int:
+    """The params version an actor's chunk ``chunk`` (0-based) is collected with, at ``exact_policy_lag=lag``.
 
-    while not channels.stopped():
-        newest, taken = channels.take_newest()
-        stats.broadcasts_received += taken
+    The chunk feeds update ``chunk + 1``, which sees the params of update
+    ``chunk - lag`` (0 for the first ``lag`` chunks), or the newest broadcast
+    not above it when the learner broadcasts every ``broadcast_every`` updates.
+    """
+    return broadcast_every * (max(0, chunk - lag) // broadcast_every)
+
+
+class _NewestParams:
+    """Free-running: act with the newest params received, as far ahead as the valve allows."""
+
+    def __init__(self, config: AsyncActorLearnerConfig, channels: ActorEndpoint,
+                 load: Callable[[PolicyBroadcast], Any], stats: ActorStats):
+        self.throttle = ActorThrottle.from_config(config)
+        self.num_steps, self.channels, self.load, self.stats = config.num_steps, channels, load, stats
+        self.params, self.version = None, -1
+
+    def params_for(self, produced: int) -> Any | None:
+        """The params to collect the next chunk with; None: look again (waited, or newer arrived)."""
+        newest, taken = self.channels.take_newest()
+        self.stats.broadcasts_received += taken
         if newest is None and (
-            params is None or not throttle.may_start_chunk(produced, learner_updates)
+            self.params is None or not self.throttle.may_start_chunk(produced, self.version)
         ):
             # Held back (or not yet given params): wait for a broadcast, in
             # short waits so that a stop is seen promptly.
             pause_start = time.perf_counter()
-            newest = channels.wait_broadcast(_POLL_S)
-            stats.broadcasts_received += newest is not None
-            stats.pause_s += time.perf_counter() - pause_start
+            newest = self.channels.wait_broadcast(_POLL_S)
+            self.stats.broadcasts_received += newest is not None
+            self.stats.pause_s += time.perf_counter() - pause_start
             if newest is None:
-                continue
-        if newest is not None and newest.version <= policy_version:
-            continue  # never step back to older params
+                return None
+        if newest is not None and newest.version <= self.version:
+            return None  # never step back to older params
         if newest is not None:
-            params = load_policy_from_broadcast(newest, program.params_template, device)
-            learner_updates, policy_version = newest.version, newest.version
-            continue  # look again: more may have arrived, and the valve may now open
+            self.params, self.version = self.load(newest), newest.version
+            return None  # look again: more may have arrived, and the valve may now open
+        return self.params
 
+
+class _ExactParams:
+    """``exact_policy_lag``: act on each chunk with exactly the version it needs (`exact_version`).
+
+    Broadcasts of later versions wait until their chunk comes, never used
+    early; earlier ones are dropped. Waiting for the version a chunk needs is
+    the valve: the lead is fixed at ``exact_policy_lag + broadcast_every`` chunks.
+    """
+
+    def __init__(self, config: AsyncActorLearnerConfig, channels: ActorEndpoint,
+                 load: Callable[[PolicyBroadcast], Any], stats: ActorStats, first_version: int):
+        self.lag, self.broadcast_every = config.exact_policy_lag, config.broadcast_every
+        self.num_steps, self.channels, self.load, self.stats = config.num_steps, channels, load, stats
+        self.first_version = first_version
+        self.waiting: dict[int, Any] = {}  # version -> a broadcast not yet needed (unloaded)
+        self.params, self.version = None, -1
+
+    def params_for(self, produced: int) -> Any | None:
+        """The params of the version the next chunk needs; None while it has not arrived."""
+        chunk = produced // self.num_steps
+        target = max(exact_version(chunk, self.lag, self.broadcast_every), self.first_version)
+        if self.version == target:
+            return self.params
+        self._receive(self.channels.take_all())
+        if target not in self.waiting:
+            pause_start = time.perf_counter()
+            arrived = self.channels.wait_broadcast(_POLL_S)
+            self.stats.pause_s += time.perf_counter() - pause_start
+            self._receive([arrived] if arrived is not None else [])
+            if target not in self.waiting:
+                return None
+        item = self.waiting.pop(target)
+        self.waiting = {v: b for v, b in self.waiting.items() if v > target}
+        self.params, self.version = self.load(self.channels.load(item)), target
+        return self.params
+
+    def _receive(self, items: list[Any]) -> None:
+        self.stats.broadcasts_received += len(items)
+        self.waiting.update((item.version, item) for item in items)
+
+
+def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
+             channels: ActorEndpoint, device: jax.Device, stats: ActorStats,
+             start: ActorStart, carry: Carry) -> None:
+    """The actor loop of `run_actor`, until the stop signal."""
+    def load(broadcast: PolicyBroadcast) -> Any:
+        return load_policy_from_broadcast(broadcast, program.params_template, device)
+
+    if config.exact_policy_lag is None:
+        chooser = _NewestParams(config, channels, load, stats)
+    else:
+        chooser = _ExactParams(config, channels, load, stats, start.first_version)
+    produced = start.produced_steps
+    while not channels.stopped():
+        params = chooser.params_for(produced)
+        if params is None:
+            continue
         chunk_start, chunk_cpu_start = time.perf_counter(), time.thread_time()
         carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
         # device_get blocks until the rollout is done and copies to numpy, so the
@@ -219,7 +305,7 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
         )
         channels.send(
             Experience(
-                actor_id, policy_version, trajectory, bootstrap_obs, bootstrap_value, carry
+                actor_id, chooser.version, trajectory, bootstrap_obs, bootstrap_value, carry
             )
         )
         produced += config.num_steps

@@ -237,12 +237,18 @@ def _check_finite(metrics: dict[str, float], update: int) -> None:
 AfterUpdate = Callable[[LearnerState, "LearnerReport", list[Any]], None]
 
 
-def _request_evaluation(channels: LearnerConnections, message: EvalRequest) -> bool:
+def _request_evaluation(channels: LearnerConnections, message: EvalRequest,
+                        replace: bool = True) -> bool:
     """Queue ``message`` for the evaluator, replacing a request it has not started.
 
     The evaluator may be slower than the learner; only the newest policy is
     worth evaluating, so at most one request waits. True if one was replaced.
+    Without ``replace`` (``exact_policy_lag``: which policies are scored must
+    not depend on timing) every request waits its turn.
     """
+    if not replace:
+        channels.evaluator_queue.put(message)
+        return False
     try:
         channels.evaluator_queue.get_nowait()
         replaced = True
@@ -433,7 +439,8 @@ class _Learner:
             # Serialized here, apart from the publisher's bytes: evaluations are rare.
             eval_message = PolicyBroadcast(report.updates, serialize_policy(state.params))
             report.eval_requests_skipped += _request_evaluation(
-                channels, EvalRequest(eval_message, report.env_steps))
+                channels, EvalRequest(eval_message, report.env_steps),
+                replace=config.exact_policy_lag is None)
         for evaluation in drain_evaluations(channels, report):
             if self.hooks.on_evaluation is not None:
                 self.hooks.on_evaluation(evaluation)

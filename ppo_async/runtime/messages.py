@@ -55,21 +55,28 @@ class PolicyBroadcast(NamedTuple):
     payload: bytes  # flax.serialization.to_bytes of the host params
 
 
+def take_all(inbox: queue.Queue) -> list[Any]:
+    """Every message waiting in ``inbox``, in arrival order; never blocks."""
+    taken = []
+    while True:
+        try:
+            taken.append(inbox.get_nowait())
+        except queue.Empty:
+            return taken
+
+
 def take_newest(inbox: queue.Queue) -> tuple[Any, int]:
     """The newest message waiting in ``inbox`` by ``.version`` (None if none), and how many were taken.
 
     Never blocks. Newest by version, not by arrival: a restarted actor's
     re-delivered broadcast may land behind a newer one.
     """
-    newest, taken = None, 0
-    while True:
-        try:
-            message = inbox.get_nowait()
-        except queue.Empty:
-            return newest, taken
-        taken += 1
+    newest = None
+    taken = take_all(inbox)
+    for message in taken:
         if newest is None or message.version >= newest.version:
             newest = message
+    return newest, len(taken)
 
 
 class PolicyLoadError(ValueError):

@@ -49,7 +49,13 @@ from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
 from ppo_async.runtime.actor import ActorStart, ActorStats, run_actor
 from ppo_async.runtime.learner import LearnerTimeoutError
-from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast, take_newest
+from ppo_async.runtime.messages import (
+    ActorFailure,
+    Experience,
+    PolicyBroadcast,
+    take_all,
+    take_newest,
+)
 from ppo_async.runtime.transport import Publisher
 
 logger = logging.getLogger(__name__)
@@ -115,6 +121,12 @@ class _ProcessEndpoint:
         newest, taken = take_newest(self.inbox)
         # Only the newest version's bytes are fetched.
         return (self._load(newest) if newest is not None else None), taken
+
+    def take_all(self) -> list[Delivery]:
+        return take_all(self.inbox)  # fetched only when loaded
+
+    def load(self, item: Delivery | PolicyBroadcast) -> PolicyBroadcast:
+        return self._load(item) if isinstance(item, Delivery) else item
 
     def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
         try:
@@ -321,15 +333,29 @@ class RayTransport:
         self._latest: tuple[int, Any] | None = None  # (version, ref) of the newest
         self._in_flight: dict[int, Any] = {}  # actor id -> its deliver call in flight
         self._owed: set[int] = set()  # actors owed the newest version
-        self.publisher = Publisher(self._deliver, self.report_failure, on_idle=self._pay_owed)
+        self._every_version = config.exact_policy_lag is not None
+        # exact_policy_lag: the versions an actor starting now may still need (version -> ref)
+        self._recent: dict[int, Any] = {}
+        self._keep = (config.exact_policy_lag or 0) + config.broadcast_every + 2
+        self.publisher = Publisher(self._deliver, self.report_failure, on_idle=self._pay_owed,
+                                   every_version=self._every_version)
 
     # --- weights out --------------------------------------------------------
 
     def _deliver(self, message: PolicyBroadcast) -> None:
         """Publisher thread, under its lock: one ``ray.put`` of the bytes, one reference to each."""
-        self._latest = (message.version, self._ray.put(message.payload))
+        version, ref = self._latest = (message.version, self._ray.put(message.payload))
+        if self._every_version:
+            self._recent[version] = ref
+            for old in sorted(self._recent)[:-self._keep]:
+                del self._recent[old]
         for actor_id in range(len(self.actors)):
-            self._send_latest(actor_id)
+            if self._every_version and self.actors[actor_id] is not None:
+                # exact_policy_lag: each actor needs every version; the lead bounds how
+                # many deliveries can be in flight, and the actor orders them by version.
+                self.actors[actor_id].deliver.remote(version, [ref])
+            else:
+                self._send_latest(actor_id)
 
     def _send_latest(self, actor_id: int) -> None:
         actor, in_flight = self.actors[actor_id], self._in_flight.get(actor_id)
@@ -363,7 +389,11 @@ class RayTransport:
         with self.publisher.lock:
             self.actors[actor_id] = actor
             self._in_flight.pop(actor_id, None)
-            self._send_latest(actor_id)
+            if self._every_version:
+                for version in sorted(v for v in self._recent if v >= start.first_version):
+                    actor.deliver.remote(version, [self._recent[version]])
+            else:
+                self._send_latest(actor_id)
         self._polls[actor_id] = actor.poll.remote(_POLL_S)
 
     def restart_actor(self, actor_id: int, start: ActorStart) -> None:
@@ -371,6 +401,9 @@ class RayTransport:
         until it is up: a process start and JAX's import take seconds, which the learner's
         hang clock, restarted when this returns, should not count."""
         self.kill_actor(actor_id)
+        with self.publisher.lock:  # with exact_policy_lag, the oldest version it will have
+            if self._latest is not None:
+                start = start._replace(first_version=self._latest[0])
         self.start_actor(actor_id, start)
         self.wait_started([actor_id])
 

@@ -20,6 +20,7 @@ anyway). The learner publishes only params that passed its finiteness check.
 
 from __future__ import annotations
 
+import collections
 import pathlib
 import queue
 import sys
@@ -102,7 +103,9 @@ class Publisher:
     """A thread ("ppo-publisher") that serializes params and delivers the bytes.
 
     `publish` drops ``(params, learner_updates)`` in a one-slot mailbox (a
-    newer hand-over replaces one not yet taken) and returns. The thread makes
+    newer hand-over replaces one not yet taken) and returns; with
+    ``every_version`` (``exact_policy_lag``, whose actors need each version)
+    the mailbox keeps every hand-over, in order. The thread makes
     one `PolicyBroadcast` of it, calls ``deliver(message)`` and records it as
     `latest`. ``deliver`` runs under `lock`, which a restart holds while it
     re-delivers `latest`, so a restarted actor never sees versions out of
@@ -113,14 +116,16 @@ class Publisher:
 
     def __init__(self, deliver: Callable[[PolicyBroadcast], None],
                  on_failure: Callable[[ActorFailure], None],
-                 on_idle: Callable[[], None] | None = None, poll_s: float = 0.05):
+                 on_idle: Callable[[], None] | None = None, poll_s: float = 0.05,
+                 every_version: bool = False):
         self._deliver, self._on_failure, self._poll_s = deliver, on_failure, poll_s
+        self._every_version = every_version
         self._on_idle = on_idle
         self.lock = threading.Lock()
         self.latest: PolicyBroadcast | None = None
         self.serialize_s = 0.0  # time spent serializing, off the learner's thread
         self.published = 0  # broadcasts delivered
-        self._mailbox: tuple[Any, int] | None = None
+        self._mailbox: collections.deque[tuple[Any, int]] = collections.deque()
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ppo-publisher", daemon=True)
@@ -128,16 +133,18 @@ class Publisher:
 
     def publish(self, params: Any, learner_updates: int) -> None:
         with self._wake:
-            self._mailbox = (params, learner_updates)
+            if not self._every_version:
+                self._mailbox.clear()
+            self._mailbox.append((params, learner_updates))
             self._wake.notify()
 
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 with self._wake:
-                    if self._mailbox is None:
+                    if not self._mailbox:
                         self._wake.wait(self._poll_s)
-                    taken, self._mailbox = self._mailbox, None
+                    taken = self._mailbox.popleft() if self._mailbox else None
                 if taken is None:
                     if self._on_idle is not None:
                         with self.lock:
@@ -168,7 +175,8 @@ class ThreadTransport:
         self.broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
         self.stop_event = threading.Event()
         self.handles: list[ActorHandle | None] = [None] * config.num_actors
-        self.publisher = Publisher(self._deliver, self.report_failure)
+        self.publisher = Publisher(self._deliver, self.report_failure,
+                                   every_version=config.exact_policy_lag is not None)
 
     def _deliver(self, message: PolicyBroadcast) -> None:
         for broadcast_queue in self.broadcast_queues:
@@ -187,9 +195,12 @@ class ThreadTransport:
         old = self.handles[actor_id]
         old.join(self.config.shutdown_timeout_s)  # it ended right after sending its failure
         with self.publisher.lock:
-            # The dead actor may have drained every broadcast; its successor gets the newest.
-            if self.publisher.latest is not None:
-                self.broadcast_queues[actor_id].put(self.publisher.latest)
+            # The dead actor may have drained every broadcast; its successor gets the newest
+            # (with exact_policy_lag, the oldest version it will have).
+            latest = self.publisher.latest
+            if latest is not None:
+                self.broadcast_queues[actor_id].put(latest)
+                start = start._replace(first_version=latest.version)
         self.start_actor(actor_id, start, old.stats)
 
     def wait_started(self) -> None:

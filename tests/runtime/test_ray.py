@@ -186,6 +186,17 @@ def test_two_lock_step_ray_runs_are_byte_identical(ray_local):
         assert _bytes(first.params) == _bytes(second.params)
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnasium:CartPole-v1"])
+def test_exact_lag_ray_actors_give_the_bytes_of_thread_actors(ray_local, env_id):
+    config = dataclasses.replace(RAY_TINY, env_id=env_id, exact_policy_lag=1, num_actors=3,
+                                 envs_per_actor=1, num_minibatches=1, ray_num_cpus_per_actor=0.5)
+    over_ray = train(config, progress=False)
+    threads = train(dataclasses.replace(config, actor_backend="threads"), progress=False)
+    assert _bytes(over_ray.params) == _bytes(threads.params)
+    assert over_ray.report.policy_lag_counts == threads.report.policy_lag_counts == {
+        0: 3, 1: 3 * (config.num_updates - 1)}
+
+
 def test_two_ray_actors_learn_cartpole_with_the_lag_bound(ray_local):
     """Timing-dependent (tests/timing_cases.py): 10 reruns ended between 177.2
     and 371.2 (median 267.7), lag max 2 in each (experiments/timing_spread.py,

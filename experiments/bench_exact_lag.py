@@ -1,0 +1,122 @@
+"""What an exact policy lag costs: steady env steps/s of ``exact_policy_lag=1`` against free-running actors.
+
+Both train the default config (CartPole-v1, 2 actors x 4 envs x 64 steps, 4
+epochs x 4 minibatches), each run in a FRESH process, modes alternating seed
+by seed:
+
+- ``free``: ``exact_policy_lag=None``, actors act with the newest params they
+  have, at most two chunks ahead (the valve);
+- ``exact1``: ``exact_policy_lag=1``, every chunk collected with the params of
+  exactly one update before the one it feeds (the lead is then two chunks too);
+- ``free-straggler`` / ``exact1-straggler``: the same, with actor 0 sleeping
+  ``--straggler-ms`` after every chunk (an actor much slower than the other).
+
+Env steps/s are taken from the first update at or past a quarter of the
+budget to the last one (start-up and compiles excluded). Target: exact1 /
+free >= 0.97. The load average is printed with every row: run it with
+nothing else on the machine.
+
+    python experiments/bench_exact_lag.py [--seeds 0 1 2] [--total-env-steps 500000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import common
+
+MODES = ("free", "exact1", "free-straggler", "exact1-straggler")
+
+
+def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dict:
+    import importlib
+    import threading
+
+    from ppo_async import AsyncActorLearnerConfig, train
+
+    if mode.endswith("straggler"):
+        train_module = importlib.import_module("ppo_async.train")  # shadowed by train()
+        make = train_module.make_actor_program
+
+        def slow_actor_0(config):
+            program = make(config)
+
+            def rollout(params, carry):
+                out = program.rollout(params, carry)
+                if threading.current_thread().name == "ppo-actor-0":
+                    time.sleep(straggler_ms / 1000)
+                return out
+            return program._replace(rollout=rollout)
+
+        train_module.make_actor_program = slow_actor_0
+    lag = 1 if mode.startswith("exact1") else None
+    config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
+                                     exact_policy_lag=lag)
+    marks = []
+    report = train(config, progress=False, on_update=lambda m: marks.append(
+        (time.perf_counter(), m["env_steps"]))).report
+    quarter = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps / 4)
+    (t0, s0), (t1, s1) = marks[quarter], marks[-1]
+    return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "final_return": report.episode_return_mean,
+            "policy_lag_mean": report.policy_lag_mean,
+            "learner_wait_s": report.learner_wait_s}
+
+
+def _in_a_fresh_process(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dict:
+    completed = subprocess.run(
+        [sys.executable, __file__, "--one", mode, "--seeds", str(seed),
+         "--total-env-steps", str(total_env_steps), "--straggler-ms", str(straggler_ms)],
+        capture_output=True, text=True, timeout=1800,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"{mode} seed {seed} failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--total-env-steps", type=int, default=500_000)
+    parser.add_argument("--straggler-ms", type=float, default=40.0)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--one", choices=MODES, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.one is not None:  # the child process of one measurement
+        print(json.dumps(_one(args.one, args.seeds[0], args.total_env_steps, args.straggler_ms)))
+        return {}
+
+    rows = []
+    for seed in args.seeds:
+        for mode in args.modes:
+            row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0],
+                   **_in_a_fresh_process(mode, seed, args.total_env_steps, args.straggler_ms)}
+            rows.append(row)
+            print(f"{mode:17s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s, policy lag "
+                  f"{row['policy_lag_mean']:.2f}, final return {row['final_return']:.1f} "
+                  f"(load {row['load_average_1_min']:.1f})", flush=True)
+    medians = {mode: statistics.median(r["env_steps_per_s"] for r in rows if r["mode"] == mode)
+               for mode in args.modes}
+    ratios = {}
+    for exact, free in (("exact1", "free"), ("exact1-straggler", "free-straggler")):
+        if exact in medians and free in medians:
+            ratios[exact] = medians[exact] / medians[free]
+    print("\nmedian steady-state env steps/s:")
+    for mode in args.modes:
+        ratio = f"  {ratios[mode]:.3f}x free-running" if mode in ratios else ""
+        print(f"  {mode:17s} {medians[mode]:8.0f}{ratio}")
+    summary = {"rows": rows, "median_env_steps_per_s": medians, "ratio_to_free_running": ratios,
+               "straggler_ms": args.straggler_ms}
+    common.save_result("bench_exact_lag", args.out, __file__, argv, summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""exact_policy_lag: every chunk is collected with exactly the params version it needs,
+so two runs with one seed give the same bytes, whatever the thread timing."""
+
+import dataclasses
+import importlib
+import json
+import queue
+import threading
+
+import flax.serialization
+import jax
+import numpy as np
+import pytest
+
+from ppo_async import AsyncActorLearnerConfig, ConfigError, PolicyBroadcast, train
+from ppo_async.runs.analysis import read_metrics
+from ppo_async.runtime.actor import ActorStats, QueueEndpoint, _ExactParams, exact_version
+from ppo_async.sync import make_train
+
+from run_helpers import interrupt_at
+
+EXACT = AsyncActorLearnerConfig(
+    num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=2, num_minibatches=2,
+    total_env_steps=2 * 2 * 8 * 8, exact_policy_lag=1, learner_timeout_s=30.0,
+    shutdown_timeout_s=10.0, seed=5,
+)
+# Fields that measure time, not learning.
+WALL_CLOCK = {"env_steps_per_s", "learner_wait_s", "broadcast_s", "queue_depth"}
+
+
+def _bytes(params):
+    return flax.serialization.to_bytes(jax.device_get(params))
+
+
+def _learning_metrics(run_dir):
+    return [{k: v for k, v in row.items() if k not in WALL_CLOCK}
+            for row in read_metrics(run_dir)]
+
+
+def test_each_chunk_needs_the_version_lag_updates_behind_its_own():
+    # Chunk c feeds update c + 1, which sees version c - K (0 at first); with
+    # broadcasts every b updates, the newest broadcast not above it.
+    assert [exact_version(c, 0, 1) for c in range(5)] == [0, 1, 2, 3, 4]
+    assert [exact_version(c, 1, 1) for c in range(5)] == [0, 0, 1, 2, 3]
+    assert [exact_version(c, 3, 1) for c in range(6)] == [0, 0, 0, 0, 1, 2]
+    assert [exact_version(c, 1, 2) for c in range(7)] == [0, 0, 0, 2, 2, 4, 4]
+
+
+def test_the_lead_is_fixed_by_the_exact_lag_and_may_not_be_set_apart():
+    assert EXACT.max_lead_steps == 2 * EXACT.num_steps
+    assert dataclasses.replace(EXACT, exact_policy_lag=3, broadcast_every=2).max_lead_steps == 5 * 8
+    assert dataclasses.replace(EXACT, exact_policy_lag=0).lock_step
+    with pytest.raises(ConfigError, match="exact_policy_lag"):
+        dataclasses.replace(EXACT, max_lead_steps=3 * EXACT.num_steps)
+    with pytest.raises(ConfigError, match="exact_policy_lag"):
+        dataclasses.replace(EXACT, exact_policy_lag=-1)
+    # config.json leaves the lead to be derived again, so a resume may change num_steps.
+    assert EXACT.to_dict()["max_lead_steps"] is None
+
+
+def test_a_newer_broadcast_that_arrived_early_is_not_used():
+    broadcasts = queue.Queue()
+    for version in (0, 1, 2, 3):  # everything has arrived before the first chunk
+        broadcasts.put(PolicyBroadcast(version, b""))
+    endpoint = QueueEndpoint(queue.Queue(), broadcasts, threading.Event())
+    chooser = _ExactParams(EXACT, endpoint, load=lambda broadcast: broadcast.version,
+                           stats=ActorStats(0), first_version=0)
+    used = [chooser.params_for(chunk * EXACT.num_steps) for chunk in range(5)]
+    assert used == [0, 0, 1, 2, 3]  # never the newest waiting, always chunk - 1
+    # A version that has not come yet is waited for (None), not replaced by another.
+    assert chooser.params_for(5 * EXACT.num_steps) is None
+
+
+@pytest.mark.parametrize("fields", [
+    dict(exact_policy_lag=1, num_actors=2),
+    dict(exact_policy_lag=3, num_actors=4, envs_per_actor=1),
+    dict(exact_policy_lag=0, num_actors=2),
+    dict(exact_policy_lag=1, num_actors=2, normalize_observations=True, normalize_rewards=True),
+], ids=["lag1-2actors", "lag3-4actors", "lag0-2actors", "lag1-normalized"])
+def test_two_runs_with_one_seed_give_the_same_bytes(tmp_path, fields):
+    config = dataclasses.replace(EXACT, **fields)
+    first = train(config, run_dir=tmp_path / "first", progress=False)
+    second = train(config, run_dir=tmp_path / "second", progress=False)
+    assert _bytes(first.params) == _bytes(second.params)
+    assert _learning_metrics(tmp_path / "first") == _learning_metrics(tmp_path / "second")
+    summary = json.loads((tmp_path / "first" / "summary.json").read_text())
+    assert summary["reproducible"] is True
+    # Every consumed chunk was exactly K updates old once K updates were done.
+    lag, updates = config.exact_policy_lag, first.report.updates
+    expected = {k: config.num_actors for k in range(lag)}
+    expected[lag] = config.num_actors * (updates - lag)
+    assert first.report.policy_lag_counts == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [
+    dict(env_id="gymnasium:CartPole-v1"),
+    dict(network="lstm", num_minibatches=2, envs_per_actor=2),
+    dict(exact_policy_lag=3, num_actors=1, envs_per_actor=4),
+], ids=["gymnasium", "lstm", "lag3-1actor"])
+def test_host_envs_recurrent_networks_and_longer_lags_are_reproducible_too(tmp_path, fields):
+    config = dataclasses.replace(EXACT, **fields)
+    first, second = (train(config, progress=False) for _ in range(2))
+    assert _bytes(first.params) == _bytes(second.params)
+
+
+@pytest.mark.parametrize("lag", [1, 3])
+def test_one_actor_at_an_exact_lag_reproduces_the_twin_at_that_lag(lag):
+    config = dataclasses.replace(EXACT, num_actors=1, envs_per_actor=4, exact_policy_lag=lag)
+    async_params = train(config, progress=False).params
+    sync_params = jax.jit(make_train(config, policy_lag=lag))(jax.random.key(config.seed)).params
+    assert _bytes(sync_params) == _bytes(async_params)
+
+
+def test_an_exact_lag_run_resumed_from_a_checkpoint_continues_byte_identically(tmp_path):
+    config = dataclasses.replace(EXACT, checkpoint_every_updates=3, keep_checkpoints=2)
+    whole = train(config, run_dir=tmp_path / "whole", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, run_dir=tmp_path / "cut", progress=False, on_update=interrupt_at(5))
+    resumed = train(config, resume_from=tmp_path / "cut", progress=False)
+    assert resumed.report.updates == whole.report.updates
+    assert _bytes(resumed.params) == _bytes(whole.params)
+    assert _learning_metrics(tmp_path / "cut") == _learning_metrics(tmp_path / "whole")
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["reproducible"] is True
+
+
+def test_a_free_running_run_and_a_restarted_actor_are_marked_not_reproducible(tmp_path,
+                                                                              monkeypatch):
+    free = dataclasses.replace(EXACT, exact_policy_lag=None, total_env_steps=2 * 2 * 8 * 3)
+    train(free, run_dir=tmp_path / "free", progress=False)
+    summary = json.loads((tmp_path / "free" / "summary.json").read_text())
+    assert summary["reproducible"] is False
+    assert "exact_policy_lag=None" in summary["not_reproducible_because"]
+
+    train_module = importlib.import_module("ppo_async.train")
+    original_make = train_module.make_actor_program
+    calls = {"n": 0}
+
+    def make(config):
+        program = original_make(config)
+
+        def rollout(params, carry):
+            if threading.current_thread().name == "ppo-actor-1":
+                calls["n"] += 1
+                if calls["n"] == 3:
+                    raise RuntimeError("actor 1 breaks once")
+            return program.rollout(params, carry)
+        return program._replace(rollout=rollout)
+
+    monkeypatch.setattr(train_module, "make_actor_program", make)
+    restarted = dataclasses.replace(EXACT, max_actor_restarts=1)
+    report = train(restarted, run_dir=tmp_path / "restarted", progress=False).report
+    assert report.actor_restarts == 1 and report.updates == restarted.num_updates
+    summary = json.loads((tmp_path / "restarted" / "summary.json").read_text())
+    assert summary["reproducible"] is False
+    assert "restart" in summary["not_reproducible_because"]
+    assert np.isfinite(summary["episode_return_mean"])
