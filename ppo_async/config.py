@@ -271,15 +271,12 @@ class AsyncActorLearnerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (tuples become lists)."""
-        fields = {
+        return {
             f.name: (list(v) if isinstance(v, tuple)
                      else (int(v) if isinstance(v, (_DerivedLead, _DefaultExactLag)) else v))
             for f in dataclasses.fields(self)
             for v in [getattr(self, f.name)]
         }
-        if self.exact_policy_lag is not None:
-            fields["max_lead_steps"] = None  # fixed by the exact lag, derived again when read
-        return fields
 
 
 def _as_tuples(value: Any) -> Any:

@@ -30,8 +30,11 @@ def test_derived_lead_follows_replace_but_explicit_lead_is_kept():
     bigger = dataclasses.replace(cfg, num_steps=128)
     assert bigger.max_lead_steps == 256
     assert bigger.max_lead_chunks == 2
+    # An exact lag K leads by K + broadcast_every chunks; free-running actors by two broadcasts.
     slower = dataclasses.replace(cfg, broadcast_every=3)
-    assert slower.max_lead_steps == 2 * 64 * 3
+    assert slower.max_lead_steps == (1 + 3) * 64
+    free = dataclasses.replace(cfg, broadcast_every=3, exact_policy_lag=None)
+    assert free.max_lead_steps == 2 * 64 * 3
 
     explicit = AsyncActorLearnerConfig(max_lead_steps=300)
     assert explicit.max_lead_steps == 300

@@ -84,6 +84,9 @@ def load_run_config(run_dir: pathlib.Path) -> AsyncActorLearnerConfig:
               f"{', '.join(unknown)}, not config fields of ppo-async {__version__} "
               "(written by another version?)", file=sys.stderr)
     fields = fields_from_json({k: v for k, v in fields.items() if k in known})
+    if fields.get("exact_policy_lag") is not None:
+        # The lead an exact lag implies: derived again, so that flags may change the sizes.
+        fields.pop("max_lead_steps", None)
     return AsyncActorLearnerConfig(**fields)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, PolicyBroadcast, train
+from ppo_async.config import fields_from_json
 from ppo_async.runs.analysis import read_metrics
 from ppo_async.runtime.actor import ActorStats, QueueEndpoint, _ExactParams, exact_version
 from ppo_async.sync import make_train
@@ -54,8 +55,9 @@ def test_the_lead_is_fixed_by_the_exact_lag_and_may_not_be_set_apart():
         dataclasses.replace(EXACT, max_lead_steps=3 * EXACT.num_steps)
     with pytest.raises(ConfigError, match="exact_policy_lag"):
         dataclasses.replace(EXACT, exact_policy_lag=-1)
-    # config.json leaves the lead to be derived again, so a resume may change num_steps.
-    assert EXACT.to_dict()["max_lead_steps"] is None
+    # A lead given alone chooses free-running actors; beside an exact lag, only its own.
+    assert AsyncActorLearnerConfig(max_lead_steps=3 * 64).exact_policy_lag is None
+    assert AsyncActorLearnerConfig(**fields_from_json(EXACT.to_dict())) == EXACT
 
 
 def test_a_newer_broadcast_that_arrived_early_is_not_used():

@@ -6,6 +6,7 @@ import time
 
 import flax.serialization
 import numpy as np
+import pytest
 
 from ppo_async import ActorError, PolicyBroadcast, QueueEndpoint
 from ppo_async.runtime.actor import PUBLISHER_ID
@@ -24,7 +25,10 @@ def _wait(condition, timeout_s=10.0):
     assert condition()
 
 
-def test_the_publisher_delivers_versions_in_order_and_only_the_newest_of_a_backlog():
+@pytest.mark.parametrize("every_version, expected", [(False, [1, 5]), (True, [1, 2, 3, 4, 5])],
+                         ids=["free-running", "exact-lag"])
+def test_the_publisher_delivers_versions_in_order_and_only_the_newest_of_a_backlog(every_version,
+                                                                                   expected):
     delivered, release = [], threading.Event()
 
     def deliver(message):
@@ -32,16 +36,18 @@ def test_the_publisher_delivers_versions_in_order_and_only_the_newest_of_a_backl
             release.wait(10)  # a slow first delivery: versions 2..5 pile up meanwhile
         delivered.append(message.version)
 
-    publisher = Publisher(deliver, lambda failure: None)
+    publisher = Publisher(deliver, lambda failure: None, every_version=every_version)
     publisher.publish(_params(1), 1)
-    _wait(lambda: publisher.published == 0 and publisher._mailbox is None)
+    _wait(lambda: publisher.published == 0 and not publisher._mailbox)
     for version in (2, 3, 4, 5):
         publisher.publish(_params(version), version)
     release.set()
     _wait(lambda: delivered[-1:] == [5])
     publisher.stop()
     publisher.thread.join(5)
-    assert delivered == [1, 5]  # in order; the backlog collapsed to its newest
+    # In order; free-running, the backlog collapses to its newest; with an exact lag
+    # every version is delivered (each is some chunk's).
+    assert delivered == expected
     assert publisher.latest.version == 5
     # The bytes are the params' flax serialization, made on the publisher's thread.
     loaded = flax.serialization.from_bytes(_params(0), publisher.latest.payload)
