@@ -8,13 +8,17 @@ import queue
 import threading
 
 import flax.serialization
+import gymnasium
 import jax
 import numpy as np
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, PolicyBroadcast, train
 from ppo_async.config import fields_from_json
+from ppo_async.envs.host import HostStep
+from ppo_async.envs.registry import register_host_env
 from ppo_async.runs.analysis import read_metrics
+from ppo_async.runs.checkpoint import list_checkpoints
 from ppo_async.runtime.actor import ActorStats, QueueEndpoint, _ExactParams, exact_version
 from ppo_async.sync import make_train
 
@@ -85,6 +89,10 @@ def test_two_runs_with_one_seed_give_the_same_bytes(tmp_path, fields):
     second = train(config, run_dir=tmp_path / "second", progress=False)
     assert _bytes(first.params) == _bytes(second.params)
     assert _learning_metrics(tmp_path / "first") == _learning_metrics(tmp_path / "second")
+    # The final checkpoints (learner state, counters, every actor's env carry), byte for byte.
+    checkpoints = [list_checkpoints(tmp_path / run / "checkpoints")[-1] for run in ("first", "second")]
+    assert checkpoints[0].name == checkpoints[1].name
+    assert checkpoints[0].read_bytes() == checkpoints[1].read_bytes()
     summary = json.loads((tmp_path / "first" / "summary.json").read_text())
     assert summary["reproducible"] is True
     # Every consumed chunk was exactly K updates old once K updates were done.
@@ -94,13 +102,43 @@ def test_two_runs_with_one_seed_give_the_same_bytes(tmp_path, fields):
     assert first.report.policy_lag_counts == expected
 
 
+class NoisyWalk:
+    """A host env of numpy: a random walk seeded by reset, rewarded for staying near 0."""
+
+    observation_shape = (2,)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, num_envs):
+        self.num_envs, self.rng, self.t = num_envs, None, np.zeros(num_envs, int)
+
+    def reset(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.x = self.rng.normal(size=self.num_envs)
+        return self._obs()
+
+    def _obs(self):
+        return np.stack([self.x, self.t / 10.0], -1).astype(np.float32)
+
+    def step(self, actions):
+        self.x = self.x + (2 * actions - 1) * 0.1 + 0.05 * self.rng.normal(size=self.num_envs)
+        self.t += 1
+        truncated = self.t >= 10
+        final = self._obs()
+        self.t[truncated] = 0
+        self.x[truncated] = self.rng.normal(size=int(truncated.sum()))
+        reward = -np.abs(self.x).astype(np.float32)
+        return HostStep(self._obs(), reward, np.zeros(self.num_envs, bool), truncated, final)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fields", [
+    dict(env_id="host:noisy-walk"),
     dict(env_id="gymnasium:CartPole-v1"),
     dict(network="lstm", num_minibatches=2, envs_per_actor=2),
     dict(exact_policy_lag=3, num_actors=1, envs_per_actor=4),
-], ids=["gymnasium", "lstm", "lag3-1actor"])
+], ids=["host", "gymnasium", "lstm", "lag3-1actor"])
 def test_host_envs_recurrent_networks_and_longer_lags_are_reproducible_too(tmp_path, fields):
+    register_host_env("noisy-walk", NoisyWalk)
     config = dataclasses.replace(EXACT, **fields)
     first, second = (train(config, progress=False) for _ in range(2))
     assert _bytes(first.params) == _bytes(second.params)
