@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -69,14 +68,9 @@ def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dic
 
 
 def _in_a_fresh_process(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dict:
-    completed = subprocess.run(
-        [sys.executable, __file__, "--one", mode, "--seeds", str(seed),
-         "--total-env-steps", str(total_env_steps), "--straggler-ms", str(straggler_ms)],
-        capture_output=True, text=True, timeout=1800,
-    )
-    if completed.returncode != 0:
-        raise RuntimeError(f"{mode} seed {seed} failed:\n{completed.stderr[-3000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return common.run_child(
+        [__file__, "--one", mode, "--seeds", str(seed), "--total-env-steps",
+         str(total_env_steps), "--straggler-ms", str(straggler_ms)], f"{mode} seed {seed}")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -32,7 +32,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
@@ -96,14 +95,9 @@ def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
     env = dict(os.environ)
     if mode == "async-1t":
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREADED_XLA}".strip()
-    completed = subprocess.run(
-        [sys.executable, __file__, "--one", "async" if mode == "async-1t" else mode,
-         "--seeds", str(seed), "--total-env-steps", str(total_env_steps)],
-        capture_output=True, text=True, timeout=1800, env=env,
-    )
-    if completed.returncode != 0:
-        raise RuntimeError(f"{mode} seed {seed} failed:\n{completed.stderr[-3000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return common.run_child(
+        [__file__, "--one", "async" if mode == "async-1t" else mode, "--seeds", str(seed),
+         "--total-env-steps", str(total_env_steps)], f"{mode} seed {seed}", env=env)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -9,11 +9,13 @@ command that reproduces them. Nothing here imports JAX at module level, so a
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import pathlib
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -112,6 +114,20 @@ def check_seeds_and_budget(parser, args) -> None:
     """``parser.error`` unless ``--seeds`` >= 1 and ``--budget-scale`` is finite and > 0."""
     if args.seeds < 1 or not (args.budget_scale > 0 and math.isfinite(args.budget_scale)):
         parser.error("--seeds must be >= 1 and --budget-scale > 0")
+
+
+def run_child(argv: Sequence[str], what: str, env: Mapping[str, str] | None = None,
+              timeout_s: float = 1800) -> dict[str, Any]:
+    """Run ``[python, *argv]`` in a fresh process; the JSON object its last stdout line prints.
+
+    A timed figure that includes compiling must come from a fresh process;
+    ``what`` names the measurement in the error if the child fails.
+    """
+    completed = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                               timeout=timeout_s, env=None if env is None else dict(env))
+    if completed.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def median_time(fn, repeats: int) -> float:

@@ -1,5 +1,7 @@
 """Helpers the tests of several packages share."""
 
+import importlib
+
 
 def interrupt_at(update: int):
     """An ``on_update`` callback that presses Ctrl-C (raises KeyboardInterrupt) at ``update``."""
@@ -7,3 +9,15 @@ def interrupt_at(update: int):
         if metrics["update"] == update:
             raise KeyboardInterrupt
     return on_update
+
+
+def patch_rollout(monkeypatch, wrap):
+    """Make `train` build its actor program with ``wrap(program.rollout)`` as the rollout."""
+    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
+    original_make = train_module.make_actor_program
+
+    def make(config):
+        program = original_make(config)
+        return program._replace(rollout=wrap(program.rollout))
+
+    monkeypatch.setattr(train_module, "make_actor_program", make)

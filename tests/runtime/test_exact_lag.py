@@ -2,7 +2,6 @@
 so two runs with one seed give the same bytes, whatever the thread timing."""
 
 import dataclasses
-import importlib
 import json
 import queue
 import threading
@@ -22,7 +21,7 @@ from ppo_async.runs.checkpoint import list_checkpoints
 from ppo_async.runtime.actor import ActorStats, QueueEndpoint, _ExactParams, exact_version
 from ppo_async.sync import make_train
 
-from run_helpers import interrupt_at
+from run_helpers import interrupt_at, patch_rollout
 
 EXACT = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=2, num_minibatches=2,
@@ -172,22 +171,18 @@ def test_a_free_running_run_and_a_restarted_actor_are_marked_not_reproducible(tm
     assert summary["reproducible"] is False
     assert "exact_policy_lag=None" in summary["not_reproducible_because"]
 
-    train_module = importlib.import_module("ppo_async.train")
-    original_make = train_module.make_actor_program
     calls = {"n": 0}
 
-    def make(config):
-        program = original_make(config)
-
-        def rollout(params, carry):
+    def breaking_once(rollout):
+        def maybe_fail(params, carry):
             if threading.current_thread().name == "ppo-actor-1":
                 calls["n"] += 1
                 if calls["n"] == 3:
                     raise RuntimeError("actor 1 breaks once")
-            return program.rollout(params, carry)
-        return program._replace(rollout=rollout)
+            return rollout(params, carry)
+        return maybe_fail
 
-    monkeypatch.setattr(train_module, "make_actor_program", make)
+    patch_rollout(monkeypatch, breaking_once)
     restarted = dataclasses.replace(EXACT, max_actor_restarts=1)
     report = train(restarted, run_dir=tmp_path / "restarted", progress=False).report
     assert report.actor_restarts == 1 and report.updates == restarted.num_updates

@@ -34,7 +34,7 @@ from ppo_async.runs.resume import TopologyChangeWarning
 from ppo_async.runs.run_dir import ERROR_FILE, unique_run_dir, write_atomically
 from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted
 
-from run_helpers import interrupt_at
+from run_helpers import interrupt_at, patch_rollout
 
 TINY = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
@@ -54,17 +54,6 @@ def _wait_for_run_threads(timeout_s=30.0):
     deadline = time.monotonic() + timeout_s
     while run_threads_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _patch_rollout(monkeypatch, wrap):
-    train_module = importlib.import_module("ppo_async.train")
-    original_make = train_module.make_actor_program
-
-    def make(config):
-        program = original_make(config)
-        return program._replace(rollout=wrap(program.rollout))
-
-    monkeypatch.setattr(train_module, "make_actor_program", make)
 
 
 # --- checkpoints by default, and resume that continues the same run ---------------
@@ -228,7 +217,7 @@ def test_a_hung_actor_is_named_within_the_timeout_whatever_the_lead(monkeypatch)
             return rollout(params, carry)
         return maybe_hang
 
-    _patch_rollout(monkeypatch, wrap)
+    patch_rollout(monkeypatch, wrap)
     # A long lead: actor 0 keeps sending, so a learner that times out on "any
     # experience" would never notice.
     config = dataclasses.replace(TINY, learner_timeout_s=3.0, max_lead_steps=50 * 8,
@@ -319,7 +308,7 @@ def test_an_actor_failing_during_start_up_is_reported_without_waiting_for_the_co
             raise RuntimeError("env broke at once")
         return broken
 
-    _patch_rollout(monkeypatch, wrap)
+    patch_rollout(monkeypatch, wrap)
     start = time.monotonic()
     with pytest.raises(ActorError, match="env broke at once"):
         train(dataclasses.replace(TINY, shutdown_timeout_s=1.0), progress=False)
@@ -380,7 +369,7 @@ def test_host_envs_are_closed_on_every_exit(monkeypatch):
             return rollout(params, carry)
         return maybe_fail
 
-    _patch_rollout(monkeypatch, wrap)
+    patch_rollout(monkeypatch, wrap)
     config = dataclasses.replace(TINY, env_id="host:counted", max_actor_restarts=1)
     report = train(config, progress=False).report
     assert report.actor_restarts == 1

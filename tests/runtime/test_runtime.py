@@ -6,7 +6,6 @@ run is a few seconds, most of it compilation (cached on disk by conftest).
 
 import collections
 import dataclasses
-import importlib
 import json
 import threading
 import time
@@ -35,6 +34,8 @@ from ppo_async import (
 from ppo_async.envs.program import Trajectory
 from ppo_async.networks.actor_critic import init_params, make_network
 from ppo_async.runtime.messages import place
+
+from run_helpers import patch_rollout
 
 TINY = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
@@ -342,19 +343,6 @@ class _Boom(RuntimeError):
     pass
 
 
-def _patch_rollout(monkeypatch, wrap):
-    """Make every actor's rollout ``wrap(original_rollout)``."""
-    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
-
-    original_make = train_module.make_actor_program
-
-    def make(config):
-        program = original_make(config)
-        return program._replace(rollout=wrap(program.rollout))
-
-    monkeypatch.setattr(train_module, "make_actor_program", make)
-
-
 def test_an_actor_that_raises_stops_the_run_naming_it(monkeypatch):
     calls = {}
 
@@ -367,7 +355,7 @@ def test_an_actor_that_raises_stops_the_run_naming_it(monkeypatch):
             return rollout(params, carry)
         return failing
 
-    _patch_rollout(monkeypatch, wrap)
+    patch_rollout(monkeypatch, wrap)
     config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 50)
     with pytest.raises(ActorError, match=r"actor \d failed") as info:
         train(config, progress=False)
@@ -383,7 +371,7 @@ def test_a_starved_learner_times_out(monkeypatch):
             return rollout(params, carry)
         return stuck
 
-    _patch_rollout(monkeypatch, wrap)
+    patch_rollout(monkeypatch, wrap)
     config = dataclasses.replace(TINY, learner_timeout_s=0.5)
     start = time.monotonic()
     with pytest.raises(LearnerTimeoutError, match="learner_timeout_s=0.5"):
@@ -534,7 +522,7 @@ def _fail_actor_zero(on_chunks):
 
 
 def test_a_failed_actor_is_restarted_and_the_run_completes(monkeypatch, caplog):
-    _patch_rollout(monkeypatch, _fail_actor_zero(lambda n: n == 3))
+    patch_rollout(monkeypatch, _fail_actor_zero(lambda n: n == 3))
     config = dataclasses.replace(TINY, max_actor_restarts=2, total_env_steps=TINY.batch_size * 10)
     with caplog.at_level("WARNING"):
         report = train(config, progress=False).report
@@ -547,7 +535,7 @@ def test_a_failed_actor_is_restarted_and_the_run_completes(monkeypatch, caplog):
 
 
 def test_restarts_beyond_the_limit_fail_the_run_naming_the_actor(monkeypatch):
-    _patch_rollout(monkeypatch, _fail_actor_zero(lambda n: n >= 2))
+    patch_rollout(monkeypatch, _fail_actor_zero(lambda n: n >= 2))
     config = dataclasses.replace(TINY, max_actor_restarts=2, total_env_steps=TINY.batch_size * 50)
     with pytest.raises(ActorError, match="actor 0 failed") as info:
         train(config, progress=False)
@@ -566,7 +554,7 @@ def test_a_nan_reward_stops_the_run_naming_the_update(monkeypatch):
             return carry, trajectory, bootstrap_obs, bootstrap_value
         return poisoned
 
-    _patch_rollout(monkeypatch, wrap)
+    patch_rollout(monkeypatch, wrap)
     config = dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 50)
     with pytest.raises(NonFiniteError, match=r"update \d+: ") as info:
         train(config, progress=False)
