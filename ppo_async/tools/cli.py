@@ -56,7 +56,8 @@ class _DerivedLeadConfig(AsyncActorLearnerConfig):
     """
 
     max_lead_steps: Annotated[int | None, tyro.conf.arg(
-        help_behavior_hint="(default: 2 * num_steps * broadcast_every)")] = None
+        help_behavior_hint="(default: (exact_policy_lag + broadcast_every) * num_steps; "
+                           "free-running: 2 * num_steps * broadcast_every)")] = None
 
 
 def _as_config(config: AsyncActorLearnerConfig,

@@ -617,7 +617,8 @@ def test_cli_help_names_every_option_and_its_real_default(capsys):
     train_help = help_text(["train"])
     assert "--resume RUN_DIR Continue this run directory from its newest checkpoint" in train_help
     lead = train_help.split("--max-lead-steps")[1].split("--learner-timeout-s")[0]
-    assert "(default: 2 * num_steps * broadcast_every)" in lead and "128" not in lead
+    assert "(default: (exact_policy_lag + broadcast_every) * num_steps; free-running: " \
+        "2 * num_steps * broadcast_every)" in lead and "128" not in lead
     assert "--network {mlp,lstm,gru}" in train_help
     assert "--torso {auto,none,minatar,nature}" in train_help
     eval_help = help_text(["eval"])
