@@ -81,7 +81,7 @@ from ppo_async.runtime.learner import (
     learner_loop,
     stack_experiences,
 )
-from ppo_async.runtime.messages import ActorFailure, Experience, place
+from ppo_async.runtime.messages import ActorFailure, Experience, place, take_all
 from ppo_async.runtime.supervisor import Supervisor
 from ppo_async.runtime.transport import LearnerTransport, ThreadTransport, stop_threads
 from ppo_async.runtime.watchdog import FreezeWatchdog
@@ -566,6 +566,7 @@ class _Run:
         stragglers = stop_threads(
             [t for t in (self.warm_up.thread, self.evaluator_thread) if t],
             config.shutdown_timeout_s)
+        self._count_unrun_evaluations()
         late: list[ActorFailure] = []
         if self.transport is not None:
             stragglers += self.transport.stop(max(0.0, deadline - time.monotonic()),
@@ -574,6 +575,19 @@ class _Run:
             if self.supervisor is not None:
                 self.supervisor.annotate(error)
         return _Shutdown(stragglers, late, None)
+
+    def _count_unrun_evaluations(self) -> None:
+        """Evaluations still queued when the evaluator stopped: counted as skipped, and said."""
+        if self.channels is None or self.channels.evaluator_queue is None:
+            return
+        left = [m for m in take_all(self.channels.evaluator_queue) if m is not None]
+        if left:
+            self.report.eval_requests_skipped += len(left)
+            logger.warning(
+                "%d periodic evaluation(s) asked for were not run before the run ended (updates "
+                "%s): the evaluator was slower than eval_every_updates=%d allows",
+                len(left), ", ".join(str(m.broadcast.version) for m in left),
+                self.config.eval_every_updates)
 
     def finish(self, shutdown: _Shutdown, error: BaseException | None) -> TrainResult:
         """Close the log and save the newest good state; then raise ``error`` or return the result."""

@@ -137,7 +137,9 @@ class LearnerReport:
     actor_stats: list[ActorStats] = dataclasses.field(default_factory=list)
     actor_restarts: int = 0  # actors replaced by the supervisor after they raised
     eval_returns: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (version, mean)
-    eval_requests_skipped: int = 0  # evaluations replaced by a newer one before they started
+    # evaluations replaced by a newer one before they started (free-running), or still
+    # waiting when the run ended
+    eval_requests_skipped: int = 0
     # This segment (a resumed run continues the counters above; these say what it added):
     start_update: int = 0  # updates already done when this segment started
     segment_env_steps: int = 0  # env steps consumed in this segment (env_steps_per_s divides these)

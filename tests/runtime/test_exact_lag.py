@@ -3,8 +3,10 @@ so two runs with one seed give the same bytes, whatever the thread timing."""
 
 import dataclasses
 import json
+import logging
 import queue
 import threading
+import time
 
 import flax.serialization
 import gymnasium
@@ -190,3 +192,24 @@ def test_a_free_running_run_and_a_restarted_actor_are_marked_not_reproducible(tm
     assert summary["reproducible"] is False
     assert "restart" in summary["not_reproducible_because"]
     assert np.isfinite(summary["episode_return_mean"])
+
+
+def test_evaluations_an_exact_lag_run_could_not_finish_are_counted_and_said(monkeypatch, caplog):
+    # With an exact lag no evaluation request replaces another (which policies are
+    # scored must not depend on timing); those still queued at the end are counted.
+    from ppo_async.runtime.evaluate import EvalResult, Evaluator
+
+    def slow(self, broadcast, seed=0):
+        time.sleep(0.6)
+        return EvalResult(np.ones(1, np.float32), np.ones(1, np.int32), 1.0, 0.0)
+
+    monkeypatch.setattr(Evaluator, "evaluate_broadcast", slow)
+    config = dataclasses.replace(EXACT, eval_every_updates=1, eval_episodes=1,
+                                 shutdown_timeout_s=1.0)
+    with caplog.at_level(logging.WARNING, logger="ppo_async.train"):
+        report = train(config, progress=False).report
+    evaluated = [version for version, _ in report.eval_returns]
+    assert evaluated == list(range(1, len(evaluated) + 1))  # in order, none replaced
+    assert report.eval_requests_skipped > 0
+    assert len(evaluated) + report.eval_requests_skipped == config.num_updates
+    assert "were not run before the run ended" in caplog.text
