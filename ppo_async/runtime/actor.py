@@ -214,7 +214,7 @@ class _NewestParams:
     def __init__(self, config: AsyncActorLearnerConfig, channels: ActorEndpoint,
                  load: Callable[[PolicyBroadcast], Any], stats: ActorStats):
         self.throttle = ActorThrottle.from_config(config)
-        self.num_steps, self.channels, self.load, self.stats = config.num_steps, channels, load, stats
+        self.channels, self.load, self.stats = channels, load, stats
         self.params, self.version = None, -1
 
     def params_for(self, produced: int) -> Any | None:

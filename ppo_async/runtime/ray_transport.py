@@ -7,10 +7,12 @@ an `ActorEndpoint` whose queues live in that process:
 
 - weights: the learner's `Publisher` thread serializes the params once,
   ``ray.put``-s the bytes once, and sends every actor only the object
-  reference (``deliver``), at most one call in flight per actor: an actor
-  whose last delivery is not done yet is owed the newest version, sent when
-  it is. The actor resolves the reference of the newest version it has when
-  it starts a chunk, so skipped versions are never fetched.
+  reference (``deliver``). Free-running, at most one call is in flight per
+  actor: an actor whose last delivery is not done yet is owed the newest
+  version, sent when it is, and it resolves the reference of the newest
+  version it has when it starts a chunk, so skipped versions are never
+  fetched. With ``exact_policy_lag`` every version goes to every actor (each
+  is some chunk's), and only the version a chunk needs is fetched.
 - experience: the learner keeps one ``poll`` call in flight per actor; each
   returns the numpy `Experience` pytrees (and failures) the actor sent since
   the last one, in order, so the learner's buffer fills exactly as with
