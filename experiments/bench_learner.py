@@ -11,7 +11,7 @@ At the default config, in this process:
   batch); target < 2%. Off the learner's thread, and reported beside it: the
   publisher's serialize (timed alone) and one actor's load
   (`load_policy_from_broadcast`, timed here on the same bytes).
-- placement: `ppo_async.runtime.messages.place` (one jitted identity) against plain
+- placement: `ppo_async.core.devices.place` (one jitted identity) against plain
   ``jax.device_put`` for the batch and the params, timed alone.
 - the learner alone: `learner_loop` on the same real chunks replayed as fast
   as it takes them (no actor threads, no waiting), milliseconds per update
@@ -85,7 +85,7 @@ def _learner_alone(config, program, params, experiences, update, pipeline: bool,
 
     from ppo_async.core.update import init_learner_state
     from ppo_async.runtime.learner import LearnerConnections, learner_loop
-    from ppo_async.runtime.messages import place
+    from ppo_async.core.devices import place
 
     cpu = jax.devices("cpu")[0]
     state = place(init_learner_state(config, params, jax.random.key(1)), cpu)
@@ -117,10 +117,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     from ppo_async import AsyncActorLearnerConfig, train
     from ppo_async.core.update import init_learner_state, make_update_fn
+    from ppo_async.core.devices import place
     from ppo_async.runtime.messages import (
         PolicyBroadcast,
         load_policy_from_broadcast,
-        place,
         serialize_policy,
     )
 

@@ -174,7 +174,7 @@ class AsyncActorLearnerConfig:
 
     # --- devices ---
     learner_device: str | None = None
-    """Device of the learner's params and update, as 'platform' or 'platform:index' (e.g. gpu:0, cpu:1). None: JAX's default device."""
+    """Device(s) of the learner's params and update: one as 'platform' or 'platform:index' (gpu:0, cpu:1), several as a comma-separated list (gpu:0,gpu:1) or 'platform:all' (gpu:all). Several: the update is data-parallel over them, the batch split along its envs. None: JAX's default device."""
     actor_device: str = "cpu"
     """Device the actors run inference on, as 'platform' or 'platform:index'."""
 
@@ -381,12 +381,16 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
                  "compilation_cache_dir", cfg.compilation_cache_dir,
                  "is a file; name a directory (it is created if missing)")
     _validate_transport(cfg)
-    for name in ("learner_device", "actor_device"):
-        value = getattr(cfg, name)
-        if value is None and name == "learner_device":
-            continue
-        _require(isinstance(value, str) and parse_device_spec(value) is not None,
-                 name, value, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
+    _require(isinstance(cfg.actor_device, str) and parse_device_spec(cfg.actor_device) is not None,
+             "actor_device", cfg.actor_device, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
+    if cfg.learner_device is not None:
+        parsed = parse_device_list(cfg.learner_device) if isinstance(
+            cfg.learner_device, str) else None
+        _require(parsed is not None, "learner_device", cfg.learner_device,
+                 "must look like 'cpu', 'gpu:0', a list of one platform's devices "
+                 "('gpu:0,gpu:1', no repeats) or 'gpu:all'")
+        if parsed[1] is not None:  # the count is known before any device is looked up
+            check_learner_devices(cfg, len(parsed[1]))
 
 
 def _validate_ppo(cfg: AsyncActorLearnerConfig) -> None:
@@ -488,3 +492,46 @@ def parse_device_spec(spec: str) -> tuple[str, int] | None:
     if not platform or (index and not index.isdigit()):
         return None
     return platform, int(index or 0)
+
+
+def parse_device_list(spec: str) -> tuple[str, tuple[int, ...] | None] | None:
+    """``(platform, indices)`` of a learner device string; indices None for 'platform:all'.
+
+    'gpu' -> ('gpu', (0,)); 'cpu:0,cpu:2' -> ('cpu', (0, 2)); 'gpu:all' ->
+    ('gpu', None). None if malformed: an empty part, two platforms, a
+    repeated device, or 'all' beside other devices.
+    """
+    parts = [part.strip() for part in spec.split(",")]
+    if len(parts) == 1 and parts[0].endswith(":all"):
+        platform = parts[0][: -len(":all")]
+        return (platform, None) if platform and ":" not in platform else None
+    parsed = [parse_device_spec(part) for part in parts]
+    if any(p is None for p in parsed) or len({p[0] for p in parsed}) != 1:
+        return None
+    indices = tuple(index for _, index in parsed)
+    return (parsed[0][0], indices) if len(set(indices)) == len(indices) else None
+
+
+def check_learner_devices(cfg: AsyncActorLearnerConfig, num_devices: int) -> None:
+    """Raises `ConfigError` unless the batch and every minibatch split evenly over ``num_devices``.
+
+    The learner shards whole env sequences, so the envs must divide; a
+    feed-forward minibatch is split sample-wise across the devices, a
+    recurrent one env-wise (its sequences are never cut in time).
+    """
+    if num_devices == 1:
+        return
+    where = f"learner_device={cfg.learner_device!r} shards the update over {num_devices} devices"
+    _require(cfg.num_envs % num_devices == 0, "num_actors * envs_per_actor", cfg.num_envs,
+             f"{where}, each taking whole envs; make the env count a multiple of {num_devices}")
+    if cfg.recurrent:
+        per_minibatch = cfg.num_envs // cfg.num_minibatches
+        _require(per_minibatch % num_devices == 0, "num_minibatches", cfg.num_minibatches,
+                 f"{where}, and a recurrent minibatch's {per_minibatch} env sequences "
+                 f"(num_actors * envs_per_actor / num_minibatches) must split over them; "
+                 f"lower num_minibatches or use more envs")
+    else:
+        _require(cfg.minibatch_size % num_devices == 0, "num_minibatches", cfg.num_minibatches,
+                 f"{where}, and a minibatch's {cfg.minibatch_size} samples (num_actors * "
+                 f"envs_per_actor * num_steps / num_minibatches) must split over them; "
+                 f"pick num_minibatches or num_steps so that it divides")

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.core.devices import learner_mesh
 from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
 from ppo_async.core.update import (
     Batch,
@@ -103,7 +104,10 @@ def make_sync_twin(
                            config.gamma, recurrent=recurrent,
                            reward_clip=options.reward_clip if options.rewards else None,
                            keep_final_obs=config.learner_bootstraps_truncation)
-    update = with_normalization(make_update_fn(config, network), options)
+    # A learner_device of several devices: the update data-parallel over them,
+    # as the runtime's learner runs it (`ppo_async.core.devices`).
+    update = with_normalization(make_update_fn(config, network, mesh=learner_mesh(config)),
+                                options)
     state_size = network.state_size if recurrent else None
 
     def init(key: jax.Array) -> SyncCarry:

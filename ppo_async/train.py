@@ -72,7 +72,7 @@ from ppo_async.runs.run_dir import (
 from ppo_async.runs.run_log import RunLog
 from ppo_async.runs.wandb_log import WandbSettings
 from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart, exact_version
-from ppo_async.runtime.devices import resolve_device
+from ppo_async.core.devices import LearnerPlacement, resolve_device
 from ppo_async.runtime.learner import (
     EvalOutcome,
     LearnerConnections,
@@ -81,7 +81,7 @@ from ppo_async.runtime.learner import (
     learner_loop,
     stack_experiences,
 )
-from ppo_async.runtime.messages import ActorFailure, Experience, place, take_all
+from ppo_async.runtime.messages import ActorFailure, Experience, take_all
 from ppo_async.runtime.supervisor import Supervisor
 from ppo_async.runtime.transport import LearnerTransport, ThreadTransport, stop_threads
 from ppo_async.runtime.watchdog import FreezeWatchdog
@@ -205,7 +205,7 @@ class _UpdateWarmUp:
 
     def __init__(
         self, config: AsyncActorLearnerConfig, program: ActorProgram, update: UpdateFn,
-        device: jax.Device,
+        placement: LearnerPlacement,
     ):
         self._done: concurrent.futures.Future = concurrent.futures.Future()
         batch = _warm_up_batch(config, program)
@@ -217,7 +217,8 @@ class _UpdateWarmUp:
         def run() -> None:
             try:
                 state = init_learner_state(config, program.params_template, jax.random.key(0))
-                jax.block_until_ready(update(place(state, device), place(batch, device)))
+                jax.block_until_ready(update(placement.put_state(state),
+                                             placement.put_batch(batch)))
                 self._done.set_result(None)
             except BaseException as error:  # re-raised on the caller's thread by result()
                 self._done.set_exception(error)
@@ -457,7 +458,7 @@ class _Run:
     def __init__(self, config: AsyncActorLearnerConfig, directories: _RunDirectories):
         self.config, self.directories = config, directories
         self.run_dir = directories.run_dir
-        self.learner_device = resolve_device(config.learner_device)
+        self.learner = LearnerPlacement.from_config(config)
         self.actor_device = resolve_device(config.actor_device)
         self.evaluating = config.eval_every_updates > 0
         self.stop = threading.Event()  # the evaluator's
@@ -478,9 +479,10 @@ class _Run:
                                             checkpoint_dir(self.directories.resume_from))
         resume = self.resume
         self.schedule = resume.schedule if resume is not None else default_schedule(config)
-        self.update = with_normalization(make_update_fn(config, self.program.network, self.schedule),
-                                         NormalizationOptions.from_config(config))
-        self.warm_up = _UpdateWarmUp(config, self.program, self.update, self.learner_device)
+        self.update = with_normalization(
+            make_update_fn(config, self.program.network, self.schedule, mesh=self.learner.mesh),
+            NormalizationOptions.from_config(config))
+        self.warm_up = _UpdateWarmUp(config, self.program, self.update, self.learner)
         try:  # until the shutdown, which joins it on every path
             if resume is None:
                 params_key, learner_key = jax.random.split(jax.random.key(config.seed))
@@ -493,7 +495,7 @@ class _Run:
             else:
                 state, self.report, self.carries = resume.state, resume.report, resume.actor_carries
             self.end_update = resume.end_update if resume is not None else config.num_updates
-            self.state = jax.device_put(state, self.learner_device)
+            self.state = self.learner.put_state(state)
         except BaseException:
             self.warm_up.join(config.shutdown_timeout_s)
             raise
@@ -544,7 +546,7 @@ class _Run:
         if watchdog is not None:
             watchdog.name_threads()
         self.state, self.report = learner_loop(
-            config, self.program.network, self.state, self.channels, self.learner_device, record,
+            config, self.program.network, self.state, self.channels, self.learner, record,
             on_actor_failure=self.supervisor.on_failure, on_stuck_actors=self.supervisor.on_stuck,
             after_update=self.checkpoints.after_update, report=self.report,
             update=self.warm_up.before(self.update), end_update=self.end_update,

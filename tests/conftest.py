@@ -49,8 +49,8 @@ def recorded_updates(monkeypatch):
     original = train_module.make_update_fn
     updates, calls = [], []
 
-    def make_update_fn(config, network, *schedule):
-        update = original(config, network, *schedule)
+    def make_update_fn(config, network, *schedule, **mesh):
+        update = original(config, network, *schedule, **mesh)
         updates.append(update)
 
         def counted(state, batch):

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
-from ppo_async.runtime.devices import resolve_device
+from ppo_async.core.devices import resolve_device
 
 
 def test_defaults_construct_and_derive():

@@ -25,9 +25,11 @@ import chex
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, NamedSharding
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.advantages import gae, vtrace
+from ppo_async.core.devices import ENV_FIRST_FIELDS, env_axis_spec, replicated
 from ppo_async.core.losses import ppo_loss
 from ppo_async.core.normalization import (
     NormalizationOptions,
@@ -364,9 +366,46 @@ def _minibatches(config: AsyncActorLearnerConfig, key: jax.Array,
     )
 
 
+def _split_over(mesh: Mesh | None, tree: Any, env_axis: Callable[[str], int]) -> Any:
+    """``tree`` (a NamedTuple of arrays) constrained to split field ``f`` along ``env_axis(f)``.
+
+    The identity without a mesh. Inside the jitted update this is what makes
+    it data-parallel: XLA's partitioner runs each device's share of whatever
+    reads the constrained arrays and sums partial reductions across devices.
+    """
+    if mesh is None:
+        return tree
+    return type(tree)(**{
+        name: None if value is None else jax.lax.with_sharding_constraint(
+            value, NamedSharding(mesh, env_axis_spec(env_axis(name))))
+        for name, value in tree._asdict().items()
+    })
+
+
+def shard_batch(mesh: Mesh | None, batch: Batch) -> Batch:
+    """``batch`` split along its envs over ``mesh`` (whole env sequences per device)."""
+    return _split_over(mesh, batch, lambda name: 0 if name in ENV_FIRST_FIELDS else 1)
+
+
+def _shard_minibatches(mesh: Mesh | None,
+                       minibatches: Samples | Sequences) -> Samples | Sequences:
+    """Every stacked minibatch split across ``mesh``: samples, or (recurrent) whole sequences."""
+    if isinstance(minibatches, Sequences):  # [M, b, S] hidden; [M, T, b, ...] the rest
+        return _split_over(mesh, minibatches,
+                           lambda name: 1 if name == "initial_hidden" else 2)
+    return _split_over(mesh, minibatches, lambda name: 1)  # [M, mb, ...]
+
+
+def replicate(mesh: Mesh | None, tree: Any) -> Any:
+    """``tree`` constrained to live whole on every device of ``mesh`` (the identity without one)."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, replicated(mesh))
+
+
 def make_update_fn(
     config: AsyncActorLearnerConfig, network: ActorCritic,
-    schedule: LearningRateSchedule | None = None,
+    schedule: LearningRateSchedule | None = None, mesh: Mesh | None = None,
 ) -> UpdateFn:
     """A jitted ``update(state, batch) -> (state, metrics)``: one learner update.
 
@@ -383,6 +422,12 @@ def make_update_fn(
     (``batch.initial_hidden``), zeroing it where ``batch.reset``, for the
     V-trace targets and inside every minibatch; the minibatches are whole env
     sequences (see `recurrent_sequences`).
+
+    ``mesh``: a 1-D mesh of learner devices (`ppo_async.core.devices`) to
+    run the update data-parallel over: the batch split along its envs, every
+    minibatch split across the devices, the state replicated. The result is
+    the one-device update's up to the order of floating-point sums. None:
+    one device, no constraint.
     """
     optimizer = make_optimizer(config, schedule)
     recurrent = is_recurrent(network)
@@ -410,11 +455,13 @@ def make_update_fn(
 
     @jax.jit
     def update(state: LearnerState, batch: Batch):
+        state, batch = replicate(mesh, state), shard_batch(mesh, batch)
         targets = batch_targets(config, network, state.params, batch)
         samples = _training_samples(config, batch, targets, recurrent)
 
         def epoch(carry, key):
-            return jax.lax.scan(sgd_step, carry, _minibatches(config, key, samples))
+            minibatches = _shard_minibatches(mesh, _minibatches(config, key, samples))
+            return jax.lax.scan(sgd_step, carry, minibatches)
 
         key, epoch_key = jax.random.split(state.key)
         (params, opt_state, proximal), metrics = jax.lax.scan(
@@ -429,7 +476,7 @@ def make_update_fn(
         metrics["params_finite"] = jnp.all(
             jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(params)])
         ).astype(jnp.float32)
-        return LearnerState(params, opt_state, key, proximal), metrics
+        return replicate(mesh, LearnerState(params, opt_state, key, proximal)), metrics
 
     return update
 

@@ -32,7 +32,7 @@ from ppo_async.networks.actor_critic import (
     params_template,
     reset_hidden,
 )
-from ppo_async.runtime.devices import resolve_device
+from ppo_async.core.devices import resolve_device
 from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.devices import LearnerPlacement
 from ppo_async.core.update import Batch, LearnerState, UpdateFn, make_update_fn
 from ppo_async.networks.actor_critic import ActorCritic
 from ppo_async.runtime.actor import ActorError, ActorStats
@@ -29,7 +30,6 @@ from ppo_async.runtime.messages import (
     ActorFailure,
     Experience,
     PolicyBroadcast,
-    place,
     serialize_policy,
 )
 
@@ -293,9 +293,9 @@ class _Learner:
     """The state `learner_loop` keeps between its steps, and the steps themselves."""
 
     def __init__(self, config: AsyncActorLearnerConfig, channels: LearnerConnections,
-                 device: jax.Device, update: UpdateFn, report: LearnerReport,
+                 placement: LearnerPlacement, update: UpdateFn, report: LearnerReport,
                  end_update: int, hooks: LearnerHooks):
-        self.config, self.channels, self.device = config, channels, device
+        self.config, self.channels, self.placement = config, channels, placement
         self.update, self.report, self.end_update, self.hooks = update, report, end_update, hooks
         self.buffer = RolloutBuffer(config.num_actors)
         self.start, self.start_env_steps = time.perf_counter(), report.env_steps
@@ -380,7 +380,7 @@ class _Learner:
         experiences = self.buffer.pop_batch()
         lags = [self.dispatched - e.policy_version for e in experiences]
         self.dispatched += 1
-        batch = place(stack_experiences(experiences, lags), self.device)
+        batch = self.placement.put_batch(stack_experiences(experiences, lags))
         new_state, metrics = self.update(state, batch)
         return _InFlight(new_state, metrics, experiences, lags)
 
@@ -490,7 +490,7 @@ def learner_loop(
     network: ActorCritic,
     state: LearnerState,
     channels: LearnerConnections,
-    device: jax.Device,
+    device: jax.Device | LearnerPlacement,
     on_update: Callable[[dict[str, float]], None] | None = None,
     on_actor_failure: ActorFailureHandler | None = None,
     on_stuck_actors: StuckActorHandler | None = None,
@@ -504,7 +504,10 @@ def learner_loop(
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
-    ``state`` must already be on ``device`` and its params already published
+    ``device``: the learner's device, or a `LearnerPlacement` over several
+    (each batch is split along its envs over them; ``update`` must then be
+    built with that placement's mesh). ``state`` must already be there
+    (`LearnerPlacement.put_state`) and its params already published
     on ``channels.transport``. ``on_update`` receives each update's flat
     metrics dict (host floats). When an actor fails, ``on_actor_failure`` may
     restart it (returning True): it is told how many rows the learner counts as
@@ -535,9 +538,11 @@ def learner_loop(
     bad params are broadcast or checkpointed).
     """
     report = report if report is not None else LearnerReport()
+    placement = device if isinstance(device, LearnerPlacement) else LearnerPlacement((device,))
     learner = _Learner(
-        config, channels, device,
-        update if update is not None else make_update_fn(config, network), report,
+        config, channels, placement,
+        update if update is not None else make_update_fn(config, network, mesh=placement.mesh),
+        report,
         config.num_updates if end_update is None else end_update,
         LearnerHooks(on_update, on_actor_failure, on_stuck_actors, after_update, on_evaluation,
                      heartbeat),

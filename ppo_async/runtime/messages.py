@@ -13,15 +13,14 @@ on the CPU share one params pytree definition.
 
 from __future__ import annotations
 
-import functools
 import queue
 from typing import Any, NamedTuple
 
 import flax.serialization
 import jax
 import numpy as np
-from jax.sharding import SingleDeviceSharding
 
+from ppo_async.core.devices import place
 from ppo_async.envs.program import Trajectory
 
 
@@ -81,25 +80,6 @@ def take_newest(inbox: queue.Queue) -> tuple[Any, int]:
 
 class PolicyLoadError(ValueError):
     """Broadcast bytes that do not fit the receiving network."""
-
-
-@functools.cache
-def _placer(device: jax.Device) -> Any:
-    return jax.jit(lambda tree: tree, out_shardings=SingleDeviceSharding(device))
-
-
-def place(tree: Any, device: jax.Device | None) -> Any:
-    """Host arrays ``tree`` copied onto ``device`` (committed); None: `jax.device_put`'s default.
-
-    Same result as ``jax.device_put(tree, device)``, but as one jitted identity
-    whose outputs are pinned to ``device``: a single dispatch for the whole
-    tree, where ``device_put`` pays its per-call overhead on every leaf
-    (``experiments/bench_learner.py`` times both). Used on the hot paths: the learner's batch every update and
-    an actor's params every broadcast.
-    """
-    if device is None:
-        return jax.device_put(tree)
-    return _placer(device)(tree)
 
 
 def serialize_policy(params: Any) -> bytes:

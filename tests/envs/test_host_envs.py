@@ -439,8 +439,8 @@ DEVICE_SCRIPT = textwrap.dedent(
 
     original_make_update_fn = train_module.make_update_fn
 
-    def make_update_fn(config, network, *schedule):
-        update = original_make_update_fn(config, network, *schedule)
+    def make_update_fn(config, network, *schedule, **mesh):
+        update = original_make_update_fn(config, network, *schedule, **mesh)
 
         def recorded(state, batch):
             record("learner_batch", batch)

@@ -1,0 +1,163 @@
+"""Device strings of the config to devices, and where the learner's arrays live on them.
+
+``actor_device`` names one device (``'cpu'``, ``'cpu:1'``); ``learner_device``
+one or several (``'gpu:0,gpu:1'``, ``'cpu:0,cpu:1,cpu:2'``, ``'gpu:all'``).
+Several devices make a 1-D `jax.sharding.Mesh` whose one axis, ``'data'``,
+the learner's update is data-parallel over (`LearnerPlacement`):
+
+- the batch is sharded along its env axis, whole env sequences per device;
+- params, optimizer state, normalization statistics and the proximal average
+  are replicated on every device;
+- inside the one jitted update (`ppo_async.core.update.make_update_fn` with
+  ``mesh``), every minibatch is split across the devices; XLA's partitioner
+  then computes each device's share of the loss and gradients and sums the
+  shares across devices before the optimizer step (one all-reduce), so the
+  update computes what it computes on one device, up to the order of the
+  floating-point sums.
+
+One device is the mesh-free program of old: no constraint, no collective, so
+lock-step on one device stays byte-identical to the synchronous twin.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from ppo_async.config import ConfigError, check_learner_devices, parse_device_list
+
+DATA_AXIS = "data"
+FORCE_CPU_DEVICES = "on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N"
+
+
+def _platform_devices(spec: str, platform: str) -> list[jax.Device]:
+    try:
+        return jax.devices(platform)
+    except RuntimeError as error:
+        raise ConfigError(f"device {spec!r}: no {platform} backend here ({error})") from None
+
+
+def resolve_devices(spec: str | None) -> tuple[jax.Device, ...]:
+    """The devices a config device string names, in its order (``None``: JAX's default device)."""
+    if spec is None:
+        return (jax.devices()[0],)
+    parsed = parse_device_list(spec) if isinstance(spec, str) else None
+    if parsed is None:
+        raise ConfigError(
+            f"device {spec!r}: must look like 'cpu', 'gpu:0', 'gpu:0,gpu:1' or 'gpu:all'")
+    platform, indices = parsed
+    devices = _platform_devices(spec, platform)
+    if indices is None:  # 'platform:all'
+        return tuple(devices)
+    missing = [index for index in indices if index >= len(devices)]
+    if missing:
+        raise ConfigError(
+            f"device {spec!r}: only {len(devices)} {platform} device(s) here, no index "
+            f"{missing[0]} ({FORCE_CPU_DEVICES})"
+        )
+    return tuple(devices[index] for index in indices)
+
+
+def resolve_device(spec: str | None) -> jax.Device:
+    """The one ``jax.Device`` a config device string names (``None``: the default device)."""
+    devices = resolve_devices(spec)
+    if len(devices) != 1:
+        raise ConfigError(f"device {spec!r}: names {len(devices)} devices where one is needed")
+    return devices[0]
+
+
+@functools.cache
+def _placer(shardings: Any) -> Any:
+    return jax.jit(lambda tree: tree, out_shardings=shardings)
+
+
+def place(tree: Any, device: jax.Device | None) -> Any:
+    """Host arrays ``tree`` copied onto ``device`` (committed); None: `jax.device_put`'s default.
+
+    Same result as ``jax.device_put(tree, device)``, but as one jitted identity
+    whose outputs are pinned to ``device``: a single dispatch for the whole
+    tree, where ``device_put`` pays its per-call overhead on every leaf
+    (``experiments/bench_learner.py`` times both). Used on the hot paths: the
+    learner's batch every update and an actor's params every broadcast.
+    """
+    if device is None:
+        return jax.device_put(tree)
+    return _placer(SingleDeviceSharding(device))(tree)
+
+
+# Batch fields whose env axis is the first ([B, ...]); every other field is
+# time-major, [T, B, ...]. (Named here, not imported: core.update imports this module.)
+ENV_FIRST_FIELDS = frozenset({"bootstrap_obs", "bootstrap_value", "initial_hidden", "policy_lag"})
+
+
+def env_axis_spec(env_axis: int) -> PartitionSpec:
+    """The spec of an array sharded along axis ``env_axis`` over the mesh's data axis."""
+    return PartitionSpec(*([None] * env_axis), DATA_AXIS)
+
+
+def batch_shardings(mesh: Mesh, batch: Any) -> Any:
+    """A `NamedSharding` per field of a learner ``Batch`` (None for absent fields): envs split."""
+    return type(batch)(**{
+        name: None if value is None else NamedSharding(
+            mesh, env_axis_spec(0 if name in ENV_FIRST_FIELDS else 1))
+        for name, value in batch._asdict().items()
+    })
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def learner_mesh(config: Any) -> Mesh | None:
+    """The mesh of a ``learner_device`` of several devices; None for one (not looked up)."""
+    parsed = parse_device_list(config.learner_device) if config.learner_device else None
+    if parsed is None or (parsed[1] is not None and len(parsed[1]) == 1):
+        return None
+    return LearnerPlacement.from_config(config).mesh
+
+
+class LearnerPlacement:
+    """Where the learner's state and batch live: one device, or a mesh of several.
+
+    `put_state` and `put_batch` copy host (or other-device) arrays there in one
+    jitted dispatch; ``mesh`` is None on one device.
+    """
+
+    def __init__(self, devices: tuple[jax.Device, ...] | list[jax.Device]):
+        self.devices = tuple(devices)
+        if not self.devices:
+            raise ValueError("a learner needs at least one device")
+        self.mesh = Mesh(np.array(self.devices), (DATA_AXIS,)) if len(self.devices) > 1 else None
+
+    @classmethod
+    def from_config(cls, config: Any) -> LearnerPlacement:
+        """The placement ``config.learner_device`` names; raises `ConfigError` if the batch does not split."""
+        devices = resolve_devices(config.learner_device)
+        check_learner_devices(config, len(devices))
+        return cls(devices)
+
+    @property
+    def device(self) -> jax.Device:
+        """The first device (the only one without a mesh)."""
+        return self.devices[0]
+
+    def put_state(self, state: Any) -> Any:
+        """``state`` on the learner: replicated over the mesh, or on the one device.
+
+        ``jax.device_put``, which also moves arrays already committed to
+        another device (a resumed or initialized state); not a hot path.
+        """
+        return jax.device_put(state, self.device if self.mesh is None else replicated(self.mesh))
+
+    def put_batch(self, batch: Any) -> Any:
+        """A host ``Batch`` on the learner: its envs split over the mesh, or on the one device."""
+        if self.mesh is None:
+            return place(batch, self.device)
+        return _placer(batch_shardings(self.mesh, batch))(batch)
+
+    def describe(self) -> str:
+        return ",".join(f"{d.platform}:{d.id}" for d in self.devices)
