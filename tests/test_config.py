@@ -7,8 +7,8 @@ import math
 import jax
 import pytest
 
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError
-from ppo_async.core.devices import resolve_device
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, parse_device_list
+from ppo_async.core.devices import LearnerPlacement, resolve_device, resolve_devices
 
 
 def test_defaults_construct_and_derive():
@@ -231,6 +231,51 @@ def test_resolve_device_unknown_platform():
 def test_resolve_device_malformed_spec(spec):
     with pytest.raises(ConfigError, match="device"):
         resolve_device(spec)
+
+
+@pytest.mark.parametrize("spec, parsed", [
+    ("cpu", ("cpu", (0,))), ("gpu:1", ("gpu", (1,))), ("gpu:0,gpu:1", ("gpu", (0, 1))),
+    ("cpu:0, cpu:2", ("cpu", (0, 2))), ("gpu:all", ("gpu", None)),
+    ("gpu:0,cpu:1", None), ("gpu:0,gpu:0", None), ("gpu:all,gpu:1", None), ("gpu:0,", None),
+    (":all", None), ("gpu:x", None),
+])
+def test_parse_device_list(spec, parsed):
+    assert parse_device_list(spec) == parsed
+
+
+@pytest.mark.parametrize("spec", ["gpu:0,cpu:1", "cpu:0,cpu:0", "gpu:all,gpu:1"])
+def test_a_malformed_learner_device_list_is_refused(spec):
+    with pytest.raises(ConfigError, match="learner_device"):
+        AsyncActorLearnerConfig(learner_device=spec)
+
+
+def test_a_learner_device_list_must_split_the_batch():
+    # Feed-forward: 2 x 4 envs x 64 steps, 4 minibatches of 128 samples.
+    AsyncActorLearnerConfig(learner_device="gpu:0,gpu:1")  # validated without looking devices up
+    with pytest.raises(ConfigError, match=r"num_actors \* envs_per_actor=8: .*3 devices"):
+        AsyncActorLearnerConfig(learner_device="gpu:0,gpu:1,gpu:2")
+    with pytest.raises(ConfigError, match="num_minibatches=4: .*minibatch's 2 samples"):
+        AsyncActorLearnerConfig(num_steps=1, learner_device="gpu:0,gpu:1,gpu:2,gpu:3,gpu:4,"
+                                "gpu:5,gpu:6,gpu:7")
+    # Recurrent: a minibatch's whole sequences split over the devices.
+    AsyncActorLearnerConfig(network="gru", num_minibatches=2, learner_device="gpu:0,gpu:1")
+    with pytest.raises(ConfigError, match="num_minibatches=4: .*recurrent minibatch's 2 env"):
+        AsyncActorLearnerConfig(network="gru", num_minibatches=4,
+                                learner_device="cpu:0,cpu:1,cpu:2,cpu:3")
+
+
+def test_resolve_devices_names_every_device_in_order():
+    every = resolve_devices("cpu:all")
+    assert every == tuple(jax.devices("cpu"))
+    assert resolve_devices("cpu:0") == (jax.devices("cpu")[0],)
+    with pytest.raises(ConfigError, match=f"no index {len(every)} .*xla_force_host_platform"):
+        resolve_devices(f"cpu:0,cpu:{len(every)}")
+
+
+def test_a_placement_of_one_device_has_no_mesh():
+    placement = LearnerPlacement.from_config(AsyncActorLearnerConfig(learner_device="cpu:all"))
+    if jax.device_count("cpu") == 1:
+        assert placement.mesh is None and placement.device == jax.devices("cpu")[0]
 
 
 def test_an_annealed_schedule_past_the_int32_counter_is_refused():

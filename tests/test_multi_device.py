@@ -134,7 +134,7 @@ def main() -> None:
 
     import jax
 
-    from ppo_async import train
+    from ppo_async import ConfigError, train
     from ppo_async.sync import make_train
 
     if os.environ.get("PPO_ASYNC_JAX_CACHE"):  # conftest's on-disk cache, which a script does not load
@@ -172,6 +172,12 @@ def main() -> None:
             results["twin_two_relative_difference"] = _relative_difference(twin_two, twin_one)
             results["twin_two_placement"] = _placement(twin_two)
         out[case] = results
+    # 'cpu:all' is counted only when train() looks the devices up: 6 envs do not split over 4.
+    try:
+        train(_config("mlp", num_actors=3, envs_per_actor=2, learner_device=every),
+              progress=False)
+    except ConfigError as error:
+        out["indivisible"] = str(error)
     print(json.dumps(out))
 
 
@@ -223,6 +229,11 @@ def test_a_run_resumes_on_another_device_count(measured, resume):
     resumed = measured["mlp"][f"resume_{resume}"]
     assert resumed["updates"] == 8
     assert resumed["relative_difference"] <= TOLERANCE
+
+
+def test_a_device_count_known_only_at_the_start_is_checked_there(measured):
+    assert measured["indivisible"].startswith("num_actors * envs_per_actor=6: learner_device="
+                                              "'cpu:all' shards the update over 4 devices")
 
 
 def test_the_twin_shards_its_update_the_same_way(measured):
