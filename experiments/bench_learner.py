@@ -83,9 +83,9 @@ def _learner_alone(config, program, params, experiences, update, pipeline: bool,
     """Seconds per update of `learner_loop` on replayed chunks (after 20 unmeasured)."""
     import jax
 
+    from ppo_async.core.devices import place
     from ppo_async.core.update import init_learner_state
     from ppo_async.runtime.learner import LearnerConnections, learner_loop
-    from ppo_async.core.devices import place
 
     cpu = jax.devices("cpu")[0]
     state = place(init_learner_state(config, params, jax.random.key(1)), cpu)
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from ppo_async import AsyncActorLearnerConfig, train
-    from ppo_async.core.update import init_learner_state, make_update_fn
     from ppo_async.core.devices import place
+    from ppo_async.core.update import init_learner_state, make_update_fn
     from ppo_async.runtime.messages import (
         PolicyBroadcast,
         load_policy_from_broadcast,

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.core.devices import LearnerPlacement, resolve_device
 from ppo_async.core.normalization import NormalizationOptions, wrap_params
 from ppo_async.core.update import (
     Batch,
@@ -72,7 +73,6 @@ from ppo_async.runs.run_dir import (
 from ppo_async.runs.run_log import RunLog
 from ppo_async.runs.wandb_log import WandbSettings
 from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart, exact_version
-from ppo_async.core.devices import LearnerPlacement, resolve_device
 from ppo_async.runtime.learner import (
     EvalOutcome,
     LearnerConnections,

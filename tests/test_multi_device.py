@@ -114,9 +114,9 @@ def _resumed(config, first_device, then_device, run_dir: pathlib.Path):
     """``config`` stopped after 4 updates on ``first_device``, then finished on ``then_device``."""
     import dataclasses
 
-    from run_helpers import interrupt_at
-
     from ppo_async import train
+
+    from run_helpers import interrupt_at
 
     try:
         train(dataclasses.replace(config, learner_device=first_device), run_dir=run_dir,

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.devices import resolve_device
 from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
 from ppo_async.envs.gymnax_env import BatchedEnv
 from ppo_async.networks.actor_critic import (
@@ -32,7 +33,6 @@ from ppo_async.networks.actor_critic import (
     params_template,
     reset_hidden,
 )
-from ppo_async.core.devices import resolve_device
 from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds

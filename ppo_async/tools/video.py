@@ -40,9 +40,9 @@ import jax
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.devices import resolve_device
 from ppo_async.envs.registry import GYMNAX, split_env_id
 from ppo_async.networks.actor_critic import is_recurrent, make_config_network
-from ppo_async.core.devices import resolve_device
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
 VIDEO_EXTRA = "pip install 'ppo-async[video]'"

@@ -31,9 +31,9 @@ from ppo_async import (
     serialize_policy,
     train,
 )
+from ppo_async.core.devices import place
 from ppo_async.envs.program import Trajectory
 from ppo_async.networks.actor_critic import init_params, make_network
-from ppo_async.core.devices import place
 
 from run_helpers import patch_rollout
 
