@@ -11,7 +11,7 @@ Variants (`VARIANTS`): the advantage estimator (GAE on the behaviour values,
 or V-trace under the learner's current critic, its policy-gradient advantage
 unweighted or weighted by the clipped rho as in IMPALA: ``vtrace-pgw``) x the
 ratio's anchor (``ppo_ratio_anchor``: behaviour, learner, ewma). Envs: each preset of
-`ppo_async.tools.presets` with ``--total-env-steps`` (per env, `BUDGETS`).
+`ppo_async.presets` with ``--total-env-steps`` (per env, `BUDGETS`).
 
 Score of a run: the mean return of its last 100 training episodes
 (`ppo_async.sync.recent_return_mean`). Per cell: the interquartile mean over
@@ -90,7 +90,7 @@ def random_policy_return(preset_name: str, episodes: int = 64, seed: int = 0) ->
     import jax.numpy as jnp
 
     from ppo_async.envs.gymnax_env import BatchedEnv
-    from ppo_async.tools.presets import preset
+    from ppo_async.presets import preset
 
     env = BatchedEnv(preset(preset_name).env_id, episodes)
     carry = env.reset(jax.random.key(seed))
@@ -150,7 +150,7 @@ def train_seeds(config, policy_lag: int | tuple[int, ...], seeds: int) -> list[d
 
 def run_cell(preset_name: str, lag: int, variant: str, seeds: int, total_env_steps: int):
     """`train_seeds` of one grid cell: the preset with the variant's fields, at one lag."""
-    from ppo_async.tools.presets import preset
+    from ppo_async.presets import preset
 
     config = preset(preset_name, total_env_steps=total_env_steps, **VARIANTS[variant])
     return train_seeds(config, lag, seeds)
@@ -168,7 +168,7 @@ def run_stragglers(args, out) -> None:
     of them or drops all of them; what it is for is a batch of mixed ages,
     where it drops the straggler's stale quarter.
     """
-    from ppo_async.tools.presets import preset
+    from ppo_async.presets import preset
 
     path = out / "stragglers.csv"
     done = {(r["env"], int(r["straggler_lag"]), r["variant"], r["max_policy_lag"],
@@ -238,8 +238,8 @@ def validate(args) -> None:
     import numpy as np
 
     from ppo_async import train
+    from ppo_async.presets import preset
     from ppo_async.sync import make_train, recent_return_mean
-    from ppo_async.tools.presets import preset
 
     rows = []
     for env in args.envs:
