@@ -753,10 +753,14 @@ class _RayPool:
                                   f"(learner and actors), the Ray cluster has {cpus:g}")
 
     def start(self, job: _Job, message: dict[str, Any]) -> None:
-        options: dict[str, Any] = dict(num_cpus=job.threads())
+        from ppo_async.runtime.ray_transport import inherited_cache_env
+
+        env_vars = inherited_cache_env()
         if job.twin:
-            options["runtime_env"] = {"env_vars": {
-                "XLA_FLAGS": _worker_env(True)["XLA_FLAGS"]}}
+            env_vars["XLA_FLAGS"] = _worker_env(True)["XLA_FLAGS"]
+        options: dict[str, Any] = dict(num_cpus=job.threads())
+        if env_vars:
+            options["runtime_env"] = {"env_vars": env_vars}
         ref = self.task.options(**options).remote(message)
         self.running[ref] = (job, time.monotonic())
 
