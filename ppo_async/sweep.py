@@ -828,10 +828,12 @@ def _checked_workers(workers: int | None, jobs: Sequence[_Job], backend: str) ->
     if workers is None:
         return default_workers(jobs)
     cpus = os.cpu_count() or 1
-    threads = workers * max((job.threads() for job in jobs), default=1)
-    if threads > cpus:
+    at_once = min(workers, len(jobs))
+    threads = at_once * max((job.threads() for job in jobs), default=1)
+    if at_once > default_workers(jobs, cpus):
         warnings.warn(
-            f"--workers {workers}: up to {threads} threads of actors and learners on "
+            f"--workers {workers}: {at_once} runs at once, up to {threads} threads of actors "
+            f"and learners on "
             f"{cpus} cores; runs will slow each other down (the default is "
             f"{default_workers(jobs)})", SweepWarning, stacklevel=3)
     return workers
