@@ -24,6 +24,7 @@ from ppo_async.runs.analysis import expand_sweep_dirs, group_runs, iqm, load_run
 from ppo_async.sweep import (
     SUMMARY_COLUMNS,
     SweepInterrupted,
+    SweepWarning,
     SweepSpec,
     load_sweep,
     plan_sweep,
@@ -158,14 +159,14 @@ def local_sweep(tmp_path_factory):
     path = root / "sweep.toml"
     path.write_text(SWEEP_TOML)
     out = root / "out"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # more workers than 2 cores hold: the warning is expected
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         summary = run_sweep(path, out, workers=2, progress=False)
-    return path, out, summary
+    return path, out, summary, [str(w.message) for w in caught if w.category is SweepWarning]
 
 
 def test_a_2x2_sweep_with_2_workers_writes_4_runs_and_a_2_row_summary(local_sweep):
-    path, out, summary = local_sweep
+    path, out, summary, sweep_warnings = local_sweep
     assert sorted(p.name for p in out.iterdir() if "seed=" in p.name) == NAMES
     assert all(run_state(out / name) == "done" for name in NAMES)
     rows = read_rows(out / "runs.csv")
@@ -184,13 +185,17 @@ def test_a_2x2_sweep_with_2_workers_writes_4_runs_and_a_2_row_summary(local_swee
         assert row.iqm_low <= row.iqm <= row.iqm_high and row.iqm_low < row.iqm_high
         assert (row.seeds, row.done, row.failed) == (2, 2, 0)
         assert 0 < row.policy_lag_mean <= 1 and row.wall_time_s > 0
+    # Two runs of two threads each (learner, actor) oversubscribe fewer than 4 cores: a warning.
+    oversubscribed = (os.cpu_count() or 1) < 4
+    assert [w.startswith("--workers 2: 2 runs at once") for w in sweep_warnings] == (
+        [True] if oversubscribed else [])
     markdown = (out / "summary.md").read_text().splitlines()
     assert len(markdown) == 4 and markdown[2].startswith("| false | 2/2 |")
     assert load_sweep(out / "sweep.toml").to_table() == load_sweep(path).to_table()
 
 
 def test_the_rerun_trains_nothing(local_sweep, monkeypatch, capsys):
-    path, out, summary = local_sweep
+    path, out, summary, _ = local_sweep
     metrics_times = {n: (out / n / "metrics.jsonl").stat().st_mtime_ns for n in NAMES}
 
     def no_worker(*args, **kwargs):
@@ -209,7 +214,7 @@ def test_the_rerun_trains_nothing(local_sweep, monkeypatch, capsys):
 
 
 def test_plot_overlays_the_grid_points_of_a_sweep_directory(local_sweep, capsys):
-    _, out, _ = local_sweep
+    _, out, _, _ = local_sweep
     groups = group_runs(load_runs(expand_sweep_dirs([out])))
     assert {label: len(runs) for label, runs in groups.items()} == {
         "use_vtrace=False": 2, "use_vtrace=True": 2}
@@ -219,7 +224,7 @@ def test_plot_overlays_the_grid_points_of_a_sweep_directory(local_sweep, capsys)
 
 
 def test_the_twin_gives_the_same_summary_shape(local_sweep, tmp_path):
-    path, local_out, local_summary = local_sweep
+    path, local_out, local_summary, _ = local_sweep
     summary = run_sweep(path, tmp_path, twin=True, progress=False)
     assert list(summary.columns) == list(local_summary.columns) and len(summary) == 2
     assert list(summary["use_vtrace"]) == list(local_summary["use_vtrace"])
@@ -251,7 +256,9 @@ def test_an_interrupted_run_resumes_and_a_failing_run_is_recorded(tmp_path):
               on_update=interrupt_at(5))
     assert plan_sweep(table, tmp_path).states == {interrupted.name: "resume",
                                                   failing.name: "fresh"}
-    summary = run_sweep(table, tmp_path, workers=2, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SweepWarning)  # 2 runs at once on 2 cores
+        summary = run_sweep(table, tmp_path, workers=2, progress=False)
     segments = json.loads((tmp_path / interrupted.name / "segments.json").read_text())
     assert len(segments) == 2 and segments[1]["start_update"] == 5
     assert segments[1]["resumed_from_checkpoint"].endswith("ckpt_000000005.msgpack")
