@@ -24,8 +24,8 @@ from ppo_async.runs.analysis import expand_sweep_dirs, group_runs, iqm, load_run
 from ppo_async.sweep import (
     SUMMARY_COLUMNS,
     SweepInterrupted,
-    SweepWarning,
     SweepSpec,
+    SweepWarning,
     load_sweep,
     plan_sweep,
     run_name,
