@@ -117,7 +117,7 @@ class SweepWarning(UserWarning):
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the sweep; ``finished`` of ``total`` runs are done; ``command`` continues it."""
+    """Ctrl-C stopped the sweep: ``finished`` of ``total`` runs done; ``command`` continues it."""
 
     def __init__(self, finished: int, total: int, command: str):
         super().__init__(f"sweep stopped: {finished} of {total} runs finished; "
@@ -136,7 +136,7 @@ class SweepRun(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class SweepSpec:
-    """A sweep: a starting config (``preset`` + ``base``), a grid crossed with ``points``, ``seeds``.
+    """A sweep: a starting config (``preset``, ``base``), a grid crossed with ``points``, seeds.
 
     Build one with `load_sweep` (a file or a table) so that it is checked;
     `runs` builds and validates every run's config.
@@ -151,15 +151,16 @@ class SweepSpec:
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], source: str = "sweep") -> SweepSpec:
-        """The sweep a file's table (or a dict) describes; `ConfigError` naming the key and the fix."""
+        """The sweep a file's table (or a dict) describes; `ConfigError` naming key and fix."""
         _check_keys(table, source)
         preset = table.get("preset")
         if preset is not None and not isinstance(preset, str):
             raise ConfigError(f"{source}: preset = {preset!r}: must be a preset name (a string)")
         seeds = _checked_seeds(table.get("seeds", [0]), source)
         base = _checked_table(table.get("base", {}), source, "[base]")
+        grid_table = _checked_table(table.get("grid", {}), source, "[grid]")
         grid = {field: _checked_values(field, values, source)
-                for field, values in _checked_table(table.get("grid", {}), source, "[grid]").items()}
+                for field, values in grid_table.items()}
         points = _checked_points(table.get("points", [{}]), source)
         _check_overlaps(base, grid, points, source)
         spec = cls(tuple(seeds), base, grid, points, preset, source)
@@ -188,7 +189,7 @@ class SweepSpec:
         return list(dict.fromkeys(f for point in self.grid_points() for f in point))
 
     def runs(self) -> list[SweepRun]:
-        """Every (grid point, seed) with its validated config; `ConfigError` names the first bad point."""
+        """Every (grid point, seed) with its validated config; `ConfigError` names a bad point."""
         base = self.base_config()
         runs, problems = [], []
         points = self.grid_points()
@@ -281,8 +282,9 @@ def _check_toml_value(value: Any, source: str, where: str) -> None:
 
 def _checked_values(field: str, values: Any, source: str) -> tuple[Any, ...]:
     if not isinstance(values, (list, tuple)) or not values:
+        example = toml_value(values) if _has_toml(values) else "..."
         raise ConfigError(f"{source}: [grid] {field} = {values!r}: must be a non-empty list of "
-                          f"values, e.g. {field} = [{toml_value(values) if _has_toml(values) else '...'}]")
+                          f"values, e.g. {field} = [{example}]")
     seen = set()
     for value in values:
         key = json.dumps(value, sort_keys=True)
@@ -433,7 +435,8 @@ class _Table:
 
     def add_wall_time(self, name: str, seconds: float) -> None:
         before = _number(self.rows[name]["wall_time_s"])
-        self.rows[name]["wall_time_s"] = round((0.0 if math.isnan(before) else before) + seconds, 2)
+        before = 0.0 if math.isnan(before) else before
+        self.rows[name]["wall_time_s"] = round(before + seconds, 2)
 
     def count(self, status: str) -> int:
         return sum(row["status"] == status for row in self.rows.values())
@@ -488,7 +491,7 @@ def _csv_text(rows: Sequence[Mapping[str, Any]] | Any, columns: Sequence[str]) -
 
 
 def summarize(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per grid point (in the order of ``rows``): IQM [95% CI], mean, std over its done seeds.
+    """A row per grid point (in the order of ``rows``): IQM [95% CI], mean, std of its done seeds.
 
     ``rows`` are `runs.csv` rows; the interval is the stratified bootstrap of
     `ppo_async.runs.analysis` (2000 resamples), NaN with no finished seed.
@@ -620,7 +623,7 @@ def _worker_main() -> None:
     except KeyboardInterrupt as interrupt:
         print(f"{ERROR_PREFIX}interrupted: {interrupt}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
-    except BaseException as error:  # noqa: BLE001 - the log keeps the traceback, the table the line
+    except BaseException as error:  # noqa: BLE001 - the log keeps the traceback, the table a line
         traceback.print_exc()
         print(f"{ERROR_PREFIX}{_one_line(error)}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
@@ -814,7 +817,7 @@ def _one_line_cause(error: Any) -> str:
 
 
 def default_workers(jobs: Sequence[_Job], cpus: int | None = None) -> int:
-    """As many workers as the cores hold: ``cpu_count // threads of the largest job`` (at least 1)."""
+    """As many workers as the cores hold: ``cpu_count // threads of the largest job``, >= 1."""
     cpus = cpus or os.cpu_count() or 1
     return max(1, cpus // max((job.threads() for job in jobs), default=1))
 
@@ -909,6 +912,8 @@ def execute_sweep(sweep: str | os.PathLike | Mapping[str, Any] | SweepSpec,
     table.write()
     command = continue_command(sweep, out, workers=workers if backend == "local" else None,
                                backend=backend, ray_address=ray_address, twin=twin)
+    if not jobs:  # every run is done: no worker, no Ray instance
+        return _write_summary(out, table)
     pool = _RayPool(ray_address) if backend == "ray" else _LocalPool(out)
     try:
         if isinstance(pool, _RayPool):
