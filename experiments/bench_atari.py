@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     common.configure_jax()
     from ppo_async import train
-    from ppo_async.tools.presets import preset
+    from ppo_async.presets import preset
 
     config = preset("atari-pong", total_env_steps=args.total_env_steps, torso=args.torso,
                     learner_device=args.learner_device,

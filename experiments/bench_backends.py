@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
         num_actors=2, envs_per_actor=4, num_steps=64, num_epochs=2, num_minibatches=2,
         max_lead_steps=4 * 64, learner_timeout_s=120.0, total_env_steps=args.total_env_steps,
     )
-    connected_here = connect(ray, dataclasses.replace(base, actor_backend="ray"))
+    connected_here = connect(ray, base.ray_address)
     try:
         runs = []
         for name in args.envs:

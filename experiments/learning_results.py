@@ -1,7 +1,7 @@
 """Learning results: the asynchronous runtime against its synchronous twin, at equal env steps.
 
 For each env in ``ENV_PRESETS`` and each seed, one asynchronous run
-(``ppo_async.train``, the env's preset in ``ppo_async.tools.presets`` (``ppo-async
+(``ppo_async.train``, the env's preset in ``ppo_async.presets`` (``ppo-async
 train --preset NAME``) with its default topology: actor
 threads, a staleness valve of two chunks) and one synchronous run
 (``ppo_async.sync.make_train``, all seeds at once with
@@ -71,10 +71,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ppo_async import train  # noqa: E402
+from ppo_async.presets import LEARNING_RESULTS_PRESETS, PRESETS, preset  # noqa: E402
 from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
-from ppo_async.tools.presets import LEARNING_RESULTS_PRESETS, PRESETS, preset  # noqa: E402
 
-# Each env's config is its preset in `ppo_async.tools.presets` (budget, sizes and
+# Each env's config is its preset in `ppo_async.presets` (budget, sizes and
 # hyperparameters, with why), so `ppo-async train --preset NAME` trains exactly
 # the config of the table's row.
 ENV_PRESETS: dict[str, str] = {PRESETS[name]["env_id"]: name for name in LEARNING_RESULTS_PRESETS}

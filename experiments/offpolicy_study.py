@@ -11,7 +11,7 @@ Variants (`VARIANTS`): the advantage estimator (GAE on the behaviour values,
 or V-trace under the learner's current critic, its policy-gradient advantage
 unweighted or weighted by the clipped rho as in IMPALA: ``vtrace-pgw``) x the
 ratio's anchor (``ppo_ratio_anchor``: behaviour, learner, ewma). Envs: each preset of
-`ppo_async.tools.presets` with ``--total-env-steps`` (per env, `BUDGETS`).
+`ppo_async.presets` with ``--total-env-steps`` (per env, `BUDGETS`).
 
 Score of a run: the mean return of its last 100 training episodes
 (`ppo_async.sync.recent_return_mean`). Per cell: the interquartile mean over
@@ -20,10 +20,15 @@ normalized score ``(IQM - random) / (IQM at lag 0 - random)`` against the same
 variant's lag 0 and against plain PPO's (GAE, behaviour anchor) lag 0, where
 ``random`` is the mean return of a uniformly random policy (measured here).
 
+The grid runs on `ppo_async.sweep` (``ppo-async sweep --twin``'s machinery):
+per env and budget a sweep directory ``runs_<env>_<steps>/`` with a run
+directory per cell and seed (the variants are the sweep's points, the lag its
+config's ``exact_policy_lag``, at which the twin acts), trained in parallel
+worker processes and resumable (finished runs are skipped).
+
 Writes, under ``experiments/out/offpolicy_study/`` (or ``--out``):
-``results.csv`` (one row per env, lag, variant and seed; resumable: cells
-already there are skipped), ``curves.npz`` (each run's smoothed return per
-update), ``summary.json`` and ``summary.md`` (the IQM tables),
+``results.csv`` (one row per env, lag, variant and seed, rebuilt from the run
+directories), ``curves.npz`` (each run's smoothed return per update), ``summary.json`` and ``summary.md`` (the IQM tables),
 ``return_vs_lag.png`` and ``curves_<env>.png``; with ``--validate``,
 ``validate.md``; with ``--stragglers``,
 ``stragglers.csv`` and ``stragglers.md`` (`run_stragglers`).
@@ -57,6 +62,7 @@ from common import (  # noqa: E402
     print_reproduce,
     pyplot,
     read_csv,
+    write_csv,
     write_json,
 )
 
@@ -90,7 +96,7 @@ def random_policy_return(preset_name: str, episodes: int = 64, seed: int = 0) ->
     import jax.numpy as jnp
 
     from ppo_async.envs.gymnax_env import BatchedEnv
-    from ppo_async.tools.presets import preset
+    from ppo_async.presets import preset
 
     env = BatchedEnv(preset(preset_name).env_id, episodes)
     carry = env.reset(jax.random.key(seed))
@@ -112,48 +118,85 @@ def random_policy_return(preset_name: str, episodes: int = 64, seed: int = 0) ->
 
 
 def train_seeds(config, policy_lag: int | tuple[int, ...], seeds: int) -> list[dict[str, Any]]:
-    """Train ``seeds`` seeds of ``config`` at once in the twin; per seed the final return,
-    the curve, whether anything went non-finite, and metric means."""
-    import jax
+    """Train seeds ``0..seeds-1`` of ``config`` at once in the twin (`ppo_async.sync.train_seeds`);
+    per seed the final return, whether anything went non-finite, and metric means."""
     import numpy as np
 
-    from ppo_async.sync import make_train, recent_return_mean
+    from ppo_async.sync import recent_return_mean
+    from ppo_async.sync import train_seeds as twin_seeds
 
-    train = jax.jit(jax.vmap(make_train(config, policy_lag)))
-    metrics = jax.device_get(train(jax.random.split(jax.random.key(0), seeds)).metrics)
-    out = []
-    for i in range(seeds):
-        seed_metrics = {k: np.asarray(v[i]) for k, v in metrics.items()}
-        nonfinite = bool(
-            np.min(seed_metrics["params_finite"]) < 1.0
-            or any(not np.all(np.isfinite(v)) for v in seed_metrics.values())
-        )
-        curve = np.array([
-            recent_return_mean({k: v[: u + 1] for k, v in seed_metrics.items()}, 100)
-            for u in range(len(seed_metrics["episodes"]))
-        ])
-
-        def mean_of(name):
-            return float(np.mean(seed_metrics[name])) if name in seed_metrics else float("nan")
-
-        out.append(dict(
-            final_return=recent_return_mean(seed_metrics), nonfinite=int(nonfinite),
-            approx_kl_mean=mean_of("approx_kl"), is_weight_mean=mean_of("is_weight_mean"),
-            clipped_rho_mean=mean_of("vtrace_clipped_rho_mean"),
-            # Nothing dropped where max_policy_lag is off (no such metric).
-            dropped_fraction_mean=mean_of("dropped_fraction")
-            if "dropped_fraction" in seed_metrics else 0.0,
-            curve=curve,
-        ))
-    return out
+    metrics = twin_seeds(config, list(range(seeds)), policy_lag).metrics
+    return [seed_figures({k: v[i] for k, v in metrics.items()},
+                         recent_return_mean({k: np.asarray(v[i]) for k, v in metrics.items()}))
+            for i in range(seeds)]
 
 
-def run_cell(preset_name: str, lag: int, variant: str, seeds: int, total_env_steps: int):
-    """`train_seeds` of one grid cell: the preset with the variant's fields, at one lag."""
-    from ppo_async.tools.presets import preset
+def seed_figures(metrics: dict[str, Any], final_return: float) -> dict[str, Any]:
+    """One seed's figures from its per-update ``metrics`` (the twin's, or a run's metrics.jsonl)."""
+    import numpy as np
 
-    config = preset(preset_name, total_env_steps=total_env_steps, **VARIANTS[variant])
-    return train_seeds(config, lag, seeds)
+    nonfinite = bool(np.min(metrics["params_finite"]) < 1.0 or any(
+        not np.all(np.isfinite(v)) for k, v in metrics.items() if k not in CURVE_METRICS))
+
+    def mean_of(name):
+        return float(np.mean(metrics[name])) if name in metrics else float("nan")
+
+    return dict(
+        final_return=final_return, nonfinite=int(nonfinite),
+        approx_kl_mean=mean_of("approx_kl"), is_weight_mean=mean_of("is_weight_mean"),
+        clipped_rho_mean=mean_of("vtrace_clipped_rho_mean"),
+        # Nothing dropped where max_policy_lag is off (no such metric).
+        dropped_fraction_mean=mean_of("dropped_fraction") if "dropped_fraction" in metrics
+        else 0.0,
+    )
+
+
+# Metrics a run directory derives (NaN before the first episode or the second update).
+CURVE_METRICS = ("episode_return", "wall_time_s", "env_steps_per_s_window")
+
+
+def sweep_table(env: str, variants, lags, seeds: int, total_env_steps: int) -> dict[str, Any]:
+    """One env's cells as a sweep (`ppo_async.sweep`): a point per variant, the lags crossed.
+
+    A lag is the config's ``exact_policy_lag``: the sweep's twin acts at it.
+    Fields left at None are the config's defaults and stay out (TOML has no null).
+    """
+    points = [{k: v for k, v in VARIANTS[variant].items() if v is not None}
+              for variant in variants]
+    return dict(preset=env, seeds=list(range(seeds)), base=dict(total_env_steps=total_env_steps),
+                points=points, grid=dict(exact_policy_lag=list(lags)))
+
+
+def variant_of(config) -> str:
+    """The `VARIANTS` name a run's config (its config.json) belongs to."""
+    from ppo_async import AsyncActorLearnerConfig
+
+    defaults = AsyncActorLearnerConfig()
+    for name, fields in VARIANTS.items():
+        if all(config.get(k, getattr(defaults, k)) == v for k, v in fields.items()):
+            return name
+    raise ValueError(f"no variant has these fields: {config}")
+
+
+def result_rows(sweep_dir, env: str) -> list[dict[str, Any]]:
+    """A `FIELDS` row per finished run of one env's sweep directory, and each run's curve."""
+    import numpy as np
+
+    from ppo_async.runs.analysis import load_run
+
+    wall = {r["run"]: r["wall_time_s"] for r in read_csv(sweep_dir / "runs.csv")}
+    rows = []
+    for r in read_csv(sweep_dir / "runs.csv"):
+        if r["status"] != "done":
+            continue
+        run = load_run(sweep_dir / r["run"])
+        figures = seed_figures(run.metrics, run.summary["episode_return_mean"])
+        rows.append(dict(env=env, lag=run.config["exact_policy_lag"],
+                         variant=variant_of(run.config), seed=run.config["seed"],
+                         total_env_steps=run.config["total_env_steps"],
+                         cell_wall_s=wall[r["run"]], curve=np.asarray(run.metrics["episode_return"]),
+                         **{k: v for k, v in figures.items() if k in FIELDS}))
+    return rows
 
 
 STRAGGLER_ACTORS = 4
@@ -168,7 +211,7 @@ def run_stragglers(args, out) -> None:
     of them or drops all of them; what it is for is a batch of mixed ages,
     where it drops the straggler's stale quarter.
     """
-    from ppo_async.tools.presets import preset
+    from ppo_async.presets import preset
 
     path = out / "stragglers.csv"
     done = {(r["env"], int(r["straggler_lag"]), r["variant"], r["max_policy_lag"],
@@ -238,8 +281,8 @@ def validate(args) -> None:
     import numpy as np
 
     from ppo_async import train
+    from ppo_async.presets import preset
     from ppo_async.sync import make_train, recent_return_mean
-    from ppo_async.tools.presets import preset
 
     rows = []
     for env in args.envs:
@@ -407,43 +450,55 @@ def main(argv: list[str] | None = None) -> None:
             run_stragglers(args, out)
         straggler_report(out)
         return
+    from ppo_async.sweep import execute_sweep, plan_sweep
+
     path = out / "results.csv"
-    done = {(r["env"], int(r["lag"]), r["variant"], int(r["total_env_steps"]))
-            for r in (read_csv(path) if path.exists() else [])}
-    cells = [(env, lag, variant) for env in args.envs for lag in args.lags
-             for variant in args.variants]
+    plans = {}
+    for env in args.envs:
+        steps = args.total_env_steps or BUDGETS[env]
+        table = sweep_table(env, args.variants, args.lags, args.seeds, steps)
+        plans[env] = (out / f"runs_{env}_{steps}", plan_sweep(table, out / f"runs_{env}_{steps}",
+                                                              twin=True))
     if args.dry_run:
-        for env, lag, variant in cells:
-            steps = args.total_env_steps or BUDGETS[env]
-            print(f"{env:17s} lag {lag:2d} {variant:17s} {steps:>9,} steps "
-                  f"{'done' if (env, lag, variant, steps) in done else 'todo'}")
+        for env, (_, plan) in plans.items():
+            for run in plan.runs[::args.seeds]:
+                cell = plan.runs[plan.runs.index(run):plan.runs.index(run) + args.seeds]
+                done = all(plan.states[r.name] == "done" for r in cell)
+                variant = variant_of(run.config.to_dict())
+                print(f"{env:17s} lag {run.config.exact_policy_lag:2d} {variant:17s} "
+                      f"{run.config.total_env_steps:>9,} steps {'done' if done else 'todo'}")
         return
-    curves_path = out / "curves.npz"
     if not args.report_only:
         print(f"machine: {machine_info()}", flush=True)
-        for env, lag, variant in cells:
-            steps = args.total_env_steps or BUDGETS[env]
-            if (env, lag, variant, steps) in done:
-                continue
-            start = time.perf_counter()
-            results = run_cell(env, lag, variant, args.seeds, steps)
-            wall = time.perf_counter() - start
-            curves = dict(np.load(curves_path)) if curves_path.exists() else {}
-            curves[f"{env}|{lag}|{variant}"] = np.stack([r["curve"] for r in results])
-            np.savez(curves_path, **curves)
-            for seed, r in enumerate(results):
-                row = dict(env=env, lag=lag, variant=variant, seed=seed, total_env_steps=steps,
-                           cell_wall_s=round(wall, 1),
-                           **{k: v for k, v in r.items() if k in FIELDS})
-                append_csv_row(path, row, FIELDS)
-            print(f"{env} lag {lag} {variant}: "
-                  f"{[round(r['final_return'], 1) for r in results]} ({wall:.0f} s)", flush=True)
+        for env, (sweep_dir, plan) in plans.items():
+            todo = {(env, r.config.exact_policy_lag, variant_of(r.config.to_dict()))
+                    for r in plan.runs if plan.states[r.name] != "done"}
+            if todo:
+                execute_sweep(plan.spec, sweep_dir, twin=True)
+            for key, cell in _cells(result_rows(sweep_dir, env)).items():
+                if key in todo:
+                    print(f"{env} lag {key[1]} {key[2]}: "
+                          f"{[round(r['final_return'], 1) for r in cell]} "
+                          f"({float(cell[0]['cell_wall_s']):.0f} s)", flush=True)
+    rows = [row for sweep_dir in sorted(out.glob("runs_*"))
+            for row in result_rows(sweep_dir, sweep_dir.name.split("_")[1])]
+    write_csv(path, [{k: row[k] for k in FIELDS} for row in rows], FIELDS)
+    np.savez(out / "curves.npz", **{f"{env}|{lag}|{variant}": np.stack([r["curve"] for r in cell])
+                                    for (env, lag, variant), cell in _cells(rows).items()})
     envs_done = sorted({r["env"] for r in read_csv(path)}, key=list(BUDGETS).index)
     random_returns = {env: random_policy_return(env) for env in envs_done}
     summary = report(path, out, random_returns)
     summary["machine"] = machine_info()
     summary["command"] = print_reproduce(__file__, argv)
     write_json(out / "summary.json", summary)
+
+
+def _cells(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """Rows grouped by (env, lag, variant), seeds in order."""
+    cells: dict[tuple, list[dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: r["seed"]):
+        cells.setdefault((row["env"], row["lag"], row["variant"]), []).append(row)
+    return cells
 
 
 if __name__ == "__main__":

@@ -13,9 +13,13 @@ split among actor threads and how far each may run ahead changes; lead 1
 chunk (``max_lead_steps = num_steps``) is lock-step, lag 0. Everything else
 is `AsyncActorLearnerConfig`'s defaults.
 
-The sweep is resumable: each finished run is appended to one CSV at once, and
-a run whose (env, grid cell, seed, total_env_steps, num_steps) is already in
-it is skipped. ``--dry-run`` lists the grid and what is done. The plot,
+The runs are a sweep of `ppo_async.sweep` (``ppo-async sweep``'s machinery):
+one run directory per cell and seed under ``runs_<env>_<steps>_<num_steps>/``
+(one sweep directory per env, budget and chunk size), trained one at a time
+by default (``--workers``; parallel runs would share the cores and skew the
+throughput), resumable (a finished run is skipped, an interrupted one resumes
+from its checkpoint). ``results.csv`` is rebuilt from every finished run
+directory of those sweep directories. ``--dry-run`` lists the grid and what is done. The plot,
 ``return_vs_lag.png``, shows each cell's final return (mean ± std over seeds)
 against its observed mean lag, without and with V-trace, and the observed lag
 against the valve's lead.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import sys
 import time
@@ -38,7 +43,6 @@ from typing import Any, NamedTuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (  # noqa: E402
-    append_csv_row,
     configure_jax,
     format_mean_std,
     machine_info,
@@ -49,6 +53,7 @@ from common import (  # noqa: E402
     pyplot,
     read_csv,
     reproduce_command,
+    write_csv,
     write_json,
 )
 
@@ -74,12 +79,6 @@ def grid(args: argparse.Namespace) -> list[Cell]:
     return [Cell(*c) for c in itertools.product(args.num_actors, args.vtrace, args.lead_chunks)]
 
 
-def run_key(env_id: str, cell: Cell, seed: int, total_env_steps: int, num_steps: int) -> tuple:
-    """What makes two runs the same run (a finished one is skipped)."""
-    return (env_id, cell.num_actors, cell.vtrace == "on", cell.lead_chunks, seed,
-            total_env_steps, num_steps)
-
-
 def row_key(row: dict[str, str]) -> tuple:
     return (row["env_id"], int(row["num_actors"]), row["use_vtrace"] == "True",
             int(row["lead_chunks"]), int(row["seed"]), int(row["total_env_steps"]),
@@ -87,35 +86,58 @@ def row_key(row: dict[str, str]) -> tuple:
 
 
 def make_config(args: argparse.Namespace, cell: Cell, seed: int):
-    from ppo_async import AsyncActorLearnerConfig
+    """The config of one run, as the sweep builds it from `sweep_table`."""
+    from ppo_async.sweep import load_sweep
 
-    return AsyncActorLearnerConfig(
-        env_id=args.env_id, num_actors=cell.num_actors,
-        envs_per_actor=TOTAL_ENVS // cell.num_actors, num_steps=args.num_steps,
-        max_lead_steps=cell.lead_chunks * args.num_steps, broadcast_every=1,
-        use_vtrace=cell.vtrace == "on", total_env_steps=args.total_env_steps, seed=seed,
-    )
+    table = sweep_table(args, [cell])
+    table["seeds"] = [seed]
+    (run,) = [r for r in load_sweep(table).runs() if r.config.use_vtrace == (cell.vtrace == "on")]
+    return run.config
 
 
-def run_one(args: argparse.Namespace, cell: Cell, seed: int) -> dict[str, Any]:
-    from ppo_async import train
+def sweep_table(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
+    """The cells as a sweep (`ppo_async.sweep`): a point per actor count and lead, V-trace crossed."""
+    points = [dict(num_actors=n, envs_per_actor=TOTAL_ENVS // n,
+                   max_lead_steps=lead * args.num_steps)
+              for n, lead in dict.fromkeys((c.num_actors, c.lead_chunks) for c in cells)]
+    vtrace = [v == "on" for v in VTRACE if any(c.vtrace == v for c in cells)]
+    return dict(seeds=list(range(args.seeds)), points=points, grid=dict(use_vtrace=vtrace),
+                base=dict(env_id=args.env_id, num_steps=args.num_steps, broadcast_every=1,
+                          total_env_steps=args.total_env_steps))
 
-    config = make_config(args, cell, seed)
-    start = time.perf_counter()
-    report = train(config, progress=False).report
-    wall = time.perf_counter() - start
-    return dict(
-        env_id=config.env_id, num_actors=config.num_actors,
-        envs_per_actor=config.envs_per_actor, use_vtrace=config.use_vtrace,
-        lead_chunks=cell.lead_chunks, max_lead_steps=config.max_lead_steps,
-        num_steps=config.num_steps, total_env_steps=config.total_env_steps, seed=seed,
-        final_return=round(report.episode_return_mean, 3),
-        policy_lag_mean=round(report.policy_lag_mean, 4), policy_lag_max=report.policy_lag_max,
-        env_steps=report.env_steps, env_steps_per_s=round(report.env_steps_per_s, 1),
-        learner_wait_s=round(report.learner_wait_s, 2), wall_time_s=round(wall, 2),
-        train_wall_time_s=round(report.wall_time_s, 2),
-        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
-    )
+
+def sweep_dir(out, args: argparse.Namespace):
+    """The sweep directory of this env, budget and chunk size."""
+    return out / f"runs_{args.env_id.replace(':', '_')}_{args.total_env_steps}_{args.num_steps}"
+
+
+def result_rows(out, wall_times: dict[str, str]) -> list[dict[str, Any]]:
+    """A `FIELDS` row per finished run directory of every sweep directory under ``out``."""
+    from ppo_async.runs.analysis import expand_sweep_dirs
+
+    rows = []
+    for run_dir in expand_sweep_dirs(sorted(out.glob("runs_*"))):
+        if not (run_dir / "summary.json").is_file():
+            continue
+        config = json.loads((run_dir / "config.json").read_text())
+        report = json.loads((run_dir / "summary.json").read_text())
+        rows.append(dict(
+            env_id=config["env_id"], num_actors=config["num_actors"],
+            envs_per_actor=config["envs_per_actor"], use_vtrace=config["use_vtrace"],
+            lead_chunks=config["max_lead_steps"] // config["num_steps"],
+            max_lead_steps=config["max_lead_steps"], num_steps=config["num_steps"],
+            total_env_steps=config["total_env_steps"], seed=config["seed"],
+            final_return=round(report["episode_return_mean"], 3),
+            policy_lag_mean=round(report["policy_lag_mean"], 4),
+            policy_lag_max=report["policy_lag_max"], env_steps=report["env_steps"],
+            env_steps_per_s=round(report["env_steps_per_s"], 1),
+            learner_wait_s=round(report["learner_wait_s"], 2),
+            wall_time_s=wall_times.get(str(run_dir), round(report["wall_time_s"], 2)),
+            train_wall_time_s=round(report["wall_time_s"], 2),
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(
+                (run_dir / "summary.json").stat().st_mtime)),
+        ))
+    return rows
 
 
 def finished_cells(rows: list[dict[str, str]], args: argparse.Namespace) -> dict[Cell, list]:
@@ -233,6 +255,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="per run (default 200k: CartPole is still being learned, so staleness shows)")
     parser.add_argument("--num-steps", type=int, default=64, help="rows per actor chunk")
     parser.add_argument("--env-id", default="CartPole-v1")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="runs at once (default 1: parallel runs would skew the throughput)")
     parser.add_argument("--dry-run", action="store_true", help="list the grid and what is done")
     parser.add_argument("--out", default=None, help="output dir (default experiments/out/sweep_staleness)")
     args = parser.parse_args(argv)
@@ -251,20 +275,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    from ppo_async.sweep import execute_sweep, plan_sweep
+
     out = out_dir("sweep_staleness", args.out)
     csv_path = out / "results.csv"
     cells = grid(args)
     seeds = list(range(args.seeds))
-    done = {row_key(r) for r in read_csv(csv_path)}
+    runs_dir = sweep_dir(out, args)
+    plan = plan_sweep(sweep_table(args, cells), runs_dir)
+    by_cell = {(r.config.num_actors, r.config.use_vtrace, r.config.max_lead_chunks, r.seed): r
+               for r in plan.runs}
 
     def is_done(cell: Cell, seed: int) -> bool:
-        return run_key(args.env_id, cell, seed, args.total_env_steps, args.num_steps) in done
+        run = by_cell[(cell.num_actors, cell.vtrace == "on", cell.lead_chunks, seed)]
+        return plan.states[run.name] == "done"
 
     todo = [(cell, seed) for cell in cells for seed in seeds if not is_done(cell, seed)]
     print(f"{args.env_id}: {len(cells)} cells x {len(seeds)} seeds, "
           f"{args.total_env_steps:,} env steps each, {TOTAL_ENVS} envs x {args.num_steps} "
           f"steps per update; {len(cells) * len(seeds) - len(todo)} runs done, "
-          f"{len(todo)} to run ({csv_path})")
+          f"{len(todo)} to run ({runs_dir})")
     if args.dry_run:
         for i, cell in enumerate(cells, 1):
             finished = [s for s in seeds if is_done(cell, s)]
@@ -273,18 +303,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"lead={cell.lead_chunks} chunks  seeds done {len(finished)}/{len(seeds)}")
         return dict(cells=cells, todo=todo, out=out)
 
-    configure_jax()
-    sweep_start = time.perf_counter()
-    for i, (cell, seed) in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] num_actors={cell.num_actors} vtrace={cell.vtrace} "
-              f"lead={cell.lead_chunks} seed={seed} ...", end=" ", flush=True)
-        row = run_one(args, cell, seed)
-        append_csv_row(csv_path, row, FIELDS)
-        print(f"return {row['final_return']:.1f}, lag mean {row['policy_lag_mean']:.2f} "
-              f"max {row['policy_lag_max']}, {row['wall_time_s']:.0f} s", flush=True)
+    configure_jax()  # the workers share this process's compilation cache
     if todo:
-        print(f"sweep: {len(todo)} runs in {time.perf_counter() - sweep_start:.0f} s")
-
+        execute_sweep(plan.spec, runs_dir, workers=args.workers)
+    wall_times = {str(runs_dir / r["run"]): r["wall_time_s"]
+                  for r in read_csv(runs_dir / "runs.csv")}
+    write_csv(csv_path, result_rows(out, wall_times), FIELDS)
     rows = read_csv(csv_path)
     summary = summarize(rows, args)
     command = reproduce_command(__file__, argv)

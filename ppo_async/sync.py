@@ -13,9 +13,12 @@ timeouts) have no meaning here and are ignored.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import pathlib
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -230,6 +233,25 @@ def make_train(
     return train_fn
 
 
+def recent_return_curve(metrics: dict[str, Any], min_episodes: int = 100) -> np.ndarray:
+    """`recent_return_mean` after every update, ``[num_updates]`` (NaN before any episode ends).
+
+    After update u: the mean return of the episodes of the most recent
+    updates up to u that hold at least ``min_episodes`` of them (whole
+    updates, so slightly more may count), as the learner's
+    ``episode_return`` reports it.
+    """
+    sums = np.concatenate([[0.0], np.cumsum(np.asarray(metrics["episode_return_sum"], np.float64))])
+    counts = np.concatenate([[0.0], np.cumsum(np.asarray(metrics["episodes"], np.float64))])
+    ends = np.arange(1, len(sums))
+    # The latest start whose updates up to the end hold min_episodes; from the first if none does.
+    starts = np.clip(np.searchsorted(counts, counts[ends] - min_episodes, side="right") - 1,
+                     0, ends - 1)
+    covered = counts[ends] - counts[starts]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(covered > 0, (sums[ends] - sums[starts]) / covered, np.nan)
+
+
 def recent_return_mean(metrics: dict[str, Any], min_episodes: int = 100) -> float:
     """Mean return of the most recent updates' episodes, at least ``min_episodes`` of them.
 
@@ -238,10 +260,101 @@ def recent_return_mean(metrics: dict[str, Any], min_episodes: int = 100) -> floa
     counterpart of `LearnerReport.episode_return_mean`. ``metrics`` is one
     seed's ``SyncResult.metrics``.
     """
-    sums = np.asarray(metrics["episode_return_sum"])[::-1]
-    counts = np.asarray(metrics["episodes"])[::-1]
-    covered = np.cumsum(counts)
-    last = int(np.searchsorted(covered, min_episodes)) + 1
-    if covered[-1] == 0:
-        return float("nan")
-    return float(sums[:last].sum() / counts[:last].sum())
+    return float(recent_return_curve(metrics, min_episodes)[-1])
+
+
+class SeedsResult(NamedTuple):
+    """`train_seeds`' outcome: the seeds' results stacked, on the host."""
+
+    params: Any  # every leaf [seeds, ...]
+    metrics: dict[str, np.ndarray]  # every metric [seeds, num_updates]
+    seconds: float  # running the compiled program, all seeds at once
+    compile_seconds: float
+
+
+def train_seeds(config: AsyncActorLearnerConfig, seeds: Sequence[int],
+                policy_lag: int | tuple[int, ...] = 0) -> SeedsResult:
+    """``config`` for each of ``seeds`` at once: ``jax.jit(jax.vmap(make_train(config, policy_lag)))``.
+
+    Each seed is keyed ``jax.random.key(seed)``, as `train` keys itself, so
+    ``config.seed`` is not read. On a 2-core CPU set
+    ``--xla_cpu_enable_concurrency_optimized_scheduler=false`` in
+    ``XLA_FLAGS`` before JAX starts (a vmapped twin can deadlock without it;
+    ``experiments/common.py`` says why).
+    """
+    keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+    start = time.perf_counter()
+    compiled = jax.jit(jax.vmap(make_train(config, policy_lag))).lower(keys).compile()
+    compiled_at = time.perf_counter()
+    result = jax.block_until_ready(compiled(keys))
+    seconds = time.perf_counter() - compiled_at
+    params, metrics = jax.device_get((result.params, result.metrics))
+    return SeedsResult(params, {k: np.asarray(v) for k, v in metrics.items()}, seconds,
+                       compiled_at - start)
+
+
+def write_twin_run(run_dir: pathlib.Path, config: AsyncActorLearnerConfig, params: Any,
+                   metrics: dict[str, np.ndarray], seconds: float, policy_lag: int) -> None:
+    """One seed of `train_seeds` as a run directory: the files `train` writes, but checkpoints.
+
+    ``metrics.jsonl`` holds a line per update with the names the learner
+    logs (``episode_return`` is `recent_return_curve`; ``policy_lag_mean``
+    the lag the twin acted at, ``min(update - 1, policy_lag)``;
+    ``env_steps_per_s`` the rate of the whole program, compiling not
+    counted); ``summary.json`` the `LearnerReport` fields that apply, with
+    ``trainer: "sync twin"``.
+    """
+    from ppo_async.runs.run_dir import (
+        PARAMS_FILE,
+        SUMMARY_FILE,
+        MetricsFile,
+        prepare_fresh,
+        record_segment,
+        write_atomically,
+        write_json,
+    )
+
+    prepare_fresh(run_dir)
+    record_segment(run_dir, config, start_update=0, start_env_steps=0, resumed_from=None)
+    updates = len(metrics["episodes"])
+    returns = recent_return_curve(metrics)
+    lags = np.minimum(np.arange(updates), policy_lag)
+    env_steps = (np.arange(updates) + 1) * config.batch_size
+    rate = float(env_steps[-1] / seconds) if seconds > 0 else float("nan")
+    per_update = {k: v for k, v in metrics.items() if v.ndim == 1}
+    log = MetricsFile(run_dir)
+    try:
+        for u in range(updates):
+            log.write({"update": u + 1, "env_steps": int(env_steps[u]), "env_steps_per_s": rate,
+                       "episode_return": float(returns[u]), "policy_lag_mean": float(lags[u]),
+                       "policy_lag_max": int(lags[u]),
+                       **{k: float(v[u]) for k, v in per_update.items()}})
+    finally:
+        log.close()
+    write_atomically(run_dir / PARAMS_FILE, flax.serialization.to_bytes(params))
+    write_json(run_dir / SUMMARY_FILE, dict(
+        updates=updates, env_steps=int(env_steps[-1]), wall_time_s=seconds,
+        env_steps_per_s=rate, policy_lag_mean=float(lags.mean()), policy_lag_max=int(lags.max()),
+        episode_return_mean=float(returns[-1]), episodes=int(np.sum(metrics["episodes"])),
+        trainer="sync twin"))
+
+
+def train_twin_runs(runs: Sequence[tuple[pathlib.Path, AsyncActorLearnerConfig]]) -> None:
+    """Train runs whose configs differ only by seed in one `train_seeds`, and write their directories.
+
+    Each acts at its config's exact policy lag (one actor at
+    ``exact_policy_lag=K`` is the twin at ``policy_lag=K``); free-running
+    actors have no fixed lag and are refused.
+    """
+    config = runs[0][1]
+    if config.exact_policy_lag is None:
+        raise ConfigError("the twin simulates an exact policy lag; exact_policy_lag is None")
+    different = {f for _, c in runs for f, v in c.to_dict().items()
+                 if f != "seed" and v != config.to_dict()[f]}
+    if different:
+        raise ValueError(f"runs trained together may differ only by seed, not {sorted(different)}")
+    lag = int(config.exact_policy_lag)
+    result = train_seeds(config, [c.seed for _, c in runs], lag)
+    for i, (run_dir, run_config) in enumerate(runs):
+        write_twin_run(run_dir, run_config, jax.tree.map(lambda leaf: leaf[i], result.params),
+                       {k: v[i] for k, v in result.metrics.items()}, result.seconds, lag)

@@ -3,13 +3,15 @@
 Each part of ``ppo_async`` may import only the parts below it (docs/design.md):
 
     config, version            the config and the version; below everything
+    presets                    named configs and config files: overrides on the config
     networks                   flax modules
     core                       pure, jittable math, and the update
     envs                       environments and the programs actors run in them
     runtime                    threads, queues, processes: actors, learner, transports
     runs                       run directories, checkpoints, resume, logs
     sync | train               the fully jitted twin (no runtime) | the asynchronous system
-    tools                      cli, presets, video: nothing imports them
+    sweep                      grids of runs x seeds over train or the twin
+    tools                      cli, video: nothing imports them
 
 Imports inside functions count the same as those at the top of a file.
 """
@@ -22,6 +24,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "ppo_async"
 BELOW = {
     "version": set(),
     "config": {"version"},
+    "presets": {"config"},
     "networks": {"config"},
     "core": {"config", "networks"},
     "envs": {"config", "networks", "core"},
@@ -29,7 +32,10 @@ BELOW = {
     "runs": {"config", "version", "networks", "core", "envs", "runtime"},
     "sync": {"config", "networks", "core", "envs", "runs"},
     "train": {"config", "version", "networks", "core", "envs", "runtime", "runs"},
-    "tools": {"config", "version", "networks", "core", "envs", "runtime", "runs", "sync", "train"},
+    "sweep": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
+              "sync", "train"},
+    "tools": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
+              "sync", "train", "sweep"},
     "__init__": {"config", "version", "networks", "core", "envs", "runtime", "runs", "train"},
 }
 # Validating a config asks the env registry whether an env id exists and the
@@ -93,12 +99,16 @@ def test_the_layer_check_reports_an_import_that_goes_up():
         "ppo_async.runs.run_log": {"ppo_async.tools.cli"},
         "ppo_async.sync": {"ppo_async.runtime.learner"},
         "ppo_async.config": {"ppo_async.envs.host"},
+        "ppo_async.presets": {"ppo_async.train"},
+        "ppo_async.sweep": {"ppo_async.tools.cli"},
     }
     assert layer_violations(broken) == [
         "ppo_async.config imports ppo_async.envs.host",
         "ppo_async.core.losses imports ppo_async.runtime.actor",
         "ppo_async.envs.host imports ppo_async.runtime.learner",
+        "ppo_async.presets imports ppo_async.train",
         "ppo_async.runs.run_log imports ppo_async.tools.cli",
+        "ppo_async.sweep imports ppo_async.tools.cli",
         "ppo_async.sync imports ppo_async.runtime.learner",
     ]
 

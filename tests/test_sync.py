@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from ppo_async import AsyncActorLearnerConfig, train
-from ppo_async.sync import make_train, recent_return_mean
+from ppo_async.sync import make_train, recent_return_curve, recent_return_mean
 
 TINY = AsyncActorLearnerConfig(
     num_actors=1, envs_per_actor=4, num_steps=8, num_epochs=2, num_minibatches=2,
@@ -51,6 +51,26 @@ def test_recent_return_mean_walks_back_over_whole_updates():
     empty = {"episode_return_sum": np.zeros(2), "episodes": np.zeros(2, int)}
     assert np.isnan(recent_return_mean(empty))
 
+
+
+def test_recent_return_curve_is_the_walk_back_after_every_update():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 7, size=40)
+    counts[:3] = 0  # no episode has ended yet: NaN
+    sums = rng.uniform(0, 50, size=40) * counts
+
+    def walk_back(u, min_episodes):  # the loop recent_return_mean's docstring describes
+        total, episodes = 0.0, 0
+        for i in range(u, -1, -1):
+            total, episodes = total + sums[i], episodes + counts[i]
+            if episodes >= min_episodes:
+                break
+        return total / episodes if episodes else np.nan
+
+    metrics = {"episode_return_sum": sums, "episodes": counts}
+    for min_episodes in (1, 10, 1000):
+        np.testing.assert_allclose(recent_return_curve(metrics, min_episodes),
+                                   [walk_back(u, min_episodes) for u in range(40)])
 
 def test_the_twin_takes_prefixed_gymnax_ids_and_refuses_host_envs():
     import pytest

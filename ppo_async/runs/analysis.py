@@ -185,6 +185,20 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
     return Run(path, config or {}, metrics, summary)
 
 
+def expand_sweep_dirs(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
+    """``paths`` with each sweep directory replaced by its run directories, in name order.
+
+    A sweep directory (`ppo_async.sweep`) has no ``metrics.jsonl`` of its
+    own but subdirectories that do; any other path is kept as it is.
+    """
+    expanded = []
+    for path in map(pathlib.Path, paths):
+        runs = sorted(p for p in path.iterdir() if (p / METRICS_FILE).is_file()) if (
+            path.is_dir() and not (path / METRICS_FILE).is_file()) else []
+        expanded += runs or [path]
+    return expanded
+
+
 def load_runs(run_dirs: Iterable[str | pathlib.Path]) -> list[Run]:
     """`load_run` of each directory, in the order given."""
     return [load_run(run_dir) for run_dir in run_dirs]

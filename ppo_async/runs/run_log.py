@@ -43,8 +43,9 @@ class ProgressLines:
 
     def __init__(self, total: int, initial: int, desc: str, file: TextIO | None = None,
                  interval_s: float = LOG_LINE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, unit: str = "update"):
         self.total, self.initial, self.n, self.desc = total, initial, initial, desc
+        self.unit = unit
         self.file = sys.stderr if file is None else file
         self.interval_s, self.clock = interval_s, clock
         self.start = self.last_line_at = clock()
@@ -71,12 +72,12 @@ class ProgressLines:
         eta = f", about {left * elapsed / done:.0f} s left" if done and left > 0 else ""
         values = "".join(f", {name}={value}" for name, value in self.postfix.items())
         percent = 100 * self.n / self.total if self.total else 100.0
-        print(f"{self.desc}: update {self.n}/{self.total} ({percent:.0f}%) after "
+        print(f"{self.desc}: {self.unit} {self.n}/{self.total} ({percent:.0f}%) after "
               f"{elapsed:.0f} s{eta}{values}", file=self.file, flush=True)
         self.last_line_at, self.last_line_n = now, self.n
 
 
-def progress_bar(total: int, initial: int, desc: str):
+def progress_bar(total: int, initial: int, desc: str, unit: str = "update"):
     """A tqdm bar: a widget in Jupyter with ipywidgets, plain text elsewhere.
 
     In a notebook without ipywidgets (tqdm.auto would warn and redraw text
@@ -86,7 +87,8 @@ def progress_bar(total: int, initial: int, desc: str):
     """
     from tqdm.std import tqdm as text_tqdm
 
-    options = dict(total=total, initial=initial, unit="upd", desc=desc)
+    options = dict(total=total, initial=initial, unit="upd" if unit == "update" else unit,
+                   desc=desc)
     if _in_notebook():
         try:
             import ipywidgets  # noqa: F401 - tqdm.notebook needs it
@@ -96,7 +98,7 @@ def progress_bar(total: int, initial: int, desc: str):
         except ImportError:  # no ipywidgets, or one tqdm cannot use ("IProgress not found")
             return text_tqdm(mininterval=NOTEBOOK_TEXT_REFRESH_S, **options)
     if not _is_terminal(sys.stderr):
-        return ProgressLines(total, initial, desc)
+        return ProgressLines(total, initial, desc, unit=unit)
     return text_tqdm(**options)
 
 

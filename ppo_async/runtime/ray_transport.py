@@ -219,15 +219,27 @@ def _actor_env_vars() -> dict[str, str]:
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join([*flags, ACTOR_XLA_FLAGS])}
-    if "jax" in sys.modules:  # share the learner's persistent compilation cache, if it has one
-        import jax
-
-        cache_dir = jax.config.jax_compilation_cache_dir
-        if cache_dir:
-            env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
-            env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(
-                jax.config.jax_persistent_cache_min_compile_time_secs)
+    env.update(inherited_cache_env())  # the learner's persistent compilation cache, if it has one
     return env
+
+
+def inherited_cache_env() -> dict[str, str]:
+    """Environment variables that give a child process this process's compilation cache.
+
+    Empty when this process has none (or has not imported JAX). Ray's actor
+    processes and a sweep's workers (`ppo_async.sweep`) set them before JAX
+    starts there.
+    """
+    if "jax" not in sys.modules:
+        return {}
+    import jax
+
+    cache_dir = jax.config.jax_compilation_cache_dir
+    if not cache_dir:
+        return {}
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
+                str(jax.config.jax_persistent_cache_min_compile_time_secs)}
 
 
 def _host_env_payload(ray: Any, env_id: str) -> tuple[str, bytes] | None:
@@ -252,9 +264,9 @@ def _host_env_payload(ray: Any, env_id: str) -> tuple[str, bytes] | None:
             ray.cloudpickle.unregister_pickle_by_value(module)
 
 
-def connect(ray: Any, config: AsyncActorLearnerConfig) -> bool:
-    """Make sure this process is connected to Ray as ``config.ray_address`` says; True if it
-    connected here (and so must disconnect at the end).
+def connect(ray: Any, address: str | None) -> bool:
+    """Make sure this process is connected to Ray at ``address`` (``config.ray_address``); True
+    if it connected here (and so must disconnect at the end).
 
     A process already connected (a notebook, a test fixture) keeps its
     connection. ``None`` starts a private local instance sized to this
@@ -263,12 +275,12 @@ def connect(ray: Any, config: AsyncActorLearnerConfig) -> bool:
     if ray.is_initialized():
         return False
     common = dict(log_to_driver=False, configure_logging=False)
-    if config.ray_address is None:
+    if address is None:
         os.environ["RAY_AUTH_MODE"] = "disabled"  # a private instance, on this machine only
         _ray_init(ray, num_cpus=os.cpu_count(), include_dashboard=False,
                   object_store_memory=PRIVATE_OBJECT_STORE_BYTES, **common)
     else:
-        _ray_init(ray, address=config.ray_address, **common)
+        _ray_init(ray, address=address, **common)
     return True
 
 
@@ -319,7 +331,7 @@ class RayTransport:
     def __init__(self, config: AsyncActorLearnerConfig, program: ActorProgram):
         ray = self._ray = _import_ray()
         self.config = config
-        self._connected_here = connect(ray, config)
+        self._connected_here = connect(ray, config.ray_address)
         try:
             _check_resources(ray, config)
             self._host_env = _host_env_payload(ray, config.env_id)

@@ -4,11 +4,12 @@
     ppo-async train --resume RUN_DIR [--FIELD VALUE ...]
     ppo-async eval RUN_DIR [--num-episodes N]
     ppo-async enjoy RUN_DIR [--episodes 3] [--out video.gif|video.mp4]
-    ppo-async plot RUN_DIR [RUN_DIR ...] [--x env_steps|wall_time] [--out FILE]
+    ppo-async plot RUN_DIR|SWEEP_DIR [...] [--x env_steps|wall_time] [--out FILE]
+    ppo-async sweep SWEEP_FILE --out DIR [--workers N] [--backend local|ray] [--twin] [--dry-run]
     ppo-async --version
 
 A train's config is built in this order, each step overriding the one
-before: the dataclass defaults < ``--preset NAME`` (`ppo_async.tools.presets`) <
+before: the dataclass defaults < ``--preset NAME`` (`ppo_async.presets`) <
 ``--config FILE`` (TOML, or YAML with pyyaml installed) < ``--FIELD VALUE``
 flags. With ``--resume`` the run's own ``config.json`` takes the place of
 preset and file.
@@ -40,7 +41,7 @@ from typing import Annotated, Any, Literal
 import tyro
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
-from ppo_async.tools.presets import PRESETS, load_config_file, preset
+from ppo_async.presets import PRESETS, load_config_file, preset
 from ppo_async.version import __version__
 
 ConfigArg = Annotated[AsyncActorLearnerConfig, tyro.conf.arg(name="")]
@@ -199,7 +200,7 @@ def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | No
             config: Every field of the run's config.
             run_root: A new run directory is made under it (not with --resume).
             progress: Show a progress bar (on a terminal; a plain line every 30 s and one at the end when stderr is a file or a pipe).
-            preset: A named config (ppo_async.tools.presets), e.g. the README's learning-results runs.
+            preset: A named config (ppo_async.presets), e.g. the README's learning-results runs.
             config_file: A TOML file (or YAML, with pyyaml installed) of config field = value lines, applied over the preset.
             resume_dir: Continue this run directory from its newest checkpoint, with its config.json as the defaults (no --preset or --config with it).
             wandb_project: Also log to this Weights & Biases project (pip install 'ppo-async[wandb]'; WANDB_MODE=offline works without an account).
@@ -314,21 +315,25 @@ def plot_command(
     """Draw runs' curves (return, losses, entropy, KL, clip fraction, steps/s, policy lag) and a lag histogram.
 
     Runs whose configs differ only by seed are drawn as one group: the mean
-    over seeds with a 95% bootstrap band. One run: RUN_DIR/curves.png by
-    default; several: --out FILE (default runs_overview.png here). Of
-    several, a run with no update recorded yet is skipped with a note.
+    over seeds with a 95% bootstrap band. A sweep directory (ppo-async
+    sweep) stands for its run directories: its grid points overlaid, seeds
+    grouped. One run or one sweep: RUN_DIR/curves.png by default; several:
+    --out FILE (default runs_overview.png here). Of several, a run with no
+    update recorded yet is skipped with a note.
 
     Args:
-        run_dirs: Run directories to overlay.
+        run_dirs: Run directories (or sweep directories) to overlay.
         x: Horizontal axis: env steps, or wall-clock seconds of training.
         out: The PNG to write.
     """
+    from ppo_async.runs.analysis import expand_sweep_dirs
     from ppo_async.runs.plotting import plot_runs
 
     if not run_dirs:
         raise ConfigError("plot needs at least one run directory: ppo-async plot runs/NAME")
     if out is None:
         out = run_dirs[0] / "curves.png" if len(run_dirs) == 1 else pathlib.Path("runs_overview.png")
+    run_dirs = tuple(expand_sweep_dirs(run_dirs))
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning  # e.g. a damaged metrics.jsonl line
         runs = _runs_with_data(run_dirs)
@@ -359,6 +364,65 @@ def _runs_with_data(run_dirs: tuple[pathlib.Path, ...]) -> list:
         raise FileNotFoundError(f"none of the {len(run_dirs)} run directories has an update "
                                 "recorded; nothing to plot")
     return runs
+
+
+def sweep_command(
+    sweep_file: tyro.conf.Positional[pathlib.Path],
+    out: pathlib.Path,
+    workers: int | None = None,
+    backend: Literal["local", "ray"] = "local",
+    ray_address: str | None = None,
+    twin: bool = False,
+    dry_run: bool = False,
+    progress: bool = True,
+) -> None:
+    """Run a sweep: every combination of a grid of config fields, once per seed, in parallel; resumable.
+
+    SWEEP_FILE (TOML, or YAML with pyyaml) holds an optional preset = NAME,
+    seeds = [...], [base] fields for every run and [grid] lists whose
+    combinations are the grid points (README: Sweeps). Under --out DIR: a run
+    directory per (grid point, seed), sweep.toml, runs.csv, summary.csv and
+    summary.md (IQM of the final return over seeds, 95% stratified-bootstrap
+    interval). The same command again skips finished runs and resumes
+    interrupted ones from their checkpoints; Ctrl-C stops every worker and
+    prints the command that continues. Exits with 1 if a run failed (its
+    error is in runs.csv).
+
+    Args:
+        sweep_file: The sweep file.
+        out: The sweep directory (made if missing).
+        workers: Runs at once (local: by default as many as the cores hold, counting each run's actor threads and learner; ray: by default every run, placed by its CPUs).
+        backend: local: a process per run; ray: a Ray task per run (a private local instance, or --ray-address).
+        ray_address: The Ray cluster to run on (its nodes must all see --out).
+        twin: Train all seeds of a grid point in one vmapped synchronous twin (gymnax envs; the fast path for hyperparameter search).
+        dry_run: Check the sweep and list its runs and what is done; train nothing.
+        progress: Show a progress bar of the sweep (runs done, running, failed, time left).
+    """
+    from ppo_async.sweep import SweepWarning, execute_sweep, plan_sweep, summary_markdown
+
+    if dry_run:
+        plan = plan_sweep(sweep_file, out, twin=twin)
+        for run in plan.runs:
+            print(f"{plan.states[run.name]:8s} {out / run.name}")
+        counts = {state: list(plan.states.values()).count(state)
+                  for state in ("done", "resume", "restart", "fresh")}
+        print(f"{len(plan.runs)} runs ({len(plan.spec.grid_points())} grid points x "
+              f"{len(plan.spec.seeds)} seeds): {counts['done']} done, {counts['resume']} to "
+              f"resume, {counts['fresh'] + counts['restart']} to start")
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", SweepWarning)
+        warnings.showwarning = _one_line_warning
+        summary = execute_sweep(sweep_file, out, workers=workers, backend=backend,
+                                ray_address=ray_address, twin=twin, progress=progress)
+    print(summary_markdown(summary))
+    print(f"sweep directory: {out} (runs.csv, summary.csv, summary.md; ppo-async plot {out})")
+    failed = sum(row["failed"] for row in summary)
+    if failed:
+        total = sum(row["seeds"] for row in summary)
+        print(f"ppo-async: sweep: {failed} of {total} runs failed (their errors are in "
+              f"{out / 'runs.csv'}); the same command tries them again", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def _take_option(argv: list[str], flag: str, example: str,
@@ -394,7 +458,8 @@ def _take_resume(argv: list[str]) -> tuple[pathlib.Path | None, list[str]]:
 def _commands(argv: list[str]) -> dict[str, Any]:
     """The subcommands; ``train``'s config defaults come from --preset and --config, or --resume's run."""
     commands = {"train": _make_train_command(AsyncActorLearnerConfig(), None),
-                "eval": eval_command, "enjoy": enjoy_command, "plot": plot_command}
+                "eval": eval_command, "enjoy": enjoy_command, "plot": plot_command,
+                "sweep": sweep_command}
     if argv[:1] == ["train"]:
         resume, argv[:] = _take_resume(argv)
         preset_name, argv[:] = _take_option(argv, "--preset", "cartpole", "a preset name")

@@ -366,8 +366,8 @@ def test_pendulum_at_lag_15_stays_finite_with_every_anchor():
     # Regression: the learner-anchored V-trace path once diverged here
     # (NonFiniteError at update 110, 225k env steps). One seed per anchor,
     # 240k steps at a simulated lag of 15 updates.
+    from ppo_async.presets import preset
     from ppo_async.sync import make_train
-    from ppo_async.tools.presets import preset
 
     for anchor in ("behaviour", "learner", "ewma"):
         config = preset("pendulum", total_env_steps=240_000, use_vtrace=True,

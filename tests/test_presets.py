@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError
-from ppo_async.tools.presets import (
+from ppo_async.presets import (
     LEARNING_RESULTS_PRESETS,
     PRESETS,
     config_to_toml,
@@ -20,7 +20,7 @@ from ppo_async.tools.presets import (
     preset,
 )
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # The overrides experiments/learning_results.py held as ENV_CONFIGS at 1a0b0b6,
 # when the README's learning-results table was measured (copied, not imported,
