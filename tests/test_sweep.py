@@ -61,10 +61,12 @@ def read_rows(path: pathlib.Path) -> list[dict[str, str]]:
 
 
 def no_worker_left() -> list:
+    """The sweep's worker processes still alive (other tests' helpers, wandb's service, are not)."""
     import psutil
 
     return [p for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE and "ray" not in " ".join(p.cmdline())]
+            if p.status() != psutil.STATUS_ZOMBIE
+            and "ppo_async.sweep import _worker_main" in " ".join(p.cmdline())]
 
 
 # --- the sweep file -----------------------------------------------------------------------

@@ -283,8 +283,8 @@ def _slow_compile(monkeypatch):
     train_module = importlib.import_module("ppo_async.train")
     original_make = train_module.make_update_fn
 
-    def slow_update_fn(*args):
-        update = original_make(*args)
+    def slow_update_fn(*args, **mesh):
+        update = original_make(*args, **mesh)
         calls = {"n": 0}
 
         def slow(state, batch):
