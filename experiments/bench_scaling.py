@@ -1,0 +1,136 @@
+"""Env steps/s against the number of actors, for a host env whose step takes a fixed time.
+
+The env (``host:sleepy``, registered here) sleeps ``--step-ms`` per step of a
+batch, releasing the GIL as a simulator in C would, so the ideal rate of
+``N`` actors of ``E`` envs each is ``N * E / step time``: with nothing else
+to pay, every actor would spend all its time inside its env's step. Each row
+trains `ppo_async.train` (thread actors) in a fresh process and reports the
+steady rate (the updates after the first ``--skip`` ones, which include the
+compile) and its ratio to the ideal.
+
+    python experiments/bench_scaling.py [--actors 1 2 4 8 16 32 64] [--envs-per-actor 1]
+        [--step-ms 2] [--seconds 8]
+
+The ratio falls with the number of actors when the runtime's per-actor cost
+(a Python thread, a jitted policy call per env step, its share of the GIL)
+and not the env sets the pace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import common
+
+OBS_SIZE, EPISODE_STEPS = 4, 200
+
+
+class SleepyEnv:
+    """``E`` envs whose step sleeps a fixed time; observations are noise, episodes 200 steps."""
+
+    observation_shape = (OBS_SIZE,)
+
+    def __init__(self, num_envs: int, step_s: float):
+        import gymnasium
+        import numpy as np
+
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.num_envs, self.step_s = num_envs, step_s
+        self.rng = np.random.default_rng(0)
+        self.t = np.zeros(num_envs, np.int32)
+
+    def _obs(self):
+        return self.rng.standard_normal((self.num_envs, OBS_SIZE)).astype("float32")
+
+    def reset(self, seed: int):
+        import numpy as np
+
+        self.rng = np.random.default_rng(seed)
+        self.t[:] = 0
+        return self._obs()
+
+    def step(self, actions):
+        import numpy as np
+
+        time.sleep(self.step_s)
+        self.t += 1
+        truncated = self.t >= EPISODE_STEPS
+        self.t[truncated] = 0
+        obs = self._obs()
+        reward = (np.asarray(actions) == 1).astype("float32")
+        return obs, reward, np.zeros(self.num_envs, bool), truncated, obs
+
+
+def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float,
+            num_steps: int, skip: int) -> dict:
+    """Steady env steps/s of one `train` with ``num_actors`` thread actors (this process)."""
+    from ppo_async import AsyncActorLearnerConfig, StopTraining, train
+    from ppo_async.envs.registry import register_host_env
+
+    register_host_env("sleepy", lambda n: SleepyEnv(n, step_ms / 1e3))
+    config = AsyncActorLearnerConfig(
+        env_id="host:sleepy", num_actors=num_actors, envs_per_actor=envs_per_actor,
+        num_steps=num_steps, num_minibatches=1, num_epochs=1,
+        total_env_steps=num_actors * envs_per_actor * num_steps * 100_000,
+        learner_timeout_s=120.0,
+    )
+    marks: list[tuple[float, int]] = []
+    start = time.perf_counter()
+
+    def on_update(metrics):
+        marks.append((time.perf_counter(), int(metrics["env_steps"])))
+        if len(marks) > skip and marks[-1][0] - marks[skip][0] >= seconds:
+            raise StopTraining
+
+    report = train(config, progress=False, on_update=on_update).report
+    (t0, s0), (t1, s1) = marks[skip], marks[-1]
+    rate = (s1 - s0) / (t1 - t0)
+    ideal = num_actors * envs_per_actor / (step_ms / 1e3)
+    return {"num_actors": num_actors, "envs_per_actor": envs_per_actor, "step_ms": step_ms,
+            "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
+            "updates": report.updates, "wall_s": time.perf_counter() - start,
+            "policy_lag_mean": report.policy_lag_mean}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    parser.add_argument("--envs-per-actor", type=int, default=1)
+    parser.add_argument("--step-ms", type=float, default=2.0)
+    parser.add_argument("--num-steps", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=8.0,
+                        help="steady seconds measured per row")
+    parser.add_argument("--skip", type=int, default=3, help="first updates left out (compile)")
+    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.one is not None:  # a row, in the fresh process main() started for it
+        print(json.dumps(one_run(args.one, args.envs_per_actor, args.step_ms, args.seconds,
+                                 args.num_steps, args.skip)))
+        return {}
+    load_before = os.getloadavg()[0]
+    rows = []
+    for num_actors in args.actors:
+        row = common.run_child(
+            [__file__, "--one", str(num_actors), "--envs-per-actor", str(args.envs_per_actor),
+             "--step-ms", str(args.step_ms), "--num-steps", str(args.num_steps),
+             "--seconds", str(args.seconds), "--skip", str(args.skip)],
+            f"{num_actors} actors", timeout_s=600)
+        rows.append(row)
+        print(f"{num_actors:>3} actors x {args.envs_per_actor} env: "
+              f"{row['env_steps_per_s']:>9,.0f} env steps/s, ideal {row['ideal_env_steps_per_s']:>9,.0f}"
+              f" -> {row['ratio']:.2f}")
+    result = {"rows": rows, "load_average_before": load_before,
+              "load_average_after": os.getloadavg()[0]}
+    print(f"load average: {load_before:.2f} before, {result['load_average_after']:.2f} after")
+    common.save_result("bench_scaling", args.out, __file__, argv, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
