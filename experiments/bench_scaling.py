@@ -4,12 +4,13 @@ The env (``host:sleepy``, registered here) sleeps ``--step-ms`` per step of a
 batch, releasing the GIL as a simulator in C would, so the ideal rate of
 ``N`` actors of ``E`` envs each is ``N * E / step time``: with nothing else
 to pay, every actor would spend all its time inside its env's step. Each row
-trains `ppo_async.train` (thread actors) in a fresh process and reports the
+trains `ppo_async.train` (thread actors, or Ray process actors with
+``--backend ray``) in a fresh process and reports the
 steady rate (the updates after the first ``--skip`` ones, which include the
 compile) and its ratio to the ideal.
 
     python experiments/bench_scaling.py [--actors 1 2 4 8 16 32 64] [--envs-per-actor 1]
-        [--step-ms 2] [--seconds 8]
+        [--step-ms 2] [--seconds 8] [--backend threads|ray]
 
 The ratio falls with the number of actors when the runtime's per-actor cost
 (a Python thread, a jitted policy call per env step, its share of the GIL)
@@ -66,8 +67,8 @@ class SleepyEnv:
 
 
 def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float,
-            num_steps: int, skip: int) -> dict:
-    """Steady env steps/s of one `train` with ``num_actors`` thread actors (this process)."""
+            num_steps: int, skip: int, backend: str = "threads") -> dict:
+    """Steady env steps/s of one `train` with ``num_actors`` actors (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, StopTraining, train
     from ppo_async.envs.registry import register_host_env
 
@@ -76,7 +77,9 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
         env_id="host:sleepy", num_actors=num_actors, envs_per_actor=envs_per_actor,
         num_steps=num_steps, num_minibatches=1, num_epochs=1,
         total_env_steps=num_actors * envs_per_actor * num_steps * 100_000,
-        learner_timeout_s=120.0,
+        learner_timeout_s=120.0, actor_backend=backend,
+        # Ray: the actors share the machine's cores (each a process), as threads do.
+        ray_num_cpus_per_actor=min(1.0, (os.cpu_count() or 1) / num_actors),
     )
     marks: list[tuple[float, int]] = []
     start = time.perf_counter()
@@ -90,7 +93,8 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
     (t0, s0), (t1, s1) = marks[skip], marks[-1]
     rate = (s1 - s0) / (t1 - t0)
     ideal = num_actors * envs_per_actor / (step_ms / 1e3)
-    return {"num_actors": num_actors, "envs_per_actor": envs_per_actor, "step_ms": step_ms,
+    return {"backend": backend, "num_actors": num_actors, "envs_per_actor": envs_per_actor,
+            "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
             "updates": report.updates, "wall_s": time.perf_counter() - start,
             "policy_lag_mean": report.policy_lag_mean}
@@ -106,12 +110,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=8.0,
                         help="steady seconds measured per row")
     parser.add_argument("--skip", type=int, default=3, help="first updates left out (compile)")
+    parser.add_argument("--backend", choices=["threads", "ray"], default="threads",
+                        help="actor_backend: thread actors, or Ray processes (a private local "
+                             "instance per row)")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.one is not None:  # a row, in the fresh process main() started for it
         print(json.dumps(one_run(args.one, args.envs_per_actor, args.step_ms, args.seconds,
-                                 args.num_steps, args.skip)))
+                                 args.num_steps, args.skip, args.backend)))
         return {}
     load_before = os.getloadavg()[0]
     rows = []
@@ -119,10 +126,10 @@ def main(argv: list[str] | None = None) -> dict:
         row = common.run_child(
             [__file__, "--one", str(num_actors), "--envs-per-actor", str(args.envs_per_actor),
              "--step-ms", str(args.step_ms), "--num-steps", str(args.num_steps),
-             "--seconds", str(args.seconds), "--skip", str(args.skip)],
-            f"{num_actors} actors", timeout_s=600)
+             "--seconds", str(args.seconds), "--skip", str(args.skip), "--backend", args.backend],
+            f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"}, timeout_s=600)
         rows.append(row)
-        print(f"{num_actors:>3} actors x {args.envs_per_actor} env: "
+        print(f"{args.backend}: {num_actors:>3} actors x {args.envs_per_actor} env: "
               f"{row['env_steps_per_s']:>9,.0f} env steps/s, ideal {row['ideal_env_steps_per_s']:>9,.0f}"
               f" -> {row['ratio']:.2f}")
     result = {"rows": rows, "load_average_before": load_before,
