@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import sys
 import time
 
@@ -87,17 +85,14 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(_one(args.one, args.seeds[0], args.total_env_steps, args.straggler_ms)))
         return {}
 
-    rows = []
-    for seed in args.seeds:
-        for mode in args.modes:
-            row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0],
-                   **_in_a_fresh_process(mode, seed, args.total_env_steps, args.straggler_ms)}
-            rows.append(row)
-            print(f"{mode:17s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s, policy lag "
-                  f"{row['policy_lag_mean']:.2f}, final return {row['final_return']:.1f} "
-                  f"(load {row['load_average_1_min']:.1f})", flush=True)
-    medians = {mode: statistics.median(r["env_steps_per_s"] for r in rows if r["mode"] == mode)
-               for mode in args.modes}
+    rows = common.rows_per_seed_and_mode(
+        args.seeds, args.modes,
+        lambda mode, seed: _in_a_fresh_process(mode, seed, args.total_env_steps,
+                                               args.straggler_ms),
+        lambda row: (f"{row['mode']:17s} seed {row['seed']}: {row['env_steps_per_s']:8.0f} env "
+                     f"steps/s, policy lag {row['policy_lag_mean']:.2f}, final return "
+                     f"{row['final_return']:.1f} (load {row['load_average_1_min']:.1f})"))
+    medians = common.median_rate_by_mode(rows, args.modes)
     ratios = {}
     for exact, free in (("exact1", "free"), ("exact1-straggler", "free-straggler")):
         if exact in medians and free in medians:

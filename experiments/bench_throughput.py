@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import sys
 import time
 
@@ -119,19 +118,17 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(result))
         return {}
 
-    rows = []
-    for seed in args.seeds:
-        for mode in args.modes:
-            row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0],
-                   **_one_in_a_fresh_process(mode, seed, args.total_env_steps)}
-            rows.append(row)
-            lag = f", policy lag {row['policy_lag_mean']:.2f}" if "policy_lag_mean" in row else ""
-            print(f"{mode:15s} seed {seed}: {row['env_steps_per_s']:8.0f} env steps/s, "
-                  f"{row['cpu_s_per_100k_steps']:.2f} CPU s per 100k steps on "
-                  f"{row['cores_busy']:.2f} cores (final return {row['final_return']:.1f}{lag}, "
-                  f"load {row['load_average_1_min']:.1f})", flush=True)
-    medians = {mode: statistics.median(r["env_steps_per_s"] for r in rows if r["mode"] == mode)
-               for mode in args.modes}
+    def line(row):
+        lag = f", policy lag {row['policy_lag_mean']:.2f}" if "policy_lag_mean" in row else ""
+        return (f"{row['mode']:15s} seed {row['seed']}: {row['env_steps_per_s']:8.0f} env steps/s, "
+                f"{row['cpu_s_per_100k_steps']:.2f} CPU s per 100k steps on "
+                f"{row['cores_busy']:.2f} cores (final return {row['final_return']:.1f}{lag}, "
+                f"load {row['load_average_1_min']:.1f})")
+
+    rows = common.rows_per_seed_and_mode(
+        args.seeds, args.modes,
+        lambda mode, seed: _one_in_a_fresh_process(mode, seed, args.total_env_steps), line)
+    medians = common.median_rate_by_mode(rows, args.modes)
     print("\nmedian steady-state env steps/s:")
     ratios = {}
     for mode in args.modes:

@@ -18,7 +18,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ppo_async.runs.run_dir import write_json  # noqa: F401 - the scripts import it from here
@@ -128,6 +128,31 @@ def run_child(argv: Sequence[str], what: str, env: Mapping[str, str] | None = No
     if completed.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{completed.stderr[-3000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def rows_per_seed_and_mode(seeds: Sequence[int], modes: Sequence[str],
+                           measure: Callable[[str, int], dict[str, Any]],
+                           line: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:
+    """One row per (seed, mode), seeds outermost so that the modes alternate:
+    ``measure(mode, seed)`` stamped with the mode, seed and 1-minute load
+    average it ran at; ``line(row)`` is printed as each row arrives."""
+    rows = []
+    for seed in seeds:
+        for mode in modes:
+            row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0],
+                   **measure(mode, seed)}
+            rows.append(row)
+            print(line(row), flush=True)
+    return rows
+
+
+def median_rate_by_mode(rows: Sequence[Mapping[str, Any]],
+                        modes: Sequence[str]) -> dict[str, float]:
+    """The median ``env_steps_per_s`` of each mode's rows."""
+    import statistics
+
+    return {mode: statistics.median(r["env_steps_per_s"] for r in rows if r["mode"] == mode)
+            for mode in modes}
 
 
 def median_time(fn, repeats: int) -> float:

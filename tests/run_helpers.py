@@ -1,6 +1,7 @@
 """Helpers the tests of several packages share."""
 
 import importlib
+import threading
 
 
 def interrupt_at(update: int):
@@ -21,3 +22,19 @@ def patch_rollout(monkeypatch, wrap):
         return program._replace(rollout=wrap(program.rollout))
 
     monkeypatch.setattr(train_module, "make_actor_program", make)
+
+
+def break_actor_once(monkeypatch, actor_id: int, chunk: int) -> None:
+    """Make actor ``actor_id``'s ``chunk``-th rollout (from 1) raise once; every other one runs."""
+    calls = {"n": 0}
+
+    def wrap(rollout):
+        def maybe_fail(params, carry):
+            if threading.current_thread().name == f"ppo-actor-{actor_id}":
+                calls["n"] += 1
+                if calls["n"] == chunk:
+                    raise RuntimeError(f"actor {actor_id} breaks once")
+            return rollout(params, carry)
+        return maybe_fail
+
+    patch_rollout(monkeypatch, wrap)

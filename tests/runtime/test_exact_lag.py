@@ -23,7 +23,7 @@ from ppo_async.runs.checkpoint import list_checkpoints
 from ppo_async.runtime.actor import ActorStats, QueueEndpoint, _ExactParams, exact_version
 from ppo_async.sync import make_train
 
-from run_helpers import interrupt_at, patch_rollout
+from run_helpers import break_actor_once, interrupt_at
 
 EXACT = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=2, num_minibatches=2,
@@ -173,18 +173,7 @@ def test_a_free_running_run_and_a_restarted_actor_are_marked_not_reproducible(tm
     assert summary["reproducible"] is False
     assert "exact_policy_lag=None" in summary["not_reproducible_because"]
 
-    calls = {"n": 0}
-
-    def breaking_once(rollout):
-        def maybe_fail(params, carry):
-            if threading.current_thread().name == "ppo-actor-1":
-                calls["n"] += 1
-                if calls["n"] == 3:
-                    raise RuntimeError("actor 1 breaks once")
-            return rollout(params, carry)
-        return maybe_fail
-
-    patch_rollout(monkeypatch, breaking_once)
+    break_actor_once(monkeypatch, actor_id=1, chunk=3)
     restarted = dataclasses.replace(EXACT, max_actor_restarts=1)
     report = train(restarted, run_dir=tmp_path / "restarted", progress=False).report
     assert report.actor_restarts == 1 and report.updates == restarted.num_updates

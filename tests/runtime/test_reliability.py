@@ -34,7 +34,7 @@ from ppo_async.runs.resume import TopologyChangeWarning
 from ppo_async.runs.run_dir import ERROR_FILE, unique_run_dir, write_atomically
 from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted
 
-from run_helpers import interrupt_at, patch_rollout
+from run_helpers import break_actor_once, interrupt_at, patch_rollout
 
 TINY = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
@@ -358,18 +358,7 @@ def test_host_envs_are_closed_on_every_exit(monkeypatch):
             closed.append(self)
 
     register_host_env("counted", CountedEnv)
-    calls = {"n": 0}
-
-    def wrap(rollout):
-        def maybe_fail(params, carry):
-            if threading.current_thread().name == "ppo-actor-0":
-                calls["n"] += 1
-                if calls["n"] == 2:
-                    raise RuntimeError("actor 0 breaks once")
-            return rollout(params, carry)
-        return maybe_fail
-
-    patch_rollout(monkeypatch, wrap)
+    break_actor_once(monkeypatch, actor_id=0, chunk=2)
     config = dataclasses.replace(TINY, env_id="host:counted", max_actor_restarts=1)
     report = train(config, progress=False).report
     assert report.actor_restarts == 1
