@@ -75,6 +75,11 @@ def _placer(shardings: Any) -> Any:
     return jax.jit(lambda tree: tree, out_shardings=shardings)
 
 
+@functools.cache
+def _device_placer(device: jax.Device) -> Any:
+    return _placer(SingleDeviceSharding(device))
+
+
 def place(tree: Any, device: jax.Device | None) -> Any:
     """Host arrays ``tree`` copied onto ``device`` (committed); None: `jax.device_put`'s default.
 
@@ -86,7 +91,7 @@ def place(tree: Any, device: jax.Device | None) -> Any:
     """
     if device is None:
         return jax.device_put(tree)
-    return _placer(SingleDeviceSharding(device))(tree)
+    return _device_placer(device)(tree)
 
 
 # Batch fields whose env axis is the first ([B, ...]); every other field is
@@ -101,11 +106,15 @@ def env_axis_spec(env_axis: int) -> PartitionSpec:
 
 def batch_shardings(mesh: Mesh, batch: Any) -> Any:
     """A `NamedSharding` per field of a learner ``Batch`` (None for absent fields): envs split."""
-    return type(batch)(**{
-        name: None if value is None else NamedSharding(
-            mesh, env_axis_spec(0 if name in ENV_FIRST_FIELDS else 1))
-        for name, value in batch._asdict().items()
-    })
+    return _batch_shardings(mesh, type(batch), tuple(value is not None for value in batch))
+
+
+@functools.cache
+def _batch_shardings(mesh: Mesh, batch_type: type, present: tuple[bool, ...]) -> Any:
+    return batch_type(*(
+        NamedSharding(mesh, env_axis_spec(0 if name in ENV_FIRST_FIELDS else 1)) if here else None
+        for name, here in zip(batch_type._fields, present)
+    ))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
