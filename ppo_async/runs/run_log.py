@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import pathlib
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.runs.run_dir import MetricsFile, cut_metrics_after
 from ppo_async.runs.wandb_log import WandbRun, WandbSettings
+
+# How long closing the tensorboardX writer may take before the run goes on without it.
+EVENTS_CLOSE_TIMEOUT_S = 10.0
 
 # Seconds between redraws of the text progress bar in a notebook without
 # ipywidgets: each redraw is kept in the cell's output, so few of them.
@@ -197,12 +202,31 @@ class RunLog:
         if self.wandb is not None:
             self.wandb.log_evaluation(metrics)
 
+    def _close_events(self) -> None:
+        """Close the tensorboardX writer, waiting at most `EVENTS_CLOSE_TIMEOUT_S`.
+
+        Its close joins a writer thread with no timeout, and a Ctrl-C that
+        lands inside tensorboardX can leave that thread waiting forever: the
+        run must still go on to save its checkpoint, so the close runs on a
+        thread of its own, named in a warning if it does not return.
+        """
+        closer = threading.Thread(target=self.events.close, name="ppo-tensorboard-close",
+                                  daemon=True)
+        closer.start()
+        closer.join(EVENTS_CLOSE_TIMEOUT_S)
+        if closer.is_alive():
+            warnings.warn(
+                f"tensorboardX did not close its event file within {EVENTS_CLOSE_TIMEOUT_S:g} s "
+                "(thread ppo-tensorboard-close still waits); the last TensorBoard events may be "
+                "missing, metrics.jsonl and the checkpoint are not affected", RuntimeWarning,
+                stacklevel=3)
+
     def close(self, failed: bool = False) -> None:
         """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so)."""
         if self.metrics is not None:
             self.metrics.close()
         if self.events is not None:
-            self.events.close()
+            self._close_events()
         if self.bar is not None:
             self.bar.close()
         if self.wandb is not None:

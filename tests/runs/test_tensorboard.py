@@ -10,6 +10,7 @@ dependency.
 import json
 import struct
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -109,3 +110,25 @@ def test_an_evaluation_is_a_line_and_an_event_at_the_update_it_evaluated(tmp_pat
     (events_file,) = tmp_path.glob("events.out.tfevents.*")
     assert read_scalar_events(events_file)[-1] == (
         64, {"eval_return_mean": 20.0, "eval_return_std": 1.5, "eval_policy_version": 2.0})
+
+
+def test_a_writer_that_never_closes_does_not_keep_the_run_from_its_checkpoint(tmp_path,
+                                                                             monkeypatch):
+    # tensorboardX joins its writer thread without a timeout; a Ctrl-C landing inside it can
+    # leave that join waiting forever, and the run must still save its checkpoint.
+    from ppo_async.runs import run_log
+
+    release = threading.Event()
+    monkeypatch.setattr(tensorboardX.FileWriter, "close", lambda self: release.wait(60))
+    monkeypatch.setattr(run_log, "EVENTS_CLOSE_TIMEOUT_S", 0.5)
+    try:
+        with pytest.warns(RuntimeWarning, match="ppo-tensorboard-close still waits"):
+            result = train(TINY, run_dir=tmp_path, progress=False)
+    finally:
+        release.set()  # the stuck close returns, and its thread ends
+    assert result.report.updates == TINY.num_updates
+    assert list((tmp_path / "checkpoints").glob("ckpt_*.msgpack"))
+    assert (tmp_path / "summary.json").is_file()
+    for thread in threading.enumerate():
+        if thread.name == "ppo-tensorboard-close":
+            thread.join(timeout=10)
