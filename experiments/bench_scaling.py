@@ -11,10 +11,16 @@ compile) and its ratio to the ideal.
 
     python experiments/bench_scaling.py [--actors 1 2 4 8 16 32 64] [--envs-per-actor 1]
         [--step-ms 2] [--seconds 8] [--backend threads|ray]
+        [--inference batched per-actor]
 
+With thread actors each count runs twice by default, in alternation: with
+batched inference (``batch_inference=True``, the default: one policy call
+per env step for every actor waiting) and with a policy call per actor
+(``per-actor``), so the script gives their ratio on the same machine and
+load. Ray actors are processes of one actor each and always call their own.
 The ratio falls with the number of actors when the runtime's per-actor cost
-(a Python thread, a jitted policy call per env step, its share of the GIL)
-and not the env sets the pace.
+(a Python thread, its policy calls, its share of the GIL) and not the env
+sets the pace.
 """
 
 from __future__ import annotations
@@ -67,7 +73,8 @@ class SleepyEnv:
 
 
 def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float,
-            num_steps: int, skip: int, backend: str = "threads") -> dict:
+            num_steps: int, skip: int, backend: str = "threads",
+            batch_inference: bool = True) -> dict:
     """Steady env steps/s of one `train` with ``num_actors`` actors (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, StopTraining, train
     from ppo_async.envs.registry import register_host_env
@@ -77,7 +84,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
         env_id="host:sleepy", num_actors=num_actors, envs_per_actor=envs_per_actor,
         num_steps=num_steps, num_minibatches=1, num_epochs=1,
         total_env_steps=num_actors * envs_per_actor * num_steps * 100_000,
-        learner_timeout_s=120.0, actor_backend=backend,
+        learner_timeout_s=120.0, actor_backend=backend, batch_inference=batch_inference,
         # Ray: the actors share the machine's cores (each a process), as threads do.
         ray_num_cpus_per_actor=min(1.0, (os.cpu_count() or 1) / num_actors),
     )
@@ -93,7 +100,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
     (t0, s0), (t1, s1) = marks[skip], marks[-1]
     rate = (s1 - s0) / (t1 - t0)
     ideal = num_actors * envs_per_actor / (step_ms / 1e3)
-    return {"backend": backend, "num_actors": num_actors, "envs_per_actor": envs_per_actor,
+    return {"backend": backend, "batch_inference": batch_inference, "num_actors": num_actors, "envs_per_actor": envs_per_actor,
             "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
             "updates": report.updates, "wall_s": time.perf_counter() - start,
@@ -113,25 +120,33 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--backend", choices=["threads", "ray"], default="threads",
                         help="actor_backend: thread actors, or Ray processes (a private local "
                              "instance per row)")
+    parser.add_argument("--inference", nargs="+", choices=["batched", "per-actor"],
+                        default=["batched", "per-actor"],
+                        help="thread actors: batch_inference on, off, or both (alternated)")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.one is not None:  # a row, in the fresh process main() started for it
         print(json.dumps(one_run(args.one, args.envs_per_actor, args.step_ms, args.seconds,
-                                 args.num_steps, args.skip, args.backend)))
+                                 args.num_steps, args.skip, args.backend,
+                                 args.inference == ["batched"])))
         return {}
+    modes = args.inference if args.backend == "threads" else ["per-actor"]
     load_before = os.getloadavg()[0]
     rows = []
     for num_actors in args.actors:
-        row = common.run_child(
-            [__file__, "--one", str(num_actors), "--envs-per-actor", str(args.envs_per_actor),
-             "--step-ms", str(args.step_ms), "--num-steps", str(args.num_steps),
-             "--seconds", str(args.seconds), "--skip", str(args.skip), "--backend", args.backend],
-            f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"}, timeout_s=600)
-        rows.append(row)
-        print(f"{args.backend}: {num_actors:>3} actors x {args.envs_per_actor} env: "
-              f"{row['env_steps_per_s']:>9,.0f} env steps/s, ideal {row['ideal_env_steps_per_s']:>9,.0f}"
-              f" -> {row['ratio']:.2f}")
+        for mode in modes:
+            row = common.run_child(
+                [__file__, "--one", str(num_actors), "--envs-per-actor", str(args.envs_per_actor),
+                 "--step-ms", str(args.step_ms), "--num-steps", str(args.num_steps),
+                 "--seconds", str(args.seconds), "--skip", str(args.skip),
+                 "--backend", args.backend, "--inference", mode],
+                f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+                timeout_s=600)
+            rows.append(row)
+            print(f"{args.backend} {mode:>9}: {num_actors:>3} actors x {args.envs_per_actor} env: "
+                  f"{row['env_steps_per_s']:>9,.0f} env steps/s, "
+                  f"ideal {row['ideal_env_steps_per_s']:>9,.0f} -> {row['ratio']:.2f}")
     result = {"rows": rows, "load_average_before": load_before,
               "load_average_after": os.getloadavg()[0]}
     print(f"load average: {load_before:.2f} before, {result['load_average_after']:.2f} after")

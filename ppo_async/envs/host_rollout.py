@@ -1,10 +1,13 @@
 """The actor program of host envs: a Python loop over env steps, one jitted policy call each.
 
 An actor owns a batch of ``E`` host envs (`ppo_async.envs.host`). Per env step
-it runs ONE jitted policy call on the whole batch (action, log-prob, value,
-and for a recurrent network the states), copies its outputs to numpy in one
-transfer, and steps the envs. What it stores is what the gymnax rollout
-stores (`ppo_async.envs.gymnax_env.Trajectory`): at a truncated (and not
+it gets action, log-prob, value (and for a recurrent network the states) of
+the whole batch from ONE jitted policy call and ONE device-to-host copy --
+its own call, or its row of a call made for every thread actor of its device
+(`BatchedInference`, `ppo_async.runtime.inference`) -- and steps the envs;
+the rest (unpacking, episode statistics, reward scaling) is done once per
+chunk. What it stores is what the gymnax rollout stores
+(`ppo_async.envs.gymnax_env.Trajectory`): at a truncated (and not
 terminated) step ``gamma * V(final_obs)`` is folded into the reward -- or,
 when the learner bootstraps truncations, the final observation is kept for
 it -- and ``episode_return`` / ``episode_length`` are nonzero only at done
@@ -14,6 +17,7 @@ shapes and dtypes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -36,7 +40,7 @@ from ppo_async.envs.host import (
     close_envs,
     make_host_env,
 )
-from ppo_async.envs.program import ActorProgram
+from ppo_async.envs.program import ActorProgram, BatchedInference
 from ppo_async.networks.actor_critic import (
     is_recurrent,
     make_config_network,
@@ -52,9 +56,12 @@ class HostCarry(NamedTuple):
     obs: np.ndarray  # [E, *obs_shape] float32, the observation to act on next
     episode_return: np.ndarray  # [E] float32, undiscounted return so far
     episode_length: np.ndarray  # [E] int32, steps so far in the episode
-    key: jax.Array  # PRNG key for actions, on the actor device
+    key: np.ndarray  # uint32 raw data of the PRNG key for actions (jax.random.key_data)
     hidden: np.ndarray | None = None  # [E, state_size] float32, recurrent networks only
     discounted_return: np.ndarray | None = None  # [E] float32, reward scaling only (as EnvCarry's)
+    # The actor's policy call, act(params, hidden, obs, reset, key) -> its HostPolicy.act row:
+    # an inference server's (batched over actors); None: HostPolicy.act_alone.
+    act: Callable[..., np.ndarray] | None = None
 
 
 class PolicyStep(NamedTuple):
@@ -67,23 +74,16 @@ class PolicyStep(NamedTuple):
     next_hidden: np.ndarray | None  # [E, S] the state after it (recurrent only)
 
 
-class EnvStep(NamedTuple):
-    """One step of the ``E`` host envs, checked against the `HostVectorEnv` contract."""
-
-    obs: np.ndarray  # [E, *obs_shape] the next observation (the next episode's first where one ended)
-    reward: np.ndarray  # [E] float32
-    terminated: np.ndarray  # [E] bool
-    truncated: np.ndarray  # [E] bool, and not terminated
-    final_obs: Any  # the env's final observations, checked only where a step was truncated
-
-
 class HostPolicy:
     """The jitted policy calls of a host actor program, one device-to-host copy per env step.
 
-    ``act`` returns action, log-prob and value (and the states) side by side
-    in ONE float32 array, ``[action | logp | value | hidden | next_hidden]``
-    per env: each device-to-host copy costs tens of microseconds, and int32
-    actions are exact in float32. `unpack` reads that row back.
+    ``act(params, hidden, obs, reset, key)`` is the call of ``N`` actors at
+    once (a leading actor axis on every array; ``N = 1`` for an actor on its
+    own): per actor it returns ONE float32 row, ``[action | logp | value |
+    hidden | next_hidden]`` per env followed by the actor's next key (its
+    bits), because each device-to-host copy costs tens of microseconds and
+    int32 actions are exact in float32. `unpack` reads a row back. Keys are
+    raw key data (``jax.random.key_data``), so that they stack across actors.
     """
 
     def __init__(self, apply, num_envs: int, action_space: Any, state_size: int):
@@ -92,29 +92,34 @@ class HostPolicy:
         self.action_dtype = np.float32 if self.continuous else np.int32
         self.action_dim = self.action_shape[0] if self.continuous else 1
         self.num_envs, self.state_size = num_envs, state_size
+        self.columns = self.action_dim + 2 + 2 * state_size
         self._apply = apply
-        self.act = jax.jit(self._act_recurrent if state_size else self._act)
+        self.act = jax.jit(jax.vmap(self._act_one, in_axes=(None, 0, 0, 0, 0)))
         self.value = jax.jit(self._value_recurrent if state_size else self._value)
 
-    def _pack(self, action, dist, value, *states) -> jax.Array:
-        return jnp.concatenate(
+    def _act_one(self, params, hidden, obs, reset, key_data):
+        """One actor's row; the state is zeroed where ``reset`` (as `gymnax_env.make_rollout` does)."""
+        key, action_key = jax.random.split(jax.random.wrap_key_data(key_data))
+        if self.state_size:
+            hidden = reset_hidden(hidden, reset)
+            next_hidden, dist, value = self._apply(params, hidden, obs)
+            states = (hidden, next_hidden)
+        else:
+            dist, value = self._apply(params, obs)
+            states = ()
+        action = dist.sample(action_key)
+        packed = jnp.concatenate(
             [action.reshape(self.num_envs, self.action_dim).astype(jnp.float32),
              dist.log_prob(action)[:, None], value[:, None], *states],
             axis=1,
         )
+        key_bits = jax.lax.bitcast_convert_type(jax.random.key_data(key), jnp.float32)
+        return jnp.concatenate([packed.reshape(-1), key_bits])
 
-    def _act(self, params, hidden, obs, reset, key):
-        del hidden, reset  # a feed-forward network has no state
-        key, action_key = jax.random.split(key)
-        dist, value = self._apply(params, obs)
-        return key, self._pack(dist.sample(action_key), dist, value)
-
-    def _act_recurrent(self, params, hidden, obs, reset, key):
-        """The state is zeroed where ``reset`` (as in `ppo_async.envs.gymnax_env.make_rollout`)."""
-        key, action_key = jax.random.split(key)
-        hidden = reset_hidden(hidden, reset)
-        next_hidden, dist, value = self._apply(params, hidden, obs)
-        return key, self._pack(dist.sample(action_key), dist, value, hidden, next_hidden)
+    def act_alone(self, params, hidden, obs, reset, key) -> np.ndarray:
+        """One actor's row of ``act``, called for it alone."""
+        batched = (None if a is None else a[None] for a in (hidden, obs, reset, key))
+        return np.asarray(self.act(params, *batched))[0]
 
     def _value(self, params, hidden, obs):
         del hidden
@@ -123,14 +128,25 @@ class HostPolicy:
     def _value_recurrent(self, params, hidden, obs):
         return self._apply(params, hidden, obs)[2]
 
-    def unpack(self, packed: jax.Array) -> PolicyStep:
-        """`PolicyStep` of one ``act`` row; waits for the policy (the envs need the actions now)."""
-        packed = np.asarray(packed)
+    def split(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One actor's row of ``act`` as ``([E, columns] packed outputs, next key)`` (views)."""
+        size = self.num_envs * self.columns
+        return row[:size].reshape(self.num_envs, self.columns), row[size:].view(np.uint32)
+
+    def actions(self, packed: np.ndarray) -> np.ndarray:
+        """The actions ``[E]`` int32 or ``[E, action_dim]`` float32 of ``[E, columns]`` packed outputs."""
+        if self.continuous:
+            return packed[:, :self.action_dim].copy()
+        return packed[:, 0].astype(np.int32)
+
+    def unpack(self, packed: np.ndarray) -> PolicyStep:
+        """The `PolicyStep` of packed outputs ``[..., columns]`` (one step's, or a chunk's ``[T, E, ...]``)."""
         a, s = self.action_dim, self.state_size
-        action = packed[:, :a].reshape(self.num_envs, *self.action_shape).astype(self.action_dtype)
-        hidden = packed[:, a + 2: a + 2 + s] if s else None
-        next_hidden = packed[:, a + 2 + s:] if s else None
-        return PolicyStep(action, packed[:, a], packed[:, a + 1], hidden, next_hidden)
+        lead = packed.shape[:-1]
+        action = packed[..., :a].reshape(*lead, *self.action_shape).astype(self.action_dtype)
+        hidden = packed[..., a + 2: a + 2 + s] if s else None
+        next_hidden = packed[..., a + 2 + s:] if s else None
+        return PolicyStep(action, packed[..., a], packed[..., a + 1], hidden, next_hidden)
 
 
 class HostRollout:
@@ -153,12 +169,25 @@ class HostRollout:
         self.high = np.asarray(getattr(action_space, "high", np.inf), np.float32)
         self.gamma = np.float32(config.gamma)
         self.obs_batch_shape = (self.num_envs, *self.observation_shape)
+        self._chunk_rewards = jax.jit(self._discount_and_scale)
+
+    def _discount_and_scale(self, return_stats, carried, reward, done):
+        """Reward scaling of a chunk ``[T, E]``: ``(R_t, carried', scaled rewards)``."""
+        def step(carried, reward_and_done):
+            discounted, carried = accumulate_return(carried, *reward_and_done,
+                                                    gamma=self.config.gamma)
+            return carried, discounted
+
+        carried, discounted = jax.lax.scan(step, carried, (reward, done))
+        return discounted, carried, scale_reward(return_stats, reward,
+                                                 clip=self.options.reward_clip)
 
     def program(self) -> ActorProgram:
         template = wrap_params(params_template(self.network, self.observation_shape),
                                self.observation_shape, self.options)
         return ActorProgram(self.observation_shape, self.network, template, self.reset,
-                            self.rollout, close=self.close)
+                            self.rollout, close=self.close,
+                            inference=BatchedInference(self.policy.act, _attach))
 
     def reset(self, key: jax.Array, device: jax.Device) -> HostCarry:
         """This actor's own ``envs_per_actor`` envs, made and seeded from ``key``."""
@@ -166,14 +195,15 @@ class HostRollout:
         seed = int(jax.random.randint(env_key, (), 0, np.iinfo(np.int32).max))
         envs = make_host_env(self.env_id, self.num_envs, envpool_kwargs=self.config.envpool_kwargs)
         try:
-            obs = self._checked(envs.reset(seed), "reset obs", self.obs_batch_shape, np.float32)
+            obs = checked_array(self.env_id, "reset obs", envs.reset(seed), self.obs_batch_shape,
+                                np.float32)
         except BaseException:
             close_envs(envs)
             raise
         return HostCarry(
             envs=envs, obs=obs, episode_return=np.zeros((self.num_envs,), np.float32),
             episode_length=np.zeros((self.num_envs,), np.int32),
-            key=jax.device_put(action_key, device),
+            key=np.asarray(jax.random.key_data(action_key)),
             hidden=(np.zeros((self.num_envs, self.policy.state_size), np.float32)
                     if self.recurrent else None),
             discounted_return=(np.zeros((self.num_envs,), np.float32) if self.options.rewards
@@ -184,93 +214,114 @@ class HostRollout:
         close_envs(carry.envs)
 
     def rollout(self, params, carry: HostCarry):
-        """``num_steps`` env steps: ``(carry, trajectory [T, E, ...], bootstrap_obs [E, ...], bootstrap_value [E])``."""
+        """``num_steps`` env steps: ``(carry, trajectory [T, E, ...], bootstrap_obs [E, ...], bootstrap_value [E])``.
+
+        Each step's `HostPolicy.act` row comes from ``carry.act`` (an
+        inference server's, `BatchedInference`) or `HostPolicy.act_alone`. A step does only what the next one needs (the policy call, the env
+        step, its checks and stores into the chunk); the rest (unpacking the
+        policy's outputs, episode statistics, reward scaling) is done once per
+        chunk on ``[T, E]`` arrays, since with many actors each one's Python per
+        step is what the GIL serializes.
+        """
         envs, obs, episode_return, episode_length, key = carry[:5]
-        hidden, carried_return = carry.hidden, carry.discounted_return
+        hidden, act = carry.hidden, carry.act or self.policy.act_alone
+        steps = self.config.num_steps
         trajectory = self._empty_trajectory()  # fresh every chunk: the learner keeps the last
-        for t in range(self.config.num_steps):
-            reset = episode_length == 0 if self.recurrent else None  # an episode's first obs
-            key, packed = self.policy.act(params, hidden, obs, reset, key)
-            acted = self.policy.unpack(packed)
+        packed_outputs = np.empty((steps, self.num_envs, self.policy.columns), np.float32)
+        bonus = np.zeros((steps, self.num_envs), np.float32)  # gamma V(final_obs) at time limits
+        next_obs = np.empty(self.obs_batch_shape, np.float32)
+        first_reset = episode_length == 0  # an episode's first observation: the state is zeroed
+        reset = first_reset if self.recurrent else None
+        trajectory.obs[0] = obs
+        for t in range(steps):
+            packed, key = self.policy.split(act(params, hidden, trajectory.obs[t], reset, key))
+            packed_outputs[t] = packed
             if self.recurrent:
-                trajectory.reset[t], trajectory.hidden[t] = reset, acted.hidden
-                hidden = acted.next_hidden
+                hidden = packed[:, self.policy.columns - self.policy.state_size:]
+            action = self.policy.actions(packed)
             if self.policy.continuous:
-                step = self._step(envs, np.clip(acted.action, self.low, self.high))
-            else:
-                step = self._step(envs, acted.action)
-            done = step.terminated | step.truncated
-            learn_reward = step.reward
-            if self.options.rewards:  # as gymnax_env.make_rollout, with the same pure functions
-                discounted_return, carried_return = accumulate_return(
-                    carried_return, step.reward, done, gamma=self.config.gamma)
-                trajectory.discounted_return[t] = discounted_return
-                carried_return = np.asarray(carried_return)
-                learn_reward = np.asarray(scale_reward(
-                    params.return_stats, step.reward, clip=self.options.reward_clip))
-            learn_reward = self._bootstrap_truncated(params, hidden, step, learn_reward,
-                                                     trajectory, t)
-            episode_return = episode_return + step.reward
-            episode_length = episode_length + np.int32(1)
-            trajectory.obs[t] = obs
-            trajectory.action[t] = acted.action
-            trajectory.reward[t] = learn_reward
-            trajectory.terminated[t] = step.terminated
-            trajectory.truncated[t] = step.truncated
-            trajectory.behaviour_logp[t] = acted.logp
-            trajectory.behaviour_value[t] = acted.value
-            trajectory.episode_return[t] = np.where(done, episode_return, np.float32(0))
-            trajectory.episode_length[t] = np.where(done, episode_length, np.int32(0))
-            episode_return = np.where(done, np.float32(0), episode_return)
-            episode_length = np.where(done, np.int32(0), episode_length)
-            obs = step.obs
+                np.clip(action, self.low, self.high, out=action)
+            step = envs.step(action)
+            if len(step) != 5:
+                raise HostEnvError(
+                    f"{self.env_id}: step returned {len(step)} values, expected 5 "
+                    "(obs, reward, terminated, truncated, final_obs)"
+                )
+            self._store(trajectory.obs[t + 1] if t + 1 < steps else next_obs, step[0], "obs")
+            self._store(trajectory.reward[t], step[1], "reward")
+            self._store(trajectory.terminated[t], step[2], "terminated")
+            truncated = self._store(trajectory.truncated[t], step[3], "truncated")
+            truncated &= ~trajectory.terminated[t]  # in place: a terminal wins
+            if truncated.any():
+                self._bootstrap_truncated(params, hidden, step[4], truncated, trajectory, bonus, t)
+            if self.recurrent:
+                reset = trajectory.terminated[t] | truncated
+        return self._finish_chunk(params, carry, trajectory, packed_outputs, bonus, first_reset,
+                                  next_obs, key, hidden)
+
+    def _finish_chunk(self, params, carry: HostCarry, trajectory: Trajectory,
+                      packed_outputs: np.ndarray, bonus: np.ndarray, first_reset: np.ndarray,
+                      obs: np.ndarray, key: np.ndarray, hidden: np.ndarray | None):
+        """The chunk's `Trajectory` fields from what its steps stored, and the next carry."""
+        acted = self.policy.unpack(packed_outputs)
+        trajectory.action[:] = acted.action
+        trajectory.behaviour_logp[:] = acted.logp
+        trajectory.behaviour_value[:] = acted.value
+        done = trajectory.done
+        if self.recurrent:
+            trajectory.hidden[:] = acted.hidden
+            trajectory.reset[0], trajectory.reset[1:] = first_reset, done[:-1]
+        stats = episode_statistics(trajectory.reward, done, carry.episode_return,
+                                   carry.episode_length)
+        trajectory.episode_return[:], trajectory.episode_length[:] = stats[:2]
+        carried_return = carry.discounted_return
+        if self.options.rewards:  # as gymnax_env.make_rollout, with the same pure functions
+            discounted, carried_return, scaled = self._chunk_rewards(
+                params.return_stats, carried_return, trajectory.reward, done)
+            trajectory.discounted_return[:] = discounted
+            trajectory.reward[:] = scaled
+        trajectory.reward[:] += bonus
         if self.recurrent:  # the state the next chunk starts from: zero where an episode starts
-            hidden_next = np.where((episode_length == 0)[:, None], np.float32(0), hidden)
+            hidden_next = np.where(done[-1][:, None], np.float32(0), hidden)
             bootstrap_value = self.policy.value(params, hidden_next, obs)
         else:
             bootstrap_value = self.policy.value(params, None, obs)
-        carry = HostCarry(envs, obs, episode_return, episode_length, key, hidden, carried_return)
+        carry = HostCarry(carry.envs, obs, stats[2], stats[3], key, hidden,
+                          None if carried_return is None else np.asarray(carried_return),
+                          carry.act)
         return carry, trajectory, obs, bootstrap_value
 
-    def _checked(self, value: Any, field: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-        return checked_array(self.env_id, field, value, shape, dtype)
+    def _store(self, into: np.ndarray, value: Any, field: str) -> np.ndarray:
+        """``value`` copied into ``into`` (cast to its dtype); `HostEnvError` unless it has its shape.
 
-    def _step(self, envs: HostVectorEnv, action: np.ndarray) -> EnvStep:
-        step = envs.step(action)
-        if len(step) != 5:
+        A copy: an env may hand back a buffer it overwrites on its next step.
+        """
+        if np.shape(value) != into.shape:  # assigning would broadcast
             raise HostEnvError(
-                f"{self.env_id}: step returned {len(step)} values, expected 5 "
-                "(obs, reward, terminated, truncated, final_obs)"
+                f"{self.env_id}: {field} has shape {np.shape(value)}, expected {into.shape} "
+                "(see ppo_async.envs.host.HostVectorEnv)"
             )
-        num_envs = (self.num_envs,)
-        terminated = self._checked(step[2], "terminated", num_envs, bool)
-        return EnvStep(
-            obs=self._checked(step[0], "obs", self.obs_batch_shape, np.float32),
-            reward=self._checked(step[1], "reward", num_envs, np.float32),
-            terminated=terminated,
-            truncated=self._checked(step[3], "truncated", num_envs, bool) & ~terminated,
-            final_obs=step[4],
-        )
+        into[...] = value
+        return into
 
-    def _bootstrap_truncated(self, params, hidden, step: EnvStep, learn_reward: np.ndarray,
-                             trajectory: Trajectory, t: int) -> np.ndarray:
-        """The reward to learn from after a step where some episode hit its time limit.
+    def _bootstrap_truncated(self, params, hidden, final_obs: Any, truncated: np.ndarray,
+                             trajectory: Trajectory, bonus: np.ndarray, t: int) -> None:
+        """Step ``t`` ended some episode at its time limit (``truncated``).
 
         With the learner bootstrapping truncations (V-trace) the final
         observation is stored for its critic; otherwise, as in
         `ppo_async.envs.gymnax_env.make_rollout`, a time limit is not a
         terminal, so the episode's tail value ``gamma * V(final_obs)`` goes
-        into its last reward.
+        into its last reward (``bonus``, added after any reward scaling).
         """
-        if not step.truncated.any():
-            return learn_reward
-        final_obs = self._checked(step.final_obs, "final_obs", self.obs_batch_shape, np.float32)
+        final_obs = checked_array(self.env_id, "final_obs", final_obs, self.obs_batch_shape,
+                                  np.float32)
         if self.config.learner_bootstraps_truncation:
             trajectory.final_obs[t] = final_obs
-            return learn_reward
+            return
         # The final observation continues the episode: the state after this step reads it.
         final_value = np.asarray(jax.device_get(self.policy.value(params, hidden, final_obs)))
-        return learn_reward + self.gamma * np.where(step.truncated, final_value, np.float32(0))
+        bonus[t] = self.gamma * np.where(truncated, final_value, np.float32(0))
 
     def _empty_trajectory(self) -> Trajectory:
         steps, num_envs, state_size = self.config.num_steps, self.num_envs, self.policy.state_size
@@ -292,6 +343,38 @@ class HostRollout:
                        if self.config.learner_bootstraps_truncation else None),
             discounted_return=np.empty(per_step, np.float32) if self.options.rewards else None,
         )
+
+
+def _attach(carry: HostCarry, act: Callable[..., np.ndarray]) -> HostCarry:
+    return carry._replace(act=act)
+
+
+def episode_statistics(reward: np.ndarray, done: np.ndarray, return_before: np.ndarray,
+                       length_before: np.ndarray):
+    """Episode returns and lengths of a chunk, computed for all its steps at once.
+
+    ``reward`` and ``done`` are ``[T, E]``; ``return_before`` and
+    ``length_before`` ``[E]`` are the undiscounted return and length of each
+    env's episode so far. Returns ``(episode_return [T, E], episode_length
+    [T, E], return_after [E], length_after [E])``: the return and length of
+    the episode that ended at each done step (0 elsewhere), and those of each
+    env's unfinished episode after the chunk. Sums are taken in float64 (a
+    difference of cumulative sums) and rounded to float32.
+    """
+    steps = reward.shape[0]
+    t = np.arange(steps)[:, None]
+    total = np.cumsum(reward, axis=0, dtype=np.float64)
+    # The last step before t that ended an episode (-1: none in this chunk).
+    last_end = np.maximum.accumulate(np.where(done, t, -1), axis=0)
+    previous_end = np.concatenate([np.full_like(last_end[:1], -1), last_end[:-1]])
+    in_chunk = previous_end >= 0
+    before = np.take_along_axis(total, np.maximum(previous_end, 0), axis=0)
+    returns = np.where(in_chunk, total - before, total + return_before.astype(np.float64))
+    lengths = np.where(in_chunk, t - previous_end, t + 1 + length_before)
+    returns, lengths = returns.astype(np.float32), lengths.astype(np.int32)
+    return (np.where(done, returns, np.float32(0)), np.where(done, lengths, np.int32(0)),
+            np.where(done[-1], np.float32(0), returns[-1]),
+            np.where(done[-1], np.int32(0), lengths[-1]))
 
 
 def make_host_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:

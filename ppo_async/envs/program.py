@@ -48,6 +48,22 @@ class Trajectory(NamedTuple):
 Carry = Any  # whatever an ActorProgram's envs carry between chunks
 
 
+class BatchedInference(NamedTuple):
+    """How a program's per-step policy calls can be batched across actors (host envs).
+
+    ``fn(params, hidden, obs, reset, key)`` is the jitted policy call of
+    ``N`` actors at once: every array has a leading actor axis and actor
+    ``i``'s output row depends on row ``i`` alone. ``attach(carry, act)``
+    returns the carry whose rollouts take their actions from ``act(params,
+    hidden, obs, reset, key)`` (one actor's row of ``fn``, e.g. from an
+    `ppo_async.runtime.inference.InferenceServer` shared by the actors of a
+    device) instead of calling the policy alone.
+    """
+
+    fn: Callable[..., Any]
+    attach: Callable[[Carry, Callable[..., Any]], Carry]
+
+
 class ActorProgram(NamedTuple):
     """How actors of a run collect: built once and shared, so the rollout compiles once.
 
@@ -70,3 +86,5 @@ class ActorProgram(NamedTuple):
     chunk_spec: Any = None
     # close(carry): release what a carry holds (host simulators); None: nothing to release
     close: Callable[[Carry], None] | None = None
+    # how actors of one device may share their policy calls; None: each rollout calls its own
+    inference: BatchedInference | None = None

@@ -30,6 +30,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs.program import ActorProgram, Carry
+from ppo_async.runtime.inference import RolloutStopped
 from ppo_async.runtime.messages import (
     ActorFailure,
     Experience,
@@ -175,21 +176,34 @@ def run_actor(
     device: jax.Device,
     stats: ActorStats | None = None,
     start: ActorStart = ActorStart(),
+    load_params: Callable[[PolicyBroadcast], Any] | None = None,
+    policy: Callable[..., Any] | None = None,
 ) -> ActorStats:
     """The actor loop; returns its `ActorStats` once ``channels.stopped()``.
 
     ``channels`` is any `ActorEndpoint` (`QueueEndpoint` for a thread). The
     first `PolicyBroadcast` must already wait there (or arrive): the actor
-    never acts with params the learner did not send. Raises whatever the env,
-    rollout or loading raises; the transport reports it (`spawn_actor`).
+    never acts with params the learner did not send. ``load_params`` turns a
+    broadcast into params (default: `load_policy_from_broadcast` onto
+    ``device``; the thread transport shares one `SharedParams` among its
+    actors). ``policy``: the actor's client of a batched policy call
+    (`ppo_async.runtime.inference.InferenceServer.client`), attached to its
+    carry (`ActorProgram.inference`); None: the rollout calls its policy
+    itself. Raises whatever the env, rollout or loading raises; the
+    transport reports it (`spawn_actor`).
     """
     stats = stats if stats is not None else ActorStats(actor_id)
     key = jax.random.fold_in(jax.random.key(config.seed), actor_id)
     if start.restart:
         key = jax.random.fold_in(key, start.restart)
     carry = program.reset(key, device) if start.carry is None else start.carry
+    if policy is not None:
+        carry = program.inference.attach(carry, policy)
     try:
-        _collect(actor_id, config, program, channels, device, stats, start, carry)
+        if load_params is None:
+            def load_params(broadcast: PolicyBroadcast) -> Any:
+                return load_policy_from_broadcast(broadcast, program.params_template, device)
+        _collect(actor_id, config, program, channels, load_params, stats, start, carry)
     finally:
         # Host envs hold simulators (processes, files, windows): released on every
         # way out, a restart included. The carry object owns them whatever it became.
@@ -281,12 +295,9 @@ class _ExactParams:
 
 
 def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
-             channels: ActorEndpoint, device: jax.Device, stats: ActorStats,
+             channels: ActorEndpoint, load: Callable[[PolicyBroadcast], Any], stats: ActorStats,
              start: ActorStart, carry: Carry) -> None:
     """The actor loop of `run_actor`, until the stop signal."""
-    def load(broadcast: PolicyBroadcast) -> Any:
-        return load_policy_from_broadcast(broadcast, program.params_template, device)
-
     if config.exact_policy_lag is None:
         chooser = _NewestParams(config, channels, load, stats)
     else:
@@ -297,7 +308,10 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
         if params is None:
             continue
         chunk_start, chunk_cpu_start = time.perf_counter(), time.thread_time()
-        carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+        try:
+            carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+        except RolloutStopped:
+            return  # stopped while waiting for a batched policy call: the chunk is not needed
         # device_get blocks until the rollout is done and copies to numpy, so the
         # learner never touches an actor-device buffer.
         trajectory, bootstrap_obs, bootstrap_value = jax.device_get(
@@ -343,6 +357,8 @@ def spawn_actor(
     device: jax.Device,
     stats: ActorStats | None = None,
     start: ActorStart = ActorStart(),
+    load_params: Callable[[PolicyBroadcast], Any] | None = None,
+    policy: Callable[..., Any] | None = None,
 ) -> ActorHandle:
     """Start `run_actor` in a daemon thread and return its `ActorHandle`.
 
@@ -356,7 +372,8 @@ def spawn_actor(
 
     def run() -> None:
         try:
-            run_actor(actor_id, config, program, channels, device, handle.stats, start)
+            run_actor(actor_id, config, program, channels, device, handle.stats, start,
+                      load_params, policy)
         except BaseException as error:  # noqa: BLE001 - reported, never swallowed
             handle.error = error
             channels.send(ActorFailure(actor_id, error, traceback.format_exc()))

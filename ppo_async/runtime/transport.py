@@ -43,6 +43,7 @@ from ppo_async.runtime.actor import (
     QueueEndpoint,
     spawn_actor,
 )
+from ppo_async.runtime.inference import InferenceServer, SharedParams
 from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast, serialize_policy
 
 __all__ = ["ActorEndpoint", "LearnerTransport", "Publisher", "ThreadTransport",
@@ -177,6 +178,12 @@ class ThreadTransport:
         self.handles: list[ActorHandle | None] = [None] * config.num_actors
         self.publisher = Publisher(self._deliver, self.report_failure,
                                    every_version=config.exact_policy_lag is not None)
+        # One load of each version for all actors (they then share batched calls).
+        self.load_params = SharedParams(program.params_template, device)
+        self.inference: InferenceServer | None = None
+        if program.inference is not None and config.batch_inference and config.num_actors > 1:
+            self.inference = InferenceServer(program.inference.fn, config.num_actors,
+                                             self.stop_event.is_set)
 
     def _deliver(self, message: PolicyBroadcast) -> None:
         for broadcast_queue in self.broadcast_queues:
@@ -186,9 +193,12 @@ class ThreadTransport:
         return QueueEndpoint(self.experience_queue, self.broadcast_queues[actor_id], self.stop_event)
 
     def start_actor(self, actor_id: int, start: ActorStart, stats: ActorStats | None = None) -> None:
+        if self.inference is not None and self.inference.thread.ident is None:
+            self.inference.start()
+        policy = None if self.inference is None else self.inference.client(actor_id)
         self.handles[actor_id] = spawn_actor(
-            actor_id, self.config, self.program, self._channels(actor_id), self.device,
-            stats, start,
+            actor_id, self.config, self.program, self._channels(actor_id),
+            self.device, stats, start, self.load_params, policy,
         )
 
     def restart_actor(self, actor_id: int, start: ActorStart) -> None:
@@ -228,7 +238,8 @@ class ThreadTransport:
         return [handle.stats for handle in self.handles if handle is not None]
 
     def threads(self) -> list[threading.Thread]:
-        return [self.publisher.thread, *(h.thread for h in self.handles if h is not None)]
+        server = [] if self.inference is None else [self.inference.thread]
+        return [self.publisher.thread, *server, *(h.thread for h in self.handles if h is not None)]
 
     def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
         self.stop_event.set()

@@ -422,7 +422,7 @@ DEVICE_SCRIPT = textwrap.dedent(
 
     jax.config.update("jax_compilation_cache_dir", os.environ["PPO_ASYNC_JAX_CACHE"])
 
-    import ppo_async.runtime.actor as actor_module
+    import ppo_async.runtime.inference as inference_module
     from ppo_async import AsyncActorLearnerConfig, train
 
     train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
@@ -452,15 +452,15 @@ DEVICE_SCRIPT = textwrap.dedent(
 
     train_module.make_update_fn = make_update_fn
 
-    original_load = actor_module.load_policy_from_broadcast
+    original_load = inference_module.load_policy_from_broadcast
 
-    def load(broadcast, template, device=None):
+    def load(broadcast, template, device=None):  # thread actors load through SharedParams
         seen.setdefault("payload", set()).add(type(broadcast.payload).__name__)
         params = original_load(broadcast, template, device)
         record("actor_params", params)
         return params
 
-    actor_module.load_policy_from_broadcast = load
+    inference_module.load_policy_from_broadcast = load
 
     original_make_program = train_module.make_actor_program
 
@@ -474,7 +474,14 @@ DEVICE_SCRIPT = textwrap.dedent(
             record("actor_bootstrap_value", bootstrap_value)
             return carry, trajectory, bootstrap_obs, bootstrap_value
 
-        return program._replace(rollout=rollout)
+        original, batched = program.inference, None
+        if original is not None:  # host envs' batched policy call records too
+            def fn(params, *arrays):
+                record("actor_batched_params", params)
+                return original.fn(params, *arrays)
+
+            batched = original._replace(fn=fn)
+        return program._replace(rollout=rollout, inference=batched)
 
     train_module.make_actor_program = make_program
 
@@ -519,8 +526,14 @@ def test_learner_and_actors_live_on_their_own_devices(tmp_path):
         assert seen["payload"] == ["bytes"], (env_id, seen)
         assert seen["actor_params"] == ["cpu:0"], (env_id, seen)
         assert seen["actor_rollout_params"] == ["cpu:0"], (env_id, seen)
-        assert seen["actor_carry_key"] == ["cpu:0"], (env_id, seen)
         assert seen["actor_bootstrap_value"] == ["cpu:0"], (env_id, seen)
+        if env_id.startswith("gymnasium:"):
+            # Host envs' actions come from one batched call for both actors; their
+            # keys stay on the host (raw key data), stacked into that call.
+            assert seen["actor_batched_params"] == ["cpu:0"], (env_id, seen)
+            assert seen["actor_carry_key"] == ["ndarray"], (env_id, seen)
+        else:
+            assert seen["actor_carry_key"] == ["cpu:0"], (env_id, seen)
         # train() hands back host numpy params.
         assert seen["final_params"] == ["ndarray"], (env_id, seen)
 

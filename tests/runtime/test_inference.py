@@ -1,0 +1,204 @@
+"""Batched inference (`ppo_async.runtime.inference`) and the host rollout's per-chunk bookkeeping."""
+
+import threading
+
+import flax.serialization
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+from ppo_async import AsyncActorLearnerConfig, PolicyBroadcast
+from ppo_async.envs.host_rollout import HostRollout, episode_statistics
+from ppo_async.envs.registry import register_host_env
+from ppo_async.runtime.inference import (
+    InferenceError,
+    InferenceServer,
+    RolloutStopped,
+    SharedParams,
+)
+
+
+class Walk:
+    """A tiny host env with 3 observations and 2 actions (only its spaces matter here)."""
+
+    observation_shape = (3,)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, num_envs):
+        self.num_envs = num_envs
+
+    def reset(self, seed):
+        return np.zeros((self.num_envs, 3), np.float32)
+
+    def step(self, actions):
+        raise NotImplementedError
+
+
+def _policy(network: str, envs: int = 4):
+    register_host_env("inference-walk", Walk)
+    config = AsyncActorLearnerConfig(env_id="host:inference-walk", envs_per_actor=envs,
+                                     network=network, rnn_hidden_size=8, hidden_sizes=(16,),
+                                     num_minibatches=2)
+    rollout = HostRollout(config)
+    template = rollout.program().params_template
+    params = jax.tree.map(lambda x: np.random.default_rng(1).normal(size=np.shape(x))
+                          .astype(np.float32), template)
+    return rollout.policy, params
+
+
+def _inputs(rng, policy, actors: int):
+    envs, state = policy.num_envs, policy.state_size
+    hidden = rng.normal(size=(actors, envs, state)).astype(np.float32) if state else None
+    reset = rng.random((actors, envs)) < 0.3 if state else None
+    obs = rng.normal(size=(actors, envs, 3)).astype(np.float32)
+    keys = rng.integers(0, 2**32, size=(actors, 2), dtype=np.uint32)
+    return hidden, obs, reset, keys
+
+
+@pytest.mark.parametrize("network", ["mlp", "gru"])
+def test_an_actors_row_does_not_depend_on_the_other_rows_of_its_call(network):
+    """What keeps batched runs fixed by their seed: row i is the same bits whoever shares the call."""
+    policy, params = _policy(network)
+    rng = np.random.default_rng(0)
+    hidden, obs, reset, keys = _inputs(rng, policy, actors=5)
+    full = np.asarray(policy.act(params, hidden, obs, reset, keys))
+    other_hidden, other_obs, other_reset, other_keys = _inputs(rng, policy, actors=5)
+    for i in range(5):
+        def mixed(mine, others):
+            if mine is None:
+                return None
+            out = others.copy()
+            out[i] = mine[i]
+            return out
+
+        row = np.asarray(policy.act(params, mixed(hidden, other_hidden), mixed(obs, other_obs),
+                                    mixed(reset, other_reset), mixed(keys, other_keys)))[i]
+        assert row.tobytes() == full[i].tobytes()
+    # ... and the call really reads each row (another row's inputs give other outputs).
+    assert full[0].tobytes() != full[1].tobytes()
+
+
+def test_an_actor_alone_gets_the_row_it_gets_in_a_batch_and_its_key_advances():
+    policy, params = _policy("mlp")
+    hidden, obs, reset, keys = _inputs(np.random.default_rng(2), policy, actors=4)
+    batched = np.asarray(policy.act(params, hidden, obs, reset, keys))
+    alone = policy.act_alone(params, None, obs[2], None, keys[2])
+    np.testing.assert_allclose(alone, batched[2], rtol=1e-6, atol=1e-6)
+    packed, next_key = policy.split(alone)
+    expected_key = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(keys[2]))[0])
+    np.testing.assert_array_equal(next_key, np.asarray(expected_key))  # exact through float32 bits
+    actions = policy.actions(packed)
+    assert actions.dtype == np.int32 and set(actions.tolist()) <= {0, 1}
+    step = policy.unpack(packed)
+    np.testing.assert_array_equal(step.action, actions)
+    assert step.logp.shape == step.value.shape == (policy.num_envs,)
+
+
+def _serve(server, actors, calls_each, make_input, params_of=lambda i: "p"):
+    results, errors = {}, []
+
+    def actor(i):
+        try:
+            for c in range(calls_each):
+                results[i, c] = server.act(i, params_of(i), make_input(i, c))
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=actor, args=(i,)) for i in range(actors)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return results, errors
+
+
+def test_the_server_hands_every_actor_its_own_row_of_calls_grouped_by_params():
+    stop = threading.Event()
+    seen_params = []
+
+    def fn(params, x):
+        seen_params.append(params)
+        return x * 2 + (100 if params == "b" else 0)
+
+    server = InferenceServer(fn, 6, stop.is_set).start()
+    try:
+        results, errors = _serve(server, 6, 50, lambda i, c: np.full((2,), i * 1000 + c, np.float32),
+                                 params_of=lambda i: "b" if i % 2 else "a")
+    finally:
+        stop.set()
+        server.thread.join(5)
+    assert errors == [] and not server.thread.is_alive()
+    for (i, c), row in results.items():
+        np.testing.assert_array_equal(row, 2 * (i * 1000 + c) + (100 if i % 2 else 0))
+    assert set(seen_params) == {"a", "b"} and server.requests == 300
+    assert server.calls < 300  # some calls served several actors (threads wait on one another)
+
+
+def test_a_failing_call_reaches_the_actors_that_waited_on_it_and_a_stop_ends_a_wait():
+    stop = threading.Event()
+
+    def fn(params, x):
+        raise ValueError("broken policy")
+
+    server = InferenceServer(fn, 2, stop.is_set).start()
+    _, errors = _serve(server, 2, 1, lambda i, c: np.zeros(1, np.float32))
+    assert len(errors) == 2 and all(isinstance(e, InferenceError) for e in errors)
+    assert all(isinstance(e.__cause__, ValueError) for e in errors)
+    # A server that never answers (a stuck call) does not hold an actor once the run stops.
+    release = threading.Event()
+    stuck = InferenceServer(lambda params, x: release.wait(30) and x, 1, stop.is_set).start()
+    stop_timer = threading.Timer(0.2, stop.set)
+    stop_timer.start()
+    with pytest.raises(RolloutStopped):
+        stuck.act(0, "p", np.zeros(1, np.float32))
+    release.set()
+    stuck.thread.join(5)
+    server.thread.join(5)
+    assert not stuck.thread.is_alive() and not server.thread.is_alive()
+
+
+def test_shared_params_load_each_version_once_into_one_object():
+    template = {"w": np.zeros((2, 3), np.float32)}
+    shared = SharedParams(template, jax.devices("cpu")[0], keep=2)
+
+    def broadcast(version):
+        params = {"w": np.full((2, 3), version, np.float32)}
+        return PolicyBroadcast(version, flax.serialization.to_bytes(params))
+
+    first = shared(broadcast(1))
+    assert shared(broadcast(1)) is first and shared.loads == 1
+    np.testing.assert_array_equal(np.asarray(first["w"]), 1.0)
+    shared(broadcast(2)), shared(broadcast(3))
+    assert shared(broadcast(1)) is not first and shared.loads == 4  # evicted, loaded again
+
+
+def _episode_statistics_reference(reward, done, return_before, length_before):
+    """The per-step loop of the paper-free definition: sum rewards until done, then restart."""
+    steps, envs = reward.shape
+    ret, length = return_before.astype(np.float64), length_before.copy()
+    episode_return, episode_length = np.zeros((steps, envs)), np.zeros((steps, envs), int)
+    for t in range(steps):
+        ret, length = ret + reward[t], length + 1
+        episode_return[t] = np.where(done[t], ret, 0)
+        episode_length[t] = np.where(done[t], length, 0)
+        ret, length = np.where(done[t], 0, ret), np.where(done[t], 0, length)
+    return episode_return, episode_length, ret, length
+
+
+def test_episode_statistics_of_a_chunk_match_a_step_by_step_loop():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        steps, envs = rng.integers(1, 40), rng.integers(1, 6)
+        reward = rng.normal(size=(steps, envs)).astype(np.float32)
+        done = rng.random((steps, envs)) < rng.choice([0.0, 0.05, 0.3, 1.0])
+        before = (rng.normal(size=envs).astype(np.float32) * 10,
+                  rng.integers(0, 50, size=envs).astype(np.int32))
+        got = episode_statistics(reward, done, *before)
+        want = _episode_statistics_reference(reward, done, *before)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-5)
+        assert got[0].dtype == got[2].dtype == np.float32
+        assert got[1].dtype == got[3].dtype == np.int32
+        np.testing.assert_array_equal(got[1], want[1])  # lengths are exact
