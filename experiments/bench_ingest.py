@@ -15,7 +15,11 @@ stands for 1, 10 and 100 machines of 64 actors. In one process:
   timed is the learner taking chunks, filling its buffer, stacking and placing
   the batch: chunks/s, env steps/s and MB/s, with each chunk unpickled from
   its bytes in ``receive`` (what a learner fed over the wire pays) and, apart,
-  handed over as ready objects.
+  handed over as ready objects; on the path the learner takes when chunks are
+  already queued (pipelined: the next batch is taken while an update runs)
+  and on its waiting path (``pipeline=False``: every chunk is received after
+  the check for actors that went silent, as when the learner keeps up with
+  its actors and waits for each chunk).
 - the update alone on a batch of ``N`` columns (one chunk per actor: the
   batch grows with ``N``), and `learner_loop` with the real update (pipelined,
   chunks unpickled): what the learner sustains.
@@ -30,7 +34,7 @@ one env whose step takes 2 ms, the ideal of the "Many actors" benchmark,
 ``experiments/bench_scaling.py``) in chunks of ``num_steps x envs_per_actor``.
 
     python experiments/bench_ingest.py [--actors 64 640 6400] [--chunks 25600]
-        [--actor-env-steps-per-s 500] [--ray-sends 2000] [--no-ray]
+        [--actor-env-steps-per-s 500] [--ray-sends 2000] [--no-ray] [--profile]
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import pathlib
 import pickle
 import queue
 import statistics
@@ -169,30 +174,43 @@ def no_update(state, batch):
     return state, {"params_finite": 1.0}
 
 
-def time_learner(config, program, params, chunks, update, updates: int, unpickle: bool) -> dict:
-    """Wall seconds of `learner_loop` for ``updates`` updates on replayed chunks (after one
-    untimed), and the fan-out the transport's publisher measured meanwhile."""
+def time_learner(config, program, params, chunks, update, updates: int, unpickle: bool,
+                 pipeline: bool = True, profiler=None) -> dict:
+    """Steady rate of `learner_loop` on replayed chunks over ``updates`` updates, and the
+    fan-out the transport's publisher measured meanwhile.
+
+    Timed from the first update's end to the last but one's: each of those
+    intervals takes exactly one batch and finishes one update, pipelined or
+    not. ``pipeline``: the learner takes the next batch without waiting while
+    an update runs (its path when chunks are already queued); without it,
+    every chunk goes through the learner's waiting path (its path whenever it
+    keeps up with its actors). ``profiler`` (a ``cProfile.Profile``) profiles
+    that span.
+    """
     import jax
 
     from ppo_async.core.devices import LearnerPlacement
     from ppo_async.core.update import init_learner_state
     from ppo_async.runtime.learner import LearnerConnections, learner_loop
 
+    if updates < 3:
+        raise ValueError("the steady rate needs at least 3 updates")
     cpu = LearnerPlacement(jax.devices("cpu")[:1])
     state = cpu.put_state(init_learner_state(config, params, jax.random.key(1)))
     lag = config.exact_policy_lag if config.exact_policy_lag is not None else 0
     transport = ReplayTransport(chunks, config.num_actors, lag, unpickle)
+    stamps: list[float] = []
+
+    def on_update(metrics) -> None:
+        stamps.append(time.perf_counter())
+        if profiler is not None and len(stamps) in (1, updates - 1):
+            (profiler.enable if len(stamps) == 1 else profiler.disable)()
+
     try:
-        connections = LearnerConnections(transport)
-        state, _ = learner_loop(config, program.network, state, connections, cpu,
-                                update=update, end_update=1)
-        transport.sent = 0  # the timed run's learner counts its updates from 0 again
-        jax.block_until_ready(state)
-        start = time.perf_counter()
-        end_state, report = learner_loop(config, program.network, state, connections, cpu,
-                                         update=update, end_update=updates)
+        end_state, report = learner_loop(config, program.network, state,
+                                         LearnerConnections(transport), cpu, on_update=on_update,
+                                         update=update, end_update=updates, pipeline=pipeline)
         jax.block_until_ready(end_state)
-        seconds = time.perf_counter() - start
         deadline = time.monotonic() + 10.0  # the publisher may still deliver the last ones
         while transport.publisher.published < updates - 1 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -202,10 +220,11 @@ def time_learner(config, program, params, chunks, update, updates: int, unpickle
         raise RuntimeError(f"the replay's publisher did not stop: {stuck}")
     if not transport.failures.empty():
         raise transport.failures.get_nowait().error
-    chunks_taken = updates * config.num_actors
-    return {"seconds": seconds, "updates": report.updates, "chunks": chunks_taken,
-            "chunks_per_s": chunks_taken / seconds,
-            "env_steps_per_s": updates * config.batch_size / seconds,
+    seconds = stamps[updates - 2] - stamps[0]
+    chunks_timed = (updates - 2) * config.num_actors
+    return {"seconds": seconds, "updates": report.updates, "chunks_timed": chunks_timed,
+            "chunks_per_s": chunks_timed / seconds,
+            "env_steps_per_s": (updates - 2) * config.batch_size / seconds,
             "policy_lag_counts": {str(k): v for k, v in report.policy_lag_counts.items()},
             "publishes": transport.publisher.published,
             "fan_out_s_median": (statistics.median(transport.fan_out_s)
@@ -238,9 +257,12 @@ def measure_actors(num_actors: int, chunk_bytes: int, args, program, params, chu
     updates = max(args.min_updates, args.chunks // num_actors)
     update_s, update = update_alone_s(config, program, params, chunks,
                                       repeats=max(3, min(50, updates)))
+    # name: (unpickle, pipeline)
+    modes = {"queued_unpickled": (True, True), "queued_objects": (False, True),
+             "waiting_unpickled": (True, False)}
     ingest = {mode: time_learner(config, program, params, chunks, no_update, updates,
-                                 unpickle=(mode == "unpickled"))
-              for mode in ("unpickled", "objects")}
+                                 unpickle=unpickle, pipeline=pipeline)
+              for mode, (unpickle, pipeline) in modes.items()}
     learner = time_learner(config, program, params, chunks, update, updates, unpickle=True)
     for figures in (*ingest.values(), learner):
         figures["mb_per_s"] = figures["chunks_per_s"] * chunk_bytes / MB
@@ -302,10 +324,31 @@ def demand(num_actors: int, args, chunk_bytes: int, payload_bytes: int) -> dict:
             "sends_per_s": num_actors * updates_per_s}
 
 
+def profile_ingest(num_actors: int, args, program, params, chunks, top: int = 6) -> dict:
+    """Where ingest alone spends its time at ``num_actors`` on the waiting path (chunks as
+    objects): the timed span's seconds under cProfile, and its functions of most own time."""
+    import cProfile
+    import pstats
+
+    config = replay_config(num_actors, args)
+    updates = max(args.min_updates, args.chunks // num_actors)
+    profiler = cProfile.Profile()
+    figures = time_learner(config, program, params, chunks, no_update, updates,
+                           unpickle=False, pipeline=False, profiler=profiler)
+    ranked = sorted(pstats.Stats(profiler).stats.items(), key=lambda item: item[1][2],
+                    reverse=True)[:top]
+    return {"num_actors": num_actors, "seconds": figures["seconds"],
+            "chunks": figures["chunks_timed"],
+            "top": [{"function": f"{pathlib.Path(file).name}:{line}({name})", "own_s": own,
+                     "calls": calls}
+                    for (file, line, name), (_, calls, own, _, _) in ranked]}
+
+
 def table(rows: list[dict]) -> str:
     """The figures of every row as one markdown table."""
     header = ["actors (machines)", "batch env steps", "demand: chunks/s, MB/s in",
-              "ingest alone: chunks/s unpickled (MB/s) / as objects",
+              "ingest alone, chunks/s: queued, unpickled (MB/s) / queued, as objects / "
+              "waiting, unpickled",
               "update alone ms (demand: one per ms)", "learner: chunks/s, env steps/s",
               "learner / demand",
               "fan-out ms per publish: queues / Ray per actor / Ray per machine",
@@ -318,8 +361,10 @@ def table(rows: list[dict]) -> str:
         lines.append([
             f"{row['num_actors']:,} ({row['machines']:g})", f"{row['batch_env_steps']:,}",
             f"{paper['chunks_per_s']:,.0f}, {paper['in_mb_per_s']:,.1f}",
-            f"{ingest['unpickled']['chunks_per_s']:,.0f} ({ingest['unpickled']['mb_per_s']:,.1f})"
-            f" / {ingest['objects']['chunks_per_s']:,.0f}",
+            f"{ingest['queued_unpickled']['chunks_per_s']:,.0f} "
+            f"({ingest['queued_unpickled']['mb_per_s']:,.1f}) / "
+            f"{ingest['queued_objects']['chunks_per_s']:,.0f} / "
+            f"{ingest['waiting_unpickled']['chunks_per_s']:,.0f}",
             f"{row['update_alone_s'] * 1e3:,.1f} ({paper['seconds_per_update'] * 1e3:,.0f})",
             f"{learner['chunks_per_s']:,.0f}, {learner['env_steps_per_s']:,.0f}",
             f"{row['learner_over_demand']:.3f}",
@@ -343,12 +388,15 @@ def main(argv: list[str] | None = None) -> dict:
                         help="one actor's rate in the demand (500: one env of a 2 ms step)")
     parser.add_argument("--chunks", type=int, default=25_600,
                         help="chunks per timing of the learner (at least --min-updates batches)")
-    parser.add_argument("--min-updates", type=int, default=4)
+    parser.add_argument("--min-updates", type=int, default=5,
+                        help="updates per timing at least (the steady span leaves out two)")
     parser.add_argument("--ray-sends", type=int, default=2000,
                         help="small actor calls timed for Ray's fan-out model")
     parser.add_argument("--no-ray", action="store_true", help="leave out Ray's fan-out model")
     parser.add_argument("--no-gymnax", action="store_true",
                         help="leave out the default gymnax chunk's size")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile ingest alone on the waiting path at the largest --actors")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
@@ -395,9 +443,16 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{num_actors:,} actors: learner {row['learner']['chunks_per_s']:,.0f} chunks/s "
               f"against a demand of {row['demand']['chunks_per_s']:,.0f}", flush=True)
     print(table(rows))
+    profile = None
+    if args.profile:
+        profile = profile_ingest(max(args.actors), args, program, params, chunks)
+        print(f"ingest alone at {max(args.actors):,} actors, waiting path, under cProfile: "
+              f"{profile['chunks']:,} chunks in {profile['seconds']:.2f} s; most own time:")
+        for entry in profile["top"]:
+            print(f"  {entry['own_s']:7.3f} s  {entry['calls']:>7} calls  {entry['function']}")
     load_after = os.getloadavg()
     print(f"load average: {load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    result = {"sizes": sizes, "ray_fan_out": ray_model, "rows": rows,
+    result = {"sizes": sizes, "ray_fan_out": ray_model, "rows": rows, "ingest_profile": profile,
               "actors_per_machine": MACHINE_ACTORS,
               "actor_env_steps_per_s": args.actor_env_steps_per_s,
               "load_average_before": load_before[0], "load_average_after": load_after[0]}
