@@ -365,3 +365,36 @@ def test_bench_scaling_rates_each_actor_count_against_its_ideal(tmp_path):
     assert all(0 < row["ratio"] <= 1.1 for row in rows)
     assert all(row["ratio"] == row["env_steps_per_s"] / row["ideal_env_steps_per_s"]
                for row in rows)
+
+
+def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
+    bench = load_script("bench_ingest")
+    result = bench.main(["--actors", "8", "--chunks", "16", "--min-updates", "4", "--no-ray",
+                         "--no-gymnax", "--profile", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["sizes"] == result["sizes"]
+    sizes = saved["sizes"]
+    assert sizes["chunk_bytes"] > 1000 and sizes["broadcast_payload_bytes"] > 10_000
+    (row,) = saved["rows"]
+    assert row["num_actors"] == 8 and row["batch_env_steps"] == 8 * 32
+    # 8 actors of 500 env steps/s in chunks of 32: 125 chunks/s, and an update per chunk period.
+    assert row["demand"]["chunks_per_s"] == pytest.approx(125.0)
+    assert row["demand"]["updates_per_s"] == pytest.approx(500 / 32)
+    assert set(row["ingest_alone"]) == {"queued_unpickled", "queued_objects", "waiting_unpickled"}
+    for figures in (*row["ingest_alone"].values(), row["learner"]):
+        # Timed from the first update's end to the third's: two batches of 8 chunks.
+        assert figures["updates"] == 4 and figures["chunks_timed"] == 16
+        assert figures["chunks_per_s"] == figures["chunks_timed"] / figures["seconds"] > 0
+        assert figures["mb_per_s"] == pytest.approx(
+            figures["chunks_per_s"] * sizes["chunk_bytes"] / 1e6)
+        # Relabelled as exact_policy_lag=1 would have them: the first update lag 0, then 1.
+        assert figures["policy_lag_counts"] == {"0": 8, "1": 24}
+        assert figures["publishes"] == 3 and figures["fan_out_s_median"] > 0  # to 8 queues
+    assert row["update_alone_s"] > 0
+    assert row["learner_over_demand"] == row["learner"]["chunks_per_s"] / 125.0
+    profile = saved["ingest_profile"]
+    assert profile["num_actors"] == 8 and profile["chunks"] == 16 and profile["top"]
+    out = capsys.readouterr().out
+    assert "load average" in out and "python experiments/bench_ingest.py --actors 8" in out
