@@ -178,7 +178,7 @@ def learning_table(rows: list[dict[str, Any]]) -> str:
             f"`{name}`", runs[0]["env_id"], f"{runs[0]['env_steps']:,}", len(runs),
             common.format_mean_std(*common.mean_std(r["training_return"] for r in runs)),
             common.format_mean_std(*common.mean_std(r["greedy_return"] for r in runs)),
-            common.format_mean_std(*published) if published else "not given",
+            common.format_mean_std(*published, digits=2) if published else "not given",
             f"{common.mean_std(r['wall_time_s'] for r in runs)[0]:.0f}",
         ])
     return common.markdown_table(
@@ -232,7 +232,7 @@ def plot_backends(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
                width, label=mode)
     ax.set_xticks(range(len(presets)), presets)
     ax.set_ylabel("env steps/s (learner)")
-    ax.set_title("MuJoCo presets: actors as threads, processes or envpool")
+    ax.set_title("env steps/s by kind of actor")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
