@@ -83,31 +83,45 @@ def test_evaluation_reports_the_envs_own_return_not_the_normalized_one(runs):
     assert result.mean_return == pytest.approx(expected, rel=1e-5)
 
 
-def test_enjoy_writes_a_mujoco_video_without_a_display(runs, tmp_path):
-    """A fresh process with no display and no MUJOCO_GL: enjoy picks a headless OpenGL
-    (EGL, else OSMesa) before MuJoCo is imported. Needs libEGL with Mesa (or OSMesa)
-    on the machine: pip cannot install it."""
-    imageio = pytest.importorskip("imageio.v3")  # the dev and video extras install it
-    _, _, run_dir = runs("hopper")
-    out = tmp_path / "hopper.mp4"
-    env = {k: v for k, v in os.environ.items() if k not in (
-        "DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
-    run = subprocess.run(
-        [sys.executable, "-m", "ppo_async.tools.cli", "enjoy", str(run_dir), "--episodes", "1",
-         "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    frames = imageio.imread(out, index=None)
-    assert frames.ndim == 4 and frames.shape[0] > 1 and frames.std() > 0
+ENVPOOL_WHEELS = sys.platform.startswith("linux") and platform.machine() == "x86_64"
 
 
-@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() == "x86_64"),
-                    reason="envpool ships wheels for Linux x86_64 only")
-def test_an_envpool_mujoco_id_trains_with_the_hopper_preset():
+@pytest.fixture(scope="module")
+def envpool_run(tmp_path_factory):
+    """Two small updates of the hopper preset on envpool's Hopper-v4: (result, run dir)."""
+    if not ENVPOOL_WHEELS:
+        pytest.skip("envpool ships wheels for Linux x86_64 only")
     config = preset("hopper", env_id="envpool:Hopper-v4", envs_per_actor=2, num_steps=16,
                     num_epochs=1, num_minibatches=2, total_env_steps=2 * 64)
-    result = train(config, progress=False)
+    run_dir = tmp_path_factory.mktemp("envpool") / "run"
+    return train(config, run_dir=run_dir, progress=False), run_dir
+
+
+def test_an_envpool_mujoco_id_trains_with_the_hopper_preset(envpool_run):
+    result, _ = envpool_run
     assert result.report.updates == 2 and result.report.env_steps == 128
     # Random-like Hopper episodes last about 20 steps: some ended, with finite returns.
     assert result.report.episodes > 0 and np.isfinite(result.report.episode_return_mean)
     chex.assert_tree_all_finite(result.params)
+
+
+def test_enjoy_writes_mujoco_videos_without_a_display(runs, envpool_run, tmp_path):
+    """One fresh process with no display and no MUJOCO_GL: enjoy picks a headless OpenGL
+    (EGL, else OSMesa) before MuJoCo is imported, for a gymnasium run and an envpool one
+    (drawn by gymnasium's Hopper-v4). Needs libEGL with Mesa, or OSMesa, on the machine
+    (Debian: libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri): pip cannot install it."""
+    imageio = pytest.importorskip("imageio.v3")  # the dev and video extras install it
+    videos = {runs("hopper")[2]: tmp_path / "hopper.mp4", envpool_run[1]: tmp_path / "envpool.mp4"}
+    enjoy = "; ".join(f"main(['enjoy', {str(run)!r}, '--episodes', '1', '--out', {str(out)!r}])"
+                      for run, out in videos.items())
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, "-c", f"from ppo_async.tools.cli import main; {enjoy}"], env=env,
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("wrote ") == 2, run.stdout
+    for out in videos.values():
+        frames = imageio.imread(out, index=None)
+        assert frames.ndim == 4 and frames.shape[0] > 1 and frames.std() > 0, out
