@@ -1,4 +1,4 @@
-"""MuJoCo locomotion: the hopper, walker2d and ant presets against published PPO, and the backends compared.
+"""MuJoCo presets (hopper, walker2d, ant) against published PPO, and which actors pay.
 
 Two parts, one script run (``--parts`` picks):
 
@@ -10,7 +10,8 @@ Two parts, one script run (``--parts`` picks):
   (`ppo_async.runtime.evaluate`: the env's own, unnormalized return). Table:
   mean ± std over seeds of the training return (mean of the last 100
   training episodes, the figure cleanrl reports) and of the greedy return,
-  cleanrl's published figure beside them, and wall time per run.
+  cleanrl's published figure beside them, and wall time per run (the sweep
+  worker's process, compile included).
 - ``backends``: each preset trained once per mode in a fresh process
   (imports and compiles included, as a user's run pays them) until its
   training return reaches the preset's threshold or the budget ends:
@@ -96,7 +97,8 @@ def measure(config, threshold: float, warmup: int) -> dict[str, Any]:
         stamps.append(time.perf_counter())
         steps.append(int(metrics["env_steps"]))
         if metrics["episode_return"] >= threshold:  # NaN before any episode ended: False
-            reached.update(time_to_threshold_s=stamps[-1] - start, env_steps_at_threshold=steps[-1])
+            reached.update(time_to_threshold_s=stamps[-1] - start,
+                           env_steps_at_threshold=steps[-1])
             raise StopTraining
 
     report = train(config, progress=False, on_update=watch).report
@@ -258,8 +260,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--backend-seeds", type=int, default=1,
                         help="backends: seeds 0..N-1 per mode (default 1)")
     parser.add_argument("--threshold", type=float, default=None,
-                        help=f"backends: the return threshold of every preset (default {THRESHOLDS})")
-    parser.add_argument("--warmup", type=int, default=3, help="backends: updates left out of the rate")
+                        help=f"backends: one return threshold for every preset "
+                        f"(default {THRESHOLDS})")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="backends: updates left out of the rate")
     parser.add_argument("--dry-run", action="store_true",
                         help="build and print every run's config, train nothing")
     parser.add_argument("--out", default=None)
@@ -308,7 +312,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.dry_run:
         return dry_run(args, out)
     common.configure_jax()
-    budget = [] if args.total_env_steps is None else ["--total-env-steps", str(args.total_env_steps)]
+    budget = ([] if args.total_env_steps is None
+              else ["--total-env-steps", str(args.total_env_steps)])
     result: dict[str, Any] = {"hardware": hardware_line()}
     print(f"hardware: {result['hardware']}", flush=True)
     if "learning" in args.parts:

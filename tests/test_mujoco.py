@@ -98,6 +98,13 @@ def envpool_run(tmp_path_factory):
 
 
 def test_an_envpool_mujoco_id_trains_with_the_hopper_preset(envpool_run):
+    from ppo_async.envs.registry import is_envpool_gym_mujoco
+
+    # enjoy draws these with gymnasium's env of the same id; DeepMind Control's are not among them.
+    assert is_envpool_gym_mujoco("envpool:Hopper-v4") and is_envpool_gym_mujoco("envpool:Ant-v5")
+    for env_id in ("envpool:HopperHop-v1", "envpool:Pong-v5", "gymnasium:Hopper-v5",
+                   "Pendulum-v1"):
+        assert not is_envpool_gym_mujoco(env_id), env_id
     result, _ = envpool_run
     assert result.report.updates == 2 and result.report.env_steps == 128
     # Random-like Hopper episodes last about 20 steps: some ended, with finite returns.

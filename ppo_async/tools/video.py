@@ -15,7 +15,7 @@ them. ``ppo-async enjoy RUN`` is the two in a row. What can be rendered:
   score, sticky actions), and the frames are the game's full-colour screen;
   envpool's copies of gymnasium's MuJoCo tasks (``envpool:Hopper-v4``) are
   played and drawn by gymnasium's env of the same id (envpool's renderer
-  cannot run without a display);
+  cannot run without a display; the run's ``envpool_kwargs`` do not apply);
 - ``host:`` envs whose batch has ``render() -> [E, H, W, 3]`` uint8.
 
 Anything else raises `RenderError` before an episode is played, as does a
