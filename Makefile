@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -e ".[dev,gym,wandb,ray]"
+	$(BIN)/python -m pip install -e ".[dev,gym,wandb,ray,mujoco]"
 	touch $@ $(VENV)/.installed
 
 train: $(VENV)/.installed

@@ -16,7 +16,9 @@ same on the command line.
 The presets of the README's learning-results table (``cartpole``,
 ``acrobot``, ``pendulum``, ``breakout-minatar``) are the exact configs
 ``experiments/learning_results.py`` trains (it reads them from here);
-``atari-pong`` is a starting point for envpool's Atari (not measured here).
+``atari-pong`` is a starting point for envpool's Atari (not measured here);
+``hopper``, ``walker2d`` and ``ant`` are MuJoCo locomotion with cleanrl's PPO
+settings, which ``experiments/mujoco_results.py`` trains.
 """
 
 from __future__ import annotations
@@ -33,6 +35,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
+
+# MuJoCo locomotion (pip install 'ppo-async[mujoco]'): the PPO continuous-control
+# settings of cleanrl's ppo_continuous_action.py (Huang et al. 2022, "The 37
+# implementation details of PPO"), whose 1M-step results on the v4 envs are the
+# published reference in docs/results.md. 2048 env steps per update, spread as
+# 2 actors x 4 envs x 256 steps (two actors overlap the Python simulator with
+# the learner); 10 epochs x 32 minibatches (of 64); lr 3e-4 annealed; gamma
+# 0.99, GAE lambda 0.95, clip 0.2 for the ratio and (cleanrl's clip_vloss) the
+# value; no entropy bonus; observations and rewards normalized and clipped at
+# 10. The policy's log-std is a learned vector, independent of the state
+# (networks.actor_critic), as in cleanrl; actions are clipped to the box for
+# the env only.
+MUJOCO_FIELDS: dict[str, Any] = dict(
+    total_env_steps=1_000_000, num_actors=2, envs_per_actor=4, num_steps=256,
+    num_epochs=10, num_minibatches=32, learning_rate=3e-4, anneal_lr=True, gamma=0.99,
+    gae_lambda=0.95, clip_eps=0.2, value_clip_eps=0.2, ent_coef=0.0, vf_coef=0.5,
+    max_grad_norm=0.5, normalize_observations=True, normalize_rewards=True,
+)
+MUJOCO_PRESETS = ("hopper", "walker2d", "ant")
 
 # Field overrides on the dataclass defaults (2 actors x 4 envs x 64 steps, lr
 # 5e-4, gamma 0.99, 4 epochs x 4 minibatches). Pendulum's rewards reach -16
@@ -67,6 +88,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_steps=128, num_epochs=4, num_minibatches=4, learning_rate=2.5e-4, clip_eps=0.1,
         ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95,
     ),
+    **{name: dict(env_id=f"gymnasium:{env}-v5", **MUJOCO_FIELDS)
+       for name, env in (("hopper", "Hopper"), ("walker2d", "Walker2d"), ("ant", "Ant"))},
 }
 
 # The presets behind the README's learning-results table, in its row order.

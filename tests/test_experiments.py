@@ -398,3 +398,25 @@ def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(tmp_pa
     assert profile["num_actors"] == 8 and profile["chunks"] == 16 and profile["top"]
     out = capsys.readouterr().out
     assert "load average" in out and "python experiments/bench_ingest.py --actors 8" in out
+
+
+def test_mujoco_results_dry_run_builds_every_config_and_its_table_names_the_reference(
+        tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    script = load_script("mujoco_results")
+    planned = script.main(["--dry-run", "--total-env-steps", "8192", "--out", str(tmp_path)])
+    assert list(planned) == [f"{name} {part}" for name in ("hopper", "walker2d", "ant")
+                             for part in ("learning", "backends")]
+    assert planned["hopper learning"] == [f"seed={seed} (fresh): 4 updates of 2048"
+                                          for seed in range(3)]
+    lockstep, threads, ray, envpool = planned["ant backends"]
+    assert "exact policy lag 0" in lockstep and "exact policy lag 1" in threads
+    assert "actors ray" in ray and envpool.startswith("envpool: envpool:Ant-v5, actors threads")
+    assert list(tmp_path.iterdir()) == []  # nothing trained, nothing written
+    rows = [dict(preset=name, env_id=f"gymnasium:{env}-v5", seed=seed, env_steps=8192,
+                 training_return=100.0 + seed, greedy_return=200.0, wall_time_s=10.0)
+            for name, env in (("hopper", "Hopper"), ("ant", "Ant")) for seed in (0, 1)]
+    table = script.learning_table(rows)
+    assert "| `hopper` | gymnasium:Hopper-v5 | 8,192 | 2 | 100.5 ± 0.5 | 200.0 ± 0.0 | " \
+           "2382.86 ± 271.74 | 10 |" in table
+    assert "| not given |" in table  # cleanrl's page has no Ant

@@ -76,6 +76,31 @@ def test_the_atari_preset_is_ppo_atari_on_envpool():
     assert config.network_torso == "nature"
 
 
+# cleanrl's ppo_continuous_action.py defaults (its published MuJoCo results
+# used them), copied here so that a changed preset fails.
+CLEANRL_CONTINUOUS = dict(
+    learning_rate=3e-4, anneal_lr=True, num_epochs=10, num_minibatches=32, gamma=0.99,
+    gae_lambda=0.95, clip_eps=0.2, value_clip_eps=0.2, normalize_advantages=True, ent_coef=0.0,
+    vf_coef=0.5, max_grad_norm=0.5, normalize_observations=True, normalize_rewards=True,
+    obs_clip=10.0, reward_clip=10.0, hidden_sizes=(64, 64), network="mlp",
+    total_env_steps=1_000_000,
+)
+
+
+@pytest.mark.parametrize("name, env_id", [("hopper", "gymnasium:Hopper-v5"),
+                                          ("walker2d", "gymnasium:Walker2d-v5"),
+                                          ("ant", "gymnasium:Ant-v5")])
+def test_the_mujoco_presets_are_cleanrls_continuous_ppo_on_gymnasium_v5(name, env_id):
+    config = preset(name)
+    assert config.env_id == env_id
+    assert {field: getattr(config, field) for field in CLEANRL_CONTINUOUS} == CLEANRL_CONTINUOUS
+    # 2048 env steps per update, in minibatches of 64, as cleanrl's 1 env x 2048 steps.
+    assert config.batch_size == 2048 and config.minibatch_size == 64
+    assert (config.num_actors, config.envs_per_actor, config.num_steps) == (2, 4, 256)
+    assert config.num_updates == 488  # cleanrl: 1M // 2048 iterations too
+    assert not config.use_vtrace and config.actor_backend == "threads"
+
+
 def test_preset_overrides_and_unknown_names():
     config = preset("pendulum", seed=3, num_actors=4)
     assert (config.seed, config.num_actors, config.gamma) == (3, 4, 0.95)

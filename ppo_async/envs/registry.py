@@ -170,24 +170,37 @@ ATARI_EVAL_KWARGS: dict[str, Any] = dict(
 ENVPOOL_RESERVED_KWARGS = ("num_envs", "batch_size", "seed", "env_type")
 
 
-def is_envpool_atari(env_id: str) -> bool:
-    """Whether ``env_id`` is an ``envpool:`` id of an Atari game (e.g. ``envpool:Pong-v5``).
+def _envpool_module(env_id: str) -> str | None:
+    """The envpool module that holds the spec of an ``envpool:`` id (``envpool.atari``).
 
-    Read from envpool's registry (the game's spec lives in ``envpool.atari``);
-    False without envpool installed, or for an id that is not envpool's.
+    None without envpool installed, or for an id that is not envpool's.
     """
     try:
         backend, name = split_env_id(env_id)
     except UnknownEnvError:
-        return False
+        return None
     if backend != ENVPOOL:
-        return False
+        return None
     try:
         envpool = import_envpool()
     except BackendNotInstalledError:
-        return False
+        return None
     spec = envpool.registration.registry.specs.get(name)
-    return spec is not None and spec[0] == "envpool.atari"
+    return None if spec is None else spec[0]
+
+
+def is_envpool_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is an ``envpool:`` id of an Atari game (e.g. ``envpool:Pong-v5``)."""
+    return _envpool_module(env_id) == "envpool.atari"
+
+
+def is_envpool_gym_mujoco(env_id: str) -> bool:
+    """Whether ``env_id`` is envpool's copy of a gymnasium MuJoCo task (``envpool:Hopper-v4``).
+
+    envpool has them as ``*-v3``, ``*-v4`` and ``*-v5``: the same models,
+    observations and rewards as gymnasium's envs of the same id, stepped in C++.
+    """
+    return _envpool_module(env_id) == "envpool.mujoco.gym"
 
 
 def envpool_make_kwargs(env_id: str, overrides: Any = (), *, evaluation: bool = False

@@ -13,6 +13,9 @@ them. ``ppo-async enjoy RUN`` is the two in a row. What can be rendered:
   envpool's Atari games get the evaluation settings
   (`ppo_async.envs.registry.ATARI_EVAL_KWARGS`: whole games, the game's own
   score, sticky actions), and the frames are the game's full-colour screen;
+  envpool's copies of gymnasium's MuJoCo tasks (``envpool:Hopper-v4``) are
+  played and drawn by gymnasium's env of the same id (envpool's renderer
+  cannot run without a display; the run's ``envpool_kwargs`` do not apply);
 - ``host:`` envs whose batch has ``render() -> [E, H, W, 3]`` uint8.
 
 Anything else raises `RenderError` before an episode is played, as does a
@@ -41,7 +44,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import resolve_device
-from ppo_async.envs.registry import GYMNAX, split_env_id
+from ppo_async.envs.registry import GYMNASIUM, GYMNAX, is_envpool_gym_mujoco, split_env_id
 from ppo_async.networks.actor_critic import is_recurrent, make_config_network
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
@@ -285,8 +288,14 @@ class _HostPlayer:
         from ppo_async.envs.host import close_envs, make_host_env
 
         self.config, self._seed, self._close = config, seed, close_envs
+        env_id, envpool_kwargs = config.env_id, config.envpool_kwargs
+        if is_envpool_gym_mujoco(env_id):
+            # envpool's MuJoCo renderer makes no OpenGL context of its own without a
+            # display, and MuJoCo then ends the process; gymnasium's env of the same id
+            # is the same model with the same observations, and renders headless.
+            env_id, envpool_kwargs = f"{GYMNASIUM}:{split_env_id(env_id)[1]}", ()
         try:
-            self.envs = make_host_env(config.env_id, 1, envpool_kwargs=config.envpool_kwargs,
+            self.envs = make_host_env(env_id, 1, envpool_kwargs=envpool_kwargs,
                                       evaluation=True, render=True)
         except gymnasium.error.DependencyNotInstalled as error:
             raise RenderError(f"{config.env_id}: rendering it needs a package "
