@@ -84,7 +84,7 @@ class AsyncActorLearnerConfig:
     actor_backend: Literal["threads", "ray"] = "threads"
     """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs), or 'ray' processes (host envs written in Python, a hung env that must be killed, several machines; pip install 'ppo-async[ray]')."""
     batch_inference: bool = True
-    """Thread actors of a host env (gymnasium:, envpool:, host:) get each env step's actions from one jitted policy call for every actor of the device waiting, made by an inference thread, instead of a call each (actors keep their own envs, keys and columns; the calls work row by row, so a run with an exact lag stays fixed by its seed). False: every actor calls its policy itself."""
+    """Thread actors of one device share their jitted calls, made by an inference thread for every actor waiting: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, a gymnax env's actors their chunks (one vmapped rollout). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). False: every actor calls alone, as Ray actors do."""
     ray_address: str | None = None
     """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
     ray_num_cpus_per_actor: float = 1.0

@@ -43,7 +43,13 @@ from ppo_async.core.normalization import (
     scale_reward,
     wrap_params,
 )
-from ppo_async.envs.program import ActorProgram, Trajectory
+from ppo_async.envs.program import (
+    ActorProgram,
+    BatchedInference,
+    Trajectory,
+    reattached,
+    unattached,
+)
 from ppo_async.envs.registry import UnknownEnvError, split_env_id
 from ppo_async.networks.actor_critic import (
     is_recurrent,
@@ -282,12 +288,27 @@ def make_gymnax_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
         return jax.device_put(jitted_reset(key), device)
 
     def rollout(params, carry: EnvCarry):
-        carry, trajectory, bootstrap_value = scan_rollout(params, carry)
-        return carry, trajectory, carry.obs, bootstrap_value
+        carry, client = unattached(carry)
+        if client is None:
+            carry, trajectory, bootstrap_value = scan_rollout(params, carry)
+        else:  # this actor's part of one vmapped rollout of every actor of the device
+            carry, trajectory, bootstrap_value = client(params, carry)
+        return reattached(carry, client), trajectory, carry.obs, bootstrap_value
+
+    @jax.jit
+    def rollout_all(params, carries: tuple[EnvCarry, ...]):
+        """The chunks of ``N`` actors as one program: their carries stacked and the rollout vmapped."""
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *carries)
+        out = jax.vmap(scan_rollout, in_axes=(None, 0))(params, stacked)
+        return tuple(jax.tree.map(lambda x: x[i], out) for i in range(len(carries)))
+
+    def rollouts(params, per_actor: list[tuple[EnvCarry]]):
+        return rollout_all(params, tuple(carry for (carry,) in per_actor))
 
     # Traced, not run: the shapes and dtypes the learner's batches will have.
     carry_spec = jax.eval_shape(jitted_reset, jax.random.key(0))
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
-        env.observation_shape, network, template, reset, rollout, tuple(chunk_spec)
+        env.observation_shape, network, template, reset, rollout, tuple(chunk_spec),
+        inference=BatchedInference(rollouts, gather_s=0.002),
     )

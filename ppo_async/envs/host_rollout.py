@@ -17,7 +17,6 @@ shapes and dtypes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -40,7 +39,7 @@ from ppo_async.envs.host import (
     close_envs,
     make_host_env,
 )
-from ppo_async.envs.program import ActorProgram, BatchedInference
+from ppo_async.envs.program import ActorProgram, BatchedInference, reattached, unattached
 from ppo_async.networks.actor_critic import (
     is_recurrent,
     make_config_network,
@@ -59,9 +58,6 @@ class HostCarry(NamedTuple):
     key: np.ndarray  # uint32 raw data of the PRNG key for actions (jax.random.key_data)
     hidden: np.ndarray | None = None  # [E, state_size] float32, recurrent networks only
     discounted_return: np.ndarray | None = None  # [E] float32, reward scaling only (as EnvCarry's)
-    # The actor's policy call, act(params, hidden, obs, reset, key) -> its HostPolicy.act row:
-    # an inference server's (batched over actors); None: HostPolicy.act_alone.
-    act: Callable[..., np.ndarray] | None = None
 
 
 class PolicyStep(NamedTuple):
@@ -115,6 +111,11 @@ class HostPolicy:
         )
         key_bits = jax.lax.bitcast_convert_type(jax.random.key_data(key), jnp.float32)
         return jnp.concatenate([packed.reshape(-1), key_bits])
+
+    def act_batched(self, params, per_actor: list[tuple]) -> np.ndarray:
+        """``act`` on the ``(hidden, obs, reset, key)`` of every actor, stacked: row ``i`` is actor ``i``'s."""
+        stacked = (None if column[0] is None else np.stack(column) for column in zip(*per_actor))
+        return np.asarray(self.act(params, *stacked))
 
     def act_alone(self, params, hidden, obs, reset, key) -> np.ndarray:
         """One actor's row of ``act``, called for it alone."""
@@ -187,7 +188,7 @@ class HostRollout:
                                self.observation_shape, self.options)
         return ActorProgram(self.observation_shape, self.network, template, self.reset,
                             self.rollout, close=self.close,
-                            inference=BatchedInference(self.policy.act, _attach))
+                            inference=BatchedInference(self.policy.act_batched))
 
     def reset(self, key: jax.Array, device: jax.Device) -> HostCarry:
         """This actor's own ``envs_per_actor`` envs, made and seeded from ``key``."""
@@ -211,20 +212,22 @@ class HostRollout:
         )
 
     def close(self, carry: HostCarry) -> None:
-        close_envs(carry.envs)
+        close_envs(unattached(carry)[0].envs)
 
     def rollout(self, params, carry: HostCarry):
         """``num_steps`` env steps: ``(carry, trajectory [T, E, ...], bootstrap_obs [E, ...], bootstrap_value [E])``.
 
-        Each step's `HostPolicy.act` row comes from ``carry.act`` (an
-        inference server's, `BatchedInference`) or `HostPolicy.act_alone`. A step does only what the next one needs (the policy call, the env
+        Each step's `HostPolicy.act` row comes from the client of an
+        `AttachedCarry` (a call shared by the device's actors) or from
+        `HostPolicy.act_alone`. A step does only what the next one needs (the policy call, the env
         step, its checks and stores into the chunk); the rest (unpacking the
         policy's outputs, episode statistics, reward scaling) is done once per
         chunk on ``[T, E]`` arrays, since with many actors each one's Python per
         step is what the GIL serializes.
         """
+        carry, client = unattached(carry)
         envs, obs, episode_return, episode_length, key = carry[:5]
-        hidden, act = carry.hidden, carry.act or self.policy.act_alone
+        hidden, act = carry.hidden, client or self.policy.act_alone
         steps = self.config.num_steps
         trajectory = self._empty_trajectory()  # fresh every chunk: the learner keeps the last
         packed_outputs = np.empty((steps, self.num_envs, self.policy.columns), np.float32)
@@ -256,8 +259,9 @@ class HostRollout:
                 self._bootstrap_truncated(params, hidden, step[4], truncated, trajectory, bonus, t)
             if self.recurrent:
                 reset = trajectory.terminated[t] | truncated
-        return self._finish_chunk(params, carry, trajectory, packed_outputs, bonus, first_reset,
-                                  next_obs, key, hidden)
+        carry, *chunk = self._finish_chunk(params, carry, trajectory, packed_outputs, bonus,
+                                           first_reset, next_obs, key, hidden)
+        return reattached(carry, client), *chunk
 
     def _finish_chunk(self, params, carry: HostCarry, trajectory: Trajectory,
                       packed_outputs: np.ndarray, bonus: np.ndarray, first_reset: np.ndarray,
@@ -287,8 +291,7 @@ class HostRollout:
         else:
             bootstrap_value = self.policy.value(params, None, obs)
         carry = HostCarry(carry.envs, obs, stats[2], stats[3], key, hidden,
-                          None if carried_return is None else np.asarray(carried_return),
-                          carry.act)
+                          None if carried_return is None else np.asarray(carried_return))
         return carry, trajectory, obs, bootstrap_value
 
     def _store(self, into: np.ndarray, value: Any, field: str) -> np.ndarray:
@@ -343,10 +346,6 @@ class HostRollout:
                        if self.config.learner_bootstraps_truncation else None),
             discounted_return=np.empty(per_step, np.float32) if self.options.rewards else None,
         )
-
-
-def _attach(carry: HostCarry, act: Callable[..., np.ndarray]) -> HostCarry:
-    return carry._replace(act=act)
 
 
 def episode_statistics(reward: np.ndarray, done: np.ndarray, return_before: np.ndarray,

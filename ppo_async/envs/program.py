@@ -49,19 +49,42 @@ Carry = Any  # whatever an ActorProgram's envs carry between chunks
 
 
 class BatchedInference(NamedTuple):
-    """How a program's per-step policy calls can be batched across actors (host envs).
+    """How the actors of one device may share their jitted calls (`ActorProgram.inference`).
 
-    ``fn(params, hidden, obs, reset, key)`` is the jitted policy call of
-    ``N`` actors at once: every array has a leading actor axis and actor
-    ``i``'s output row depends on row ``i`` alone. ``attach(carry, act)``
-    returns the carry whose rollouts take their actions from ``act(params,
-    hidden, obs, reset, key)`` (one actor's row of ``fn``, e.g. from an
-    `ppo_async.runtime.inference.InferenceServer` shared by the actors of a
-    device) instead of calling the policy alone.
+    ``fn(params, per_actor)`` is the call of ``N`` actors at once: it takes
+    the inputs tuple of every actor's own call, in actor order, and returns
+    a result per actor (``[i]``: actor ``i``'s), which depends on actor
+    ``i``'s inputs alone. Host envs share each env step's policy call
+    (inputs ``(hidden, obs, reset, key)``); gymnax envs share a whole chunk
+    (inputs ``(carry,)``, one vmapped rollout). An actor whose carry is an
+    `AttachedCarry` gets its result from ``act(params, *inputs)``, its
+    client of such a call (`ppo_async.runtime.inference.InferenceServer`),
+    instead of calling alone.
     """
 
     fn: Callable[..., Any]
-    attach: Callable[[Carry, Callable[..., Any]], Carry]
+    # How long the call waits, after a first actor asks, for the others (a chunk
+    # costs about the same for all actors as for one; an env step's call is short).
+    gather_s: float = 0.0
+
+
+class AttachedCarry(NamedTuple):
+    """An actor's env carry with its client of a batched call (`BatchedInference`)."""
+
+    carry: Any
+    act: Callable[..., Any]
+
+
+def unattached(carry: Any) -> tuple[Any, Callable[..., Any] | None]:
+    """``(env carry, client or None)`` of a carry that may be an `AttachedCarry`."""
+    if isinstance(carry, AttachedCarry):
+        return carry.carry, carry.act
+    return carry, None
+
+
+def reattached(carry: Any, act: Callable[..., Any] | None) -> Any:
+    """``carry`` attached to ``act`` again (as it came in: `unattached`)."""
+    return carry if act is None else AttachedCarry(carry, act)
 
 
 class ActorProgram(NamedTuple):

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
-from ppo_async.envs.program import ActorProgram, Carry
+from ppo_async.envs.program import ActorProgram, AttachedCarry, Carry, unattached
 from ppo_async.runtime.inference import RolloutStopped
 from ppo_async.runtime.messages import (
     ActorFailure,
@@ -186,10 +186,10 @@ def run_actor(
     never acts with params the learner did not send. ``load_params`` turns a
     broadcast into params (default: `load_policy_from_broadcast` onto
     ``device``; the thread transport shares one `SharedParams` among its
-    actors). ``policy``: the actor's client of a batched policy call
-    (`ppo_async.runtime.inference.InferenceServer.client`), attached to its
-    carry (`ActorProgram.inference`); None: the rollout calls its policy
-    itself. Raises whatever the env, rollout or loading raises; the
+    actors). ``policy``: the actor's client of a call shared by the actors
+    of its device (`ppo_async.runtime.inference.InferenceServer.client`),
+    attached to its carry (`AttachedCarry`; the learner is sent the env
+    carry alone); None: the rollout calls alone. Raises whatever the env, rollout or loading raises; the
     transport reports it (`spawn_actor`).
     """
     stats = stats if stats is not None else ActorStats(actor_id)
@@ -198,7 +198,7 @@ def run_actor(
         key = jax.random.fold_in(key, start.restart)
     carry = program.reset(key, device) if start.carry is None else start.carry
     if policy is not None:
-        carry = program.inference.attach(carry, policy)
+        carry = AttachedCarry(carry, policy)
     try:
         if load_params is None:
             def load_params(broadcast: PolicyBroadcast) -> Any:
@@ -318,9 +318,8 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
             (trajectory, bootstrap_obs, bootstrap_value)
         )
         channels.send(
-            Experience(
-                actor_id, chooser.version, trajectory, bootstrap_obs, bootstrap_value, carry
-            )
+            Experience(actor_id, chooser.version, trajectory, bootstrap_obs, bootstrap_value,
+                       unattached(carry)[0])
         )
         produced += config.num_steps
         stats.env_steps += trajectory.reward.size

@@ -3,13 +3,15 @@
 An actor of a host env calls its policy once per env step. With many actors
 of few envs each, those calls (a dispatch, a device-to-host copy and the GIL
 each) cost more than the envs. An `InferenceServer` runs on its own thread
-(``ppo-inference``): actors write their inputs into their row of shared
-buffers and wait; the server takes every request waiting, makes ONE call of
-a function vmapped over the actor axis, and hands each actor its row. The
-actors keep everything else of their own: envs, columns, keys, valve, stats.
+(``ppo-inference``): actors hand it their inputs and wait; the server takes
+every request waiting, makes ONE call of a function vmapped over the actor
+axis, and hands each actor its row. The actors keep everything else of their
+own: envs, columns, keys, valve, stats. Host envs batch each env step's
+policy call this way; gymnax envs batch whole chunks (the rollouts of all
+actors as one vmapped program).
 
 Determinism: the call always has every actor's row (``[num_actors, ...]``);
-rows of actors not waiting hold whatever they last wrote and their outputs
+rows of actors not waiting hold the inputs they last sent and their outputs
 are dropped. The policy works row by row, so an actor's output does not
 depend on which other actors were in its call (tests/runtime/test_inference.py
 checks it bit for bit), and a run with an exact policy lag stays fixed by
@@ -26,10 +28,9 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
 
@@ -46,17 +47,20 @@ class InferenceError(RuntimeError):
 
 
 class InferenceServer:
-    """Serves ``act(actor_id, params, *arrays)`` of ``num_actors`` actor threads with batched calls.
+    """Serves ``act(actor_id, params, *inputs)`` of ``num_actors`` actor threads with batched calls.
 
-    ``fn(params, *stacked)`` takes each array with a leading actor axis
-    (``[num_actors, *shape]``) and returns ``[num_actors, ...]``; an actor
-    gets its row as numpy. ``None`` arrays (a feed-forward network's state)
-    pass as None. ``stopped()`` ends the server and every wait.
+    ``fn(params, per_actor)`` takes one ``inputs`` tuple per actor, in actor
+    order (always all of them: an actor not waiting gives the inputs it last
+    sent, or another actor's before its first), and returns something whose
+    ``[i]`` is actor ``i``'s result. After a first request the server waits
+    up to ``gather_s`` for every actor's before it calls (0: it calls with
+    whatever is waiting). ``stopped()`` ends the server and every wait.
     """
 
     def __init__(self, fn: Callable[..., Any], num_actors: int, stopped: Callable[[], bool],
-                 name: str = "ppo-inference"):
+                 gather_s: float = 0.0, name: str = "ppo-inference"):
         self.fn, self.num_actors, self.stopped = fn, num_actors, stopped
+        self.gather_s = gather_s
         self.calls = 0  # batched calls made
         self.requests = 0  # actor requests served
         # C-level primitives only: a Python Condition or Event costs several GIL
@@ -65,8 +69,7 @@ class InferenceServer:
         self._ready = [threading.Lock() for _ in range(num_actors)]  # released: result ready
         for ready in self._ready:
             ready.acquire()
-        self._allocation = threading.Lock()
-        self._buffers: list[np.ndarray | None] | None = None  # one per array, [num_actors, ...]
+        self._inputs: list[tuple | None] = [None] * num_actors  # each actor's latest
         self._results: list[Any] = [None] * num_actors
         self._errors: list[BaseException | None] = [None] * num_actors
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -75,19 +78,16 @@ class InferenceServer:
         self.thread.start()
         return self
 
-    def client(self, actor_id: int) -> Callable[..., np.ndarray]:
-        """``act(params, *arrays)`` of actor ``actor_id``: its row of the batched call."""
-        return lambda params, *arrays: self.act(actor_id, params, *arrays)
+    def client(self, actor_id: int) -> Callable[..., Any]:
+        """``act(params, *inputs)`` of actor ``actor_id``: its result of the batched call."""
+        return lambda params, *inputs: self.act(actor_id, params, *inputs)
 
-    def act(self, actor_id: int, params: Any, *arrays: np.ndarray | None) -> np.ndarray:
-        """Actor ``actor_id``'s row of ``fn`` on its ``arrays``; blocks until the server made it.
+    def act(self, actor_id: int, params: Any, *inputs: Any) -> Any:
+        """Actor ``actor_id``'s result of ``fn`` on its ``inputs``; blocks until the server made it.
 
         Raises `RolloutStopped` once the run stops, and `InferenceError` if the call raised.
         """
-        buffers = self._buffers if self._buffers is not None else self._allocate(arrays)
-        for buffer, array in zip(buffers, arrays):
-            if buffer is not None:
-                buffer[actor_id] = array
+        self._inputs[actor_id] = inputs
         self._requests.put((actor_id, params))
         ready = self._ready[actor_id]
         while not ready.acquire(timeout=_POLL_S):
@@ -99,41 +99,38 @@ class InferenceServer:
         if error is not None:
             self._errors[actor_id] = None
             raise InferenceError(f"the batched policy call of actor {actor_id} failed") from error
-        return self._results[actor_id]
-
-    def _allocate(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
-        with self._allocation:
-            if self._buffers is None:
-                self._buffers = [
-                    None if a is None else np.zeros((self.num_actors, *np.shape(a)),
-                                                    np.asarray(a).dtype)
-                    for a in arrays
-                ]
-            return self._buffers
+        result, self._results[actor_id] = self._results[actor_id], None
+        return result
 
     def _take_pending(self) -> list[tuple[int, Any]]:
-        """Every request waiting (at least one), or [] after a poll without any."""
+        """The requests waiting (at least one), or [] after a poll without any."""
         try:
             pending = [self._requests.get(timeout=_POLL_S)]
         except queue.Empty:
             return []
-        while True:
+        deadline = time.perf_counter() + self.gather_s
+        while len(pending) < self.num_actors:
             try:
-                pending.append(self._requests.get_nowait())
+                wait = deadline - time.perf_counter()
+                pending.append(self._requests.get(timeout=wait) if wait > 0 else
+                               self._requests.get_nowait())
             except queue.Empty:
-                return pending
+                break
+        return pending
 
     def _serve(self) -> None:
         while not self.stopped():
             pending = self._take_pending()
             if not pending:
                 continue
-            # Inputs are copied before the call: actors not in it may write their rows meanwhile.
-            inputs = [None if b is None else b.copy() for b in self._buffers]
+            # A snapshot: actors not in this call may send newer inputs meanwhile.
+            inputs = list(self._inputs)
+            sent = next(x for x in inputs if x is not None)
+            inputs = [sent if x is None else x for x in inputs]
             for group in _by_params(pending):
                 params = group[0][1]
                 try:
-                    out = np.asarray(self.fn(params, *inputs))
+                    out = self.fn(params, inputs)
                 except BaseException as error:  # noqa: BLE001 - each waiting actor raises it
                     out = None
                     for actor_id, _ in group:

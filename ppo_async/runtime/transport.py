@@ -183,7 +183,7 @@ class ThreadTransport:
         self.inference: InferenceServer | None = None
         if program.inference is not None and config.batch_inference and config.num_actors > 1:
             self.inference = InferenceServer(program.inference.fn, config.num_actors,
-                                             self.stop_event.is_set)
+                                             self.stop_event.is_set, program.inference.gather_s)
 
     def _deliver(self, message: PolicyBroadcast) -> None:
         for broadcast_queue in self.broadcast_queues:
@@ -238,7 +238,8 @@ class ThreadTransport:
         return [handle.stats for handle in self.handles if handle is not None]
 
     def threads(self) -> list[threading.Thread]:
-        server = [] if self.inference is None else [self.inference.thread]
+        server = [] if self.inference is None or self.inference.thread.ident is None else [
+            self.inference.thread]
         return [self.publisher.thread, *server, *(h.thread for h in self.handles if h is not None)]
 
     def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:

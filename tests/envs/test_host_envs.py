@@ -424,6 +424,7 @@ DEVICE_SCRIPT = textwrap.dedent(
 
     import ppo_async.runtime.inference as inference_module
     from ppo_async import AsyncActorLearnerConfig, train
+    from ppo_async.envs.program import unattached
 
     train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
 
@@ -470,12 +471,12 @@ DEVICE_SCRIPT = textwrap.dedent(
         def rollout(params, carry):
             record("actor_rollout_params", params)
             carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
-            record("actor_carry_key", carry.key)
+            record("actor_carry_key", unattached(carry)[0].key)
             record("actor_bootstrap_value", bootstrap_value)
             return carry, trajectory, bootstrap_obs, bootstrap_value
 
         original, batched = program.inference, None
-        if original is not None:  # host envs' batched policy call records too
+        if original is not None:  # the actors' shared call records too
             def fn(params, *arrays):
                 record("actor_batched_params", params)
                 return original.fn(params, *arrays)
@@ -527,10 +528,11 @@ def test_learner_and_actors_live_on_their_own_devices(tmp_path):
         assert seen["actor_params"] == ["cpu:0"], (env_id, seen)
         assert seen["actor_rollout_params"] == ["cpu:0"], (env_id, seen)
         assert seen["actor_bootstrap_value"] == ["cpu:0"], (env_id, seen)
+        # Both actors' calls are one batched call (per env step for host envs, per
+        # chunk for gymnax), on the actors' device.
+        assert seen["actor_batched_params"] == ["cpu:0"], (env_id, seen)
         if env_id.startswith("gymnasium:"):
-            # Host envs' actions come from one batched call for both actors; their
-            # keys stay on the host (raw key data), stacked into that call.
-            assert seen["actor_batched_params"] == ["cpu:0"], (env_id, seen)
+            # Host envs' keys stay on the host (raw key data), stacked into that call.
             assert seen["actor_carry_key"] == ["ndarray"], (env_id, seen)
         else:
             assert seen["actor_carry_key"] == ["cpu:0"], (env_id, seen)

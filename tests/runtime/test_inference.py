@@ -82,7 +82,7 @@ def test_an_actors_row_does_not_depend_on_the_other_rows_of_its_call(network):
 def test_an_actor_alone_gets_the_row_it_gets_in_a_batch_and_its_key_advances():
     policy, params = _policy("mlp")
     hidden, obs, reset, keys = _inputs(np.random.default_rng(2), policy, actors=4)
-    batched = np.asarray(policy.act(params, hidden, obs, reset, keys))
+    batched = policy.act_batched(params, [(None, obs[i], None, keys[i]) for i in range(4)])
     alone = policy.act_alone(params, None, obs[2], None, keys[2])
     np.testing.assert_allclose(alone, batched[2], rtol=1e-6, atol=1e-6)
     packed, next_key = policy.split(alone)
@@ -118,9 +118,9 @@ def test_the_server_hands_every_actor_its_own_row_of_calls_grouped_by_params():
     stop = threading.Event()
     seen_params = []
 
-    def fn(params, x):
+    def fn(params, per_actor):
         seen_params.append(params)
-        return x * 2 + (100 if params == "b" else 0)
+        return np.stack([x * 2 + (100 if params == "b" else 0) for (x,) in per_actor])
 
     server = InferenceServer(fn, 6, stop.is_set).start()
     try:
@@ -139,7 +139,7 @@ def test_the_server_hands_every_actor_its_own_row_of_calls_grouped_by_params():
 def test_a_failing_call_reaches_the_actors_that_waited_on_it_and_a_stop_ends_a_wait():
     stop = threading.Event()
 
-    def fn(params, x):
+    def fn(params, per_actor):
         raise ValueError("broken policy")
 
     server = InferenceServer(fn, 2, stop.is_set).start()
@@ -148,7 +148,8 @@ def test_a_failing_call_reaches_the_actors_that_waited_on_it_and_a_stop_ends_a_w
     assert all(isinstance(e.__cause__, ValueError) for e in errors)
     # A server that never answers (a stuck call) does not hold an actor once the run stops.
     release = threading.Event()
-    stuck = InferenceServer(lambda params, x: release.wait(30) and x, 1, stop.is_set).start()
+    stuck = InferenceServer(lambda params, per_actor: release.wait(30) and per_actor, 1,
+                            stop.is_set).start()
     stop_timer = threading.Timer(0.2, stop.set)
     stop_timer.start()
     with pytest.raises(RolloutStopped):
@@ -202,3 +203,30 @@ def test_episode_statistics_of_a_chunk_match_a_step_by_step_loop():
         assert got[0].dtype == got[2].dtype == np.float32
         assert got[1].dtype == got[3].dtype == np.int32
         np.testing.assert_array_equal(got[1], want[1])  # lengths are exact
+
+
+def test_one_vmapped_gymnax_rollout_gives_each_actor_its_own_chunk_bit_for_bit():
+    """The fused chunk of several gymnax actors: actor i's part depends on its carry alone,
+    and is its own rollout's chunk (to rounding: a vmapped program rounds differently)."""
+    from ppo_async.envs.backends import make_actor_program
+
+    config = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=3, envs_per_actor=2,
+                                     num_steps=8, hidden_sizes=(16,))
+    program = make_actor_program(config)
+    device = jax.devices("cpu")[0]
+    params = jax.tree.map(lambda x: np.random.default_rng(4).normal(size=np.shape(x))
+                          .astype(np.float32), program.params_template)
+    carries = [program.reset(jax.random.key(i), device) for i in range(3)]
+    others = [program.reset(jax.random.key(10 + i), device) for i in range(3)]
+    fused = program.inference.fn(params, [(c,) for c in carries])
+    mixed = program.inference.fn(params, [(others[0],), (carries[1],), (others[2],)])
+    leaves = [np.asarray(x).tobytes() for x in jax.tree.leaves(jax.device_get(
+        jax.tree.map(lambda k: jax.random.key_data(k) if jax.dtypes.issubdtype(
+            k.dtype, jax.dtypes.prng_key) else k, (fused[1], mixed[1]))))]
+    half = len(leaves) // 2
+    assert leaves[:half] == leaves[half:]
+    alone = program.rollout(params, carries[1])
+    np.testing.assert_allclose(np.asarray(alone[1].behaviour_logp),
+                               np.asarray(fused[1][1].behaviour_logp), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(alone[1].action), np.asarray(fused[1][1].action))
+    assert not np.array_equal(np.asarray(fused[0][1].obs), np.asarray(fused[1][1].obs))

@@ -1,0 +1,121 @@
+"""Env steps/s of one batch size spread over different actor layouts (gymnax CartPole).
+
+Every layout trains the default config's batch of 512 env steps per update
+(``num_actors x envs_per_actor x num_steps``) with the default PPO settings,
+so that the envs, the steps and the update are the same and only the split
+into actors differs. Each row is a fresh process; layouts and the two
+inference modes alternate seed by seed:
+
+- ``batched``: ``batch_inference=True`` (the default), the actors' chunks are
+  one vmapped rollout per actor device;
+- ``per-actor``: ``batch_inference=False``, each actor runs its own rollout.
+
+A row reports the steady env steps/s (from the first update at or past a
+quarter of the budget to the last, start-up excluded) and the time from
+``train()`` to the first completed update (compiling included; no
+compilation cache). The summary is each layout's median rate as a ratio of
+``1 x 8 batched`` in the same script run.
+
+    python experiments/bench_layouts.py [--layouts 1x8 2x4 4x2 8x1] [--seeds 0 1]
+        [--modes batched per-actor] [--total-env-steps 400000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import common
+
+BATCH = 512
+
+
+def one_run(num_actors: int, envs_per_actor: int, batch_inference: bool, seed: int,
+            total_env_steps: int) -> dict:
+    """Steady env steps/s and time to the first update of one `train` (this process drives it)."""
+    from ppo_async import AsyncActorLearnerConfig, train
+
+    config = AsyncActorLearnerConfig(
+        env_id="CartPole-v1", num_actors=num_actors, envs_per_actor=envs_per_actor,
+        num_steps=BATCH // (num_actors * envs_per_actor), total_env_steps=total_env_steps,
+        batch_inference=batch_inference, seed=seed,
+    )
+    marks: list[tuple[float, int]] = []
+    start = time.perf_counter()
+    train(config, progress=False,
+          on_update=lambda m: marks.append((time.perf_counter(), int(m["env_steps"]))))
+    first = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps // 4)
+    (t0, s0), (t1, s1) = marks[first], marks[-1]
+    return {"num_actors": num_actors, "envs_per_actor": envs_per_actor,
+            "num_steps": config.num_steps, "batch_inference": batch_inference,
+            "env_steps_per_s": (s1 - s0) / (t1 - t0),
+            "first_update_s": marks[0][0] - start, "wall_s": time.perf_counter() - start}
+
+
+def _layout(text: str) -> tuple[int, int]:
+    actors, envs = (int(x) for x in text.split("x"))
+    if BATCH % (actors * envs):
+        raise argparse.ArgumentTypeError(f"{text}: actors x envs must divide {BATCH}")
+    return actors, envs
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", type=_layout, nargs="+",
+                        default=[(1, 8), (2, 4), (4, 2), (8, 1)],
+                        help="ACTORSxENVS, each dividing the batch of 512")
+    parser.add_argument("--modes", nargs="+", choices=["batched", "per-actor"],
+                        default=["batched", "per-actor"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--total-env-steps", type=int, default=400_000)
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.one is not None:  # a row, in the fresh process main() started for it
+        actors, envs, mode, seed = args.one.split(",")
+        print(json.dumps(one_run(int(actors), int(envs), mode == "batched", int(seed),
+                                 args.total_env_steps)))
+        return {}
+    load_before = os.getloadavg()[0]
+    env = {k: v for k, v in os.environ.items() if k != "PPO_ASYNC_JAX_CACHE"}
+    rows = []
+    for seed in args.seeds:
+        for actors, envs in args.layouts:
+            for mode in args.modes:
+                row = common.run_child(
+                    [__file__, "--one", f"{actors},{envs},{mode},{seed}",
+                     "--total-env-steps", str(args.total_env_steps)],
+                    f"{actors}x{envs} {mode}", env=env, timeout_s=900)
+                row.update(mode=mode, seed=seed, load_average_1_min=os.getloadavg()[0])
+                rows.append(row)
+                print(f"seed {seed} {actors}x{envs} {mode:>9}: "
+                      f"{row['env_steps_per_s']:>9,.0f} env steps/s, "
+                      f"first update {row['first_update_s']:.2f} s")
+    medians = {}
+    for actors, envs in args.layouts:
+        for mode in args.modes:
+            mine = [r for r in rows if (r["num_actors"], r["envs_per_actor"], r["mode"])
+                    == (actors, envs, mode)]
+            medians[f"{actors}x{envs} {mode}"] = {
+                "env_steps_per_s": statistics.median(r["env_steps_per_s"] for r in mine),
+                "first_update_s": statistics.median(r["first_update_s"] for r in mine)}
+    base = medians.get(f"1x8 {args.modes[0]}") or next(iter(medians.values()))
+    print("\nlayout, mode: median env steps/s (ratio to the first layout), first update")
+    for name, m in medians.items():
+        m["ratio"] = m["env_steps_per_s"] / base["env_steps_per_s"]
+        print(f"{name:>16}: {m['env_steps_per_s']:>9,.0f} ({m['ratio']:.2f}x), "
+              f"{m['first_update_s']:.2f} s")
+    result = {"rows": rows, "medians": medians, "load_average_before": load_before,
+              "load_average_after": os.getloadavg()[0]}
+    print(f"load average: {load_before:.2f} before, {result['load_average_after']:.2f} after")
+    common.save_result("bench_layouts", args.out, __file__, argv, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
