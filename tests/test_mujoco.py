@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from ppo_async import train
-from ppo_async.presets import MUJOCO_PRESETS, preset
+from ppo_async.presets import preset
 from ppo_async.runtime.evaluate import evaluate
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
