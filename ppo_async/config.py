@@ -83,8 +83,8 @@ class AsyncActorLearnerConfig:
     # --- transport ---
     actor_backend: Literal["threads", "ray"] = "threads"
     """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs), or 'ray' processes (host envs written in Python, a hung env that must be killed, several machines; pip install 'ppo-async[ray]')."""
-    batch_inference: bool = True
-    """Thread actors of one device share their jitted calls, made by an inference thread for every actor waiting: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, a gymnax env's actors their chunks (one vmapped rollout). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). False: every actor calls alone, as Ray actors do."""
+    batch_inference: bool | None = None
+    """Thread actors of one device share their jitted calls, made by an inference thread for every actor waiting: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, a gymnax env's actors their chunks (one vmapped rollout). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). None: on for host envs, off for gymnax (the vmapped rollout gains 4-11% on 2 cores and compiles 0.6 s longer; docs/benchmarks.md). False: every actor calls alone, as Ray actors do."""
     ray_address: str | None = None
     """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
     ray_num_cpus_per_actor: float = 1.0

@@ -181,7 +181,9 @@ class ThreadTransport:
         # One load of each version for all actors (they then share batched calls).
         self.load_params = SharedParams(program.params_template, device)
         self.inference: InferenceServer | None = None
-        if program.inference is not None and config.batch_inference and config.num_actors > 1:
+        shared = program.inference
+        if shared is not None and config.num_actors > 1 and (
+                shared.by_default if config.batch_inference is None else config.batch_inference):
             self.inference = InferenceServer(program.inference.fn, config.num_actors,
                                              self.stop_event.is_set, program.inference.gather_s)
 

@@ -1,5 +1,6 @@
 """Batched inference (`ppo_async.runtime.inference`) and the host rollout's per-chunk bookkeeping."""
 
+import dataclasses
 import threading
 
 import flax.serialization
@@ -8,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from ppo_async import AsyncActorLearnerConfig, PolicyBroadcast
+from ppo_async import AsyncActorLearnerConfig, PolicyBroadcast, train
 from ppo_async.envs.host_rollout import HostRollout, episode_statistics
 from ppo_async.envs.registry import register_host_env
 from ppo_async.runtime.inference import (
@@ -230,3 +231,27 @@ def test_one_vmapped_gymnax_rollout_gives_each_actor_its_own_chunk_bit_for_bit()
                                np.asarray(fused[1][1].behaviour_logp), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(alone[1].action), np.asarray(fused[1][1].action))
     assert not np.array_equal(np.asarray(fused[0][1].obs), np.asarray(fused[1][1].obs))
+
+
+def test_batched_gymnax_actors_at_an_exact_lag_give_the_same_bytes_twice(monkeypatch):
+    servers = []
+    original_init = InferenceServer.__init__
+
+    def recorded_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        servers.append(self)
+
+    monkeypatch.setattr(InferenceServer, "__init__", recorded_init)
+    config = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=3, envs_per_actor=2,
+                                     num_steps=8, num_minibatches=2, num_epochs=1,
+                                     hidden_sizes=(16,), total_env_steps=3 * 2 * 8 * 4,
+                                     batch_inference=True)
+    first, second = (train(config, progress=False) for _ in range(2))
+    as_bytes = flax.serialization.to_bytes
+    assert as_bytes(first.params) == as_bytes(second.params)
+    assert first.report.policy_lag_counts == {0: 3, 1: 9}
+    # Both runs shared their chunks' calls (12 chunks or more each, in fewer calls)...
+    assert len(servers) == 2 and all(12 <= s.requests and s.calls < s.requests for s in servers)
+    # ...and another seed gives other bytes: the check can fail.
+    other = train(dataclasses.replace(config, seed=1), progress=False)
+    assert as_bytes(other.params) != as_bytes(first.params)
