@@ -310,5 +310,5 @@ def make_gymnax_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
         env.observation_shape, network, template, reset, rollout, tuple(chunk_spec),
-        inference=BatchedInference(rollouts, gather_s=0.002, by_default=False),
+        inference=BatchedInference(rollouts, gather_s=0.002),
     )

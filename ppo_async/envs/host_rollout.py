@@ -188,7 +188,8 @@ class HostRollout:
                                self.observation_shape, self.options)
         return ActorProgram(self.observation_shape, self.network, template, self.reset,
                             self.rollout, close=self.close,
-                            inference=BatchedInference(self.policy.act_batched))
+                            inference=BatchedInference(self.policy.act_batched,
+                                                       default_from_actors=16))
 
     def reset(self, key: jax.Array, device: jax.Device) -> HostCarry:
         """This actor's own ``envs_per_actor`` envs, made and seeded from ``key``."""

@@ -66,9 +66,9 @@ class BatchedInference(NamedTuple):
     # How long the call waits, after a first actor asks, for the others (a chunk
     # costs about the same for all actors as for one; an env step's call is short).
     gather_s: float = 0.0
-    # Whether actors share the call when the config leaves it to the backend
-    # (batch_inference=None).
-    by_default: bool = True
+    # With batch_inference=None, the actors of a run share the call from this many
+    # actors on (None: never); fewer are as fast calling alone (docs/benchmarks.md).
+    default_from_actors: int | None = None
 
 
 class AttachedCarry(NamedTuple):

@@ -493,6 +493,7 @@ DEVICE_SCRIPT = textwrap.dedent(
             env_id=env_id, num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1,
             num_minibatches=2, total_env_steps=2 * 2 * 8 * 3, learner_timeout_s=60.0,
             hidden_sizes=(8,), learner_device="cpu:1", actor_device="cpu:0",
+            batch_inference=True,
         )
         result = train(config, progress=False)
         record("final_params", result.params)
@@ -528,13 +529,13 @@ def test_learner_and_actors_live_on_their_own_devices(tmp_path):
         assert seen["actor_params"] == ["cpu:0"], (env_id, seen)
         assert seen["actor_rollout_params"] == ["cpu:0"], (env_id, seen)
         assert seen["actor_bootstrap_value"] == ["cpu:0"], (env_id, seen)
+        # batch_inference: both actors' calls (per env step for host envs, per chunk
+        # for gymnax) are one call, on the actors' device.
+        assert seen["actor_batched_params"] == ["cpu:0"], (env_id, seen)
         if env_id.startswith("gymnasium:"):
-            # Host envs' actions come from one call for both actors, on their device;
-            # their keys stay on the host (raw key data), stacked into that call.
-            assert seen["actor_batched_params"] == ["cpu:0"], (env_id, seen)
+            # Host envs' keys stay on the host (raw key data), stacked into that call.
             assert seen["actor_carry_key"] == ["ndarray"], (env_id, seen)
-        else:  # gymnax actors roll out alone by default
-            assert "actor_batched_params" not in seen, (env_id, seen)
+        else:
             assert seen["actor_carry_key"] == ["cpu:0"], (env_id, seen)
         # train() hands back host numpy params.
         assert seen["final_params"] == ["ndarray"], (env_id, seen)
