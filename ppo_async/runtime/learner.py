@@ -65,19 +65,24 @@ class RolloutBuffer:
         self.columns: list[collections.deque[Experience]] = [
             collections.deque() for _ in range(num_actors)
         ]
+        self.empty_columns = num_actors  # kept as chunks come and go: ready() is O(1)
 
     def add(self, experience: Experience) -> None:
-        self.columns[experience.actor_id].append(experience)
+        column = self.columns[experience.actor_id]
+        self.empty_columns -= not column
+        column.append(experience)
 
     def ready(self) -> bool:
         """Every column holds at least one chunk (``num_steps`` rows)."""
-        return all(self.columns)
+        return self.empty_columns == 0
 
     def pop_batch(self) -> list[Experience]:
         """The oldest chunk of every column, in actor order."""
         if not self.ready():
             raise RuntimeError("pop_batch on a buffer with an empty column")
-        return [column.popleft() for column in self.columns]
+        batch = [column.popleft() for column in self.columns]
+        self.empty_columns = sum(not column for column in self.columns)
+        return batch
 
 
 def stack_experiences(experiences: Sequence[Experience], lags: Sequence[int] | None = None) -> Batch:
@@ -304,6 +309,10 @@ class _Learner:
         # chance to (a broadcast): the hang detector.
         self.last_chunk_at = [time.monotonic()] * config.num_actors
         self.dispatched = report.updates  # updates handed to the device: each consumed one chunk per actor
+        # No actor the learner waits on can be stuck before this time (None: look).
+        # Silences only shorten as chunks arrive, so it stays a safe bound until a
+        # batch is popped: each chunk then costs O(1), not a look at every column.
+        self.no_stuck_actor_before: float | None = None
 
     def _beat(self) -> None:
         if self.hooks.heartbeat is not None:
@@ -317,6 +326,8 @@ class _Learner:
         """
         config, timeout_s = self.config, self.config.learner_timeout_s
         now = time.monotonic()
+        if self.no_stuck_actor_before is not None and now < self.no_stuck_actor_before:
+            return max(self.no_stuck_actor_before - now, 1e-3)
         stuck = _stuck_actors(self.buffer, self.last_chunk_at, timeout_s, now)
         if stuck and self.hooks.on_stuck_actors is not None and self.hooks.on_stuck_actors(
             stuck, self.dispatched * config.num_steps  # their columns are empty
@@ -336,7 +347,8 @@ class _Learner:
             )
         waited_on = [self.last_chunk_at[i] for i, column in enumerate(self.buffer.columns)
                      if not column]
-        return max(min(waited_on) + timeout_s - now, 1e-3)
+        self.no_stuck_actor_before = min(waited_on) + timeout_s
+        return max(self.no_stuck_actor_before - now, 1e-3)
 
     def take_experience(self, wait: bool) -> None:
         """Move delivered chunks into the buffer until it is ready.
@@ -378,6 +390,7 @@ class _Learner:
     def dispatch(self, state: LearnerState) -> _InFlight:
         """Start the update on the buffer's oldest batch; returns without waiting for it."""
         experiences = self.buffer.pop_batch()
+        self.no_stuck_actor_before = None  # columns emptied again: look afresh
         lags = [self.dispatched - e.policy_version for e in experiences]
         self.dispatched += 1
         batch = self.placement.put_batch(stack_experiences(experiences, lags))

@@ -141,6 +141,19 @@ def test_rollout_buffer_fills_by_column_and_pops_in_actor_order():
     assert len(buffer.columns[2]) == 1 and buffer.columns[2][0].policy_version == 1
 
 
+def test_rollout_buffer_counts_its_empty_columns_as_chunks_come_and_go():
+    """ready() is a count kept by add and pop_batch (O(1) per chunk at thousands of actors)."""
+    rng = np.random.default_rng(0)
+    buffer = RolloutBuffer(num_actors=5)
+    for _ in range(300):
+        if buffer.ready() and rng.random() < 0.3:
+            buffer.pop_batch()
+        else:
+            buffer.add(_fake_experience(int(rng.integers(5)), 0))
+        assert buffer.ready() == all(buffer.columns)
+        assert buffer.empty_columns == sum(not column for column in buffer.columns)
+
+
 # --- train(): integration ---------------------------------------------------------
 
 # --- the learner's pipelined readback ----------------------------------------------
