@@ -110,10 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
         m["ratio"] = m["env_steps_per_s"] / base["env_steps_per_s"]
         print(f"{name:>16}: {m['env_steps_per_s']:>9,.0f} ({m['ratio']:.2f}x), "
               f"{m['first_update_s']:.2f} s")
-    result = {"rows": rows, "medians": medians, "load_average_before": load_before,
-              "load_average_after": os.getloadavg()[0]}
-    print(f"load average: {load_before:.2f} before, {result['load_average_after']:.2f} after")
-    common.save_result("bench_layouts", args.out, __file__, argv, result)
+    result = {"rows": rows, "medians": medians}
+    common.save_with_load("bench_layouts", args.out, __file__, argv, result, load_before)
     return result
 
 

@@ -147,10 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{args.backend} {mode:>9}: {num_actors:>3} actors x {args.envs_per_actor} env: "
                   f"{row['env_steps_per_s']:>9,.0f} env steps/s, "
                   f"ideal {row['ideal_env_steps_per_s']:>9,.0f} -> {row['ratio']:.2f}")
-    result = {"rows": rows, "load_average_before": load_before,
-              "load_average_after": os.getloadavg()[0]}
-    print(f"load average: {load_before:.2f} before, {result['load_average_after']:.2f} after")
-    common.save_result("bench_scaling", args.out, __file__, argv, result)
+    result = {"rows": rows}
+    common.save_with_load("bench_scaling", args.out, __file__, argv, result, load_before)
     return result
 
 

@@ -179,6 +179,15 @@ def save_result(
     return write_json(out_dir(name, out_override) / filename, result)
 
 
+def save_with_load(name: str, out_override: str | os.PathLike | None, script: str,
+                   argv: Sequence[str], result: dict[str, Any],
+                   load_before: float) -> pathlib.Path:
+    """`save_result` with the 1-minute load average before the runs and now, printed too."""
+    result.update(load_average_before=load_before, load_average_after=os.getloadavg()[0])
+    print(f"load average: {load_before:.2f} before, {result['load_average_after']:.2f} after")
+    return save_result(name, out_override, script, argv, result)
+
+
 def read_csv(path: pathlib.Path) -> list[dict[str, str]]:
     """Rows of a CSV as dicts of strings ([] if the file does not exist)."""
     if not path.is_file():

@@ -367,6 +367,26 @@ def test_bench_scaling_rates_each_actor_count_against_its_ideal(tmp_path):
                for row in rows)
 
 
+def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, str(EXPERIMENTS / "bench_layouts.py"), "--layouts", "2x4",
+         "--modes", "batched", "per-actor", "--seeds", "0", "--total-env-steps", "4096",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = result["rows"]
+    assert [(r["num_actors"], r["envs_per_actor"], r["num_steps"], r["batch_inference"])
+            for r in rows] == [(2, 4, 64, True), (2, 4, 64, False)]
+    assert all(r["env_steps_per_s"] > 0 and 0 < r["first_update_s"] < r["wall_s"] for r in rows)
+    medians = result["medians"]
+    assert medians["2x4 batched"]["ratio"] == 1.0  # the first layout and mode is the base
+    assert medians["2x4 per-actor"]["ratio"] == (
+        rows[1]["env_steps_per_s"] / rows[0]["env_steps_per_s"])
+    assert "load_average_after" in result
+
+
 def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(tmp_path, monkeypatch,
                                                                           capsys):
     monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
