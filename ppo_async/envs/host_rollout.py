@@ -218,16 +218,16 @@ class HostRollout:
     def rollout(self, params, carry: HostCarry):
         """``num_steps`` env steps: ``(carry, trajectory [T, E, ...], bootstrap_obs [E, ...], bootstrap_value [E])``.
 
-        Each step's `HostPolicy.act` row comes from the client of an
-        `AttachedCarry` (a call shared by the device's actors) or from
-        `HostPolicy.act_alone`. A step does only what the next one needs (the policy call, the env
-        step, its checks and stores into the chunk); the rest (unpacking the
-        policy's outputs, episode statistics, reward scaling) is done once per
-        chunk on ``[T, E]`` arrays, since with many actors each one's Python per
-        step is what the GIL serializes.
+        Each step's `HostPolicy.act` row comes from the client of an `AttachedCarry`
+        (a call shared by the device's actors) or from `HostPolicy.act_alone`. A
+        step does only what the next one needs (the policy call, the env step, its
+        checks and stores into the chunk); the rest (unpacking the policy's outputs,
+        episode statistics, reward scaling) is done once per chunk on ``[T, E]``
+        arrays, since with many actors each one's Python per step is what the GIL
+        serializes.
         """
         carry, client = unattached(carry)
-        envs, obs, episode_return, episode_length, key = carry[:5]
+        envs, obs, _, episode_length, key = carry[:5]
         hidden, act = carry.hidden, client or self.policy.act_alone
         steps = self.config.num_steps
         trajectory = self._empty_trajectory()  # fresh every chunk: the learner keeps the last

@@ -189,8 +189,8 @@ def run_actor(
     actors). ``policy``: the actor's client of a call shared by the actors
     of its device (`ppo_async.runtime.inference.InferenceServer.client`),
     attached to its carry (`AttachedCarry`; the learner is sent the env
-    carry alone); None: the rollout calls alone. Raises whatever the env, rollout or loading raises; the
-    transport reports it (`spawn_actor`).
+    carry alone); None: the rollout calls alone. Raises whatever the env,
+    rollout or loading raises; the transport reports it (`spawn_actor`).
     """
     stats = stats if stats is not None else ActorStats(actor_id)
     key = jax.random.fold_in(jax.random.key(config.seed), actor_id)

@@ -13,11 +13,12 @@ actors as one vmapped program).
 Determinism: the call always has every actor's row (``[num_actors, ...]``);
 rows of actors not waiting hold the inputs they last sent and their outputs
 are dropped. The policy works row by row, so an actor's output does not
-depend on which other actors were in its call (tests/runtime/test_inference.py
-checks it bit for bit), and a run with an exact policy lag stays fixed by
-its seed -- though not bit-equal to one where each actor calls alone (a
-call of another shape rounds differently). Requests holding different params (free-running actors between
-broadcasts) are served by one call per params object, in actor order.
+depend on which other actors were in its call
+(tests/runtime/test_inference.py checks it bit for bit), and a run with an
+exact policy lag stays fixed by its seed -- though not bit-equal to one
+where each actor calls alone (a call of another shape rounds differently).
+Requests holding different params (free-running actors between broadcasts)
+are served by one call per params object, in actor order.
 
 `SharedParams` loads each broadcast version once per device for all actors,
 so those of one version hold the same params object (and share a call).
