@@ -89,6 +89,10 @@ class HostPolicy:
         self.action_dim = self.action_shape[0] if self.continuous else 1
         self.num_envs, self.state_size = num_envs, state_size
         self.columns = self.action_dim + 2 + 2 * state_size
+        # Where each env's packed outputs hold the two states (see the class docstring).
+        a = self.action_dim
+        self.hidden_columns = slice(a + 2, a + 2 + state_size)
+        self.next_hidden_columns = slice(a + 2 + state_size, self.columns)
         self._apply = apply
         self.act = jax.jit(jax.vmap(self._act_one, in_axes=(None, 0, 0, 0, 0)))
         self.value = jax.jit(self._value_recurrent if state_size else self._value)
@@ -145,8 +149,8 @@ class HostPolicy:
         a, s = self.action_dim, self.state_size
         lead = packed.shape[:-1]
         action = packed[..., :a].reshape(*lead, *self.action_shape).astype(self.action_dtype)
-        hidden = packed[..., a + 2: a + 2 + s] if s else None
-        next_hidden = packed[..., a + 2 + s:] if s else None
+        hidden = packed[..., self.hidden_columns] if s else None
+        next_hidden = packed[..., self.next_hidden_columns] if s else None
         return PolicyStep(action, packed[..., a], packed[..., a + 1], hidden, next_hidden)
 
 
@@ -241,7 +245,7 @@ class HostRollout:
             packed, key = self.policy.split(act(params, hidden, trajectory.obs[t], reset, key))
             packed_outputs[t] = packed
             if self.recurrent:
-                hidden = packed[:, self.policy.columns - self.policy.state_size:]
+                hidden = packed[:, self.policy.next_hidden_columns]
             action = self.policy.actions(packed)
             if self.policy.continuous:
                 np.clip(action, self.low, self.high, out=action)

@@ -169,7 +169,7 @@ class Publisher:
 def shares_calls(config: AsyncActorLearnerConfig, program: ActorProgram) -> bool:
     """Whether thread actors of ``program`` share their jitted calls (`InferenceServer`)."""
     shared = program.inference
-    if shared is None or config.batch_inference is False:
+    if shared is None or config.num_actors == 1 or config.batch_inference is False:
         return False
     if config.batch_inference is None:
         return (shared.default_from_actors is not None
@@ -192,7 +192,7 @@ class ThreadTransport:
         # One load of each version for all actors (they then share batched calls).
         self.load_params = SharedParams(program.params_template, device)
         self.inference: InferenceServer | None = None
-        if config.num_actors > 1 and shares_calls(config, program):
+        if shares_calls(config, program):
             self.inference = InferenceServer(program.inference.fn, config.num_actors,
                                              self.stop_event.is_set, program.inference.gather_s)
 
