@@ -36,12 +36,12 @@ def _states(env_id: str, frames: int):
     import numpy as np
 
     from ppo_async import AsyncActorLearnerConfig
-    from ppo_async.tools.video import _GymnaxPlayer
+    from ppo_async.envs.registry import env_backend
 
     config = AsyncActorLearnerConfig(env_id=env_id, num_actors=1, envs_per_actor=1,
                                      num_minibatches=1)
-    player = _GymnaxPlayer(config, env_id, seed=0)
-    player.reset()
+    player = env_backend(env_id).player(config, seed=0)
+    player.reset(0)
     rng = np.random.default_rng(0)
     space, continuous = player.env.action_space, player.env.continuous
     states = []
@@ -81,10 +81,10 @@ def main(argv: list[str] | None = None) -> dict:
         player, states = _states(env_id, args.frames)
         host_states = jax.device_get(states)
         name, env_params = player.env.env.name, player.env.env_params
-        player.draw(states[:1], [0.0])  # the kept env is made once, outside the timing
+        player.draw(states[:1])  # the kept env is made once, outside the timing
         enjoy, gymnax = [], []
         for _ in range(args.repeats):
-            enjoy.append(_time_ms_per_frame(lambda: player.draw(states, [0.0] * len(states)),
+            enjoy.append(_time_ms_per_frame(lambda: player.draw(states),
                                             args.frames))
             gymnax.append(_time_ms_per_frame(
                 lambda: [render_gym_frame(name, state, env_params) for state in host_states],

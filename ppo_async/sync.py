@@ -33,9 +33,9 @@ from ppo_async.core.update import (
     make_update_fn,
     with_normalization,
 )
-from ppo_async.envs.gymnax_env import BatchedEnv, EnvCarry, make_rollout
+from ppo_async.envs.gymnax_env import EnvCarry, make_rollout
 from ppo_async.envs.program import Trajectory
-from ppo_async.envs.registry import GYMNAX, split_env_id
+from ppo_async.envs.registry import env_backend
 from ppo_async.networks.actor_critic import init_params, is_recurrent, make_config_network
 from ppo_async.runs.compile_cache import enable_compilation_cache
 
@@ -89,13 +89,12 @@ def make_sync_twin(
     env_index = np.repeat([history_size - k for k in lags],
                           config.envs_per_actor if per_actor else config.num_envs)
     enable_compilation_cache(config.compilation_cache_dir)  # the twin's jit compiles later
-    backend, env_name = split_env_id(config.env_id)
-    if backend != GYMNAX:
+    env = env_backend(config.env_id).jitted_env(config, config.num_envs)
+    if env is None:
         raise ConfigError(
             f"env_id={config.env_id!r}: the synchronous twin jits its envs and runs "
-            "gymnax envs only"
+            "gymnax envs only (backends whose envs jit)"
         )
-    env = BatchedEnv(env_name, config.num_envs)
     network = make_config_network(config, env.observation_shape, env.action_space)
     recurrent = is_recurrent(network)
     # The actors' transforms: the same rollout acts on the same statistics.

@@ -137,8 +137,8 @@ def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
     return ThreadTransport(config, program, actor_device)
 
 
-def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerConnections,
-                     stop: threading.Event) -> threading.Thread:
+def _spawn_evaluator(config: AsyncActorLearnerConfig, program: ActorProgram,
+                     channels: LearnerConnections, stop: threading.Event) -> threading.Thread:
     """A thread that evaluates each `EvalRequest` put on ``channels.evaluator_queue``.
 
     It receives the same bytes as the actors, so the learner never waits for
@@ -151,7 +151,8 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, channels: LearnerConnectio
 
     def run() -> None:
         try:
-            evaluator = Evaluator(config, config.eval_episodes)
+            # The actors' network and params template; its own envs (any backend's).
+            evaluator = Evaluator(config, config.eval_episodes, program=program)
             while not stop.is_set():
                 try:
                     message = channels.evaluator_queue.get(timeout=0.05)
@@ -535,7 +536,8 @@ class _Run:
         for version, params in self.published:
             transport.publish(params, version)
         if self.evaluating:
-            self.evaluator_thread = _spawn_evaluator(config, self.channels, self.stop)
+            self.evaluator_thread = _spawn_evaluator(config, self.program, self.channels,
+                                                     self.stop)
         for actor_id, carry in enumerate(self.carries):
             transport.start_actor(actor_id, ActorStart(
                 produced_steps=self.start_updates * config.num_steps,

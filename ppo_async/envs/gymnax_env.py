@@ -262,8 +262,12 @@ def make_rollout(
 
 def make_gymnax_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
     """The `ActorProgram` of a gymnax id: ``num_steps`` env steps in one jitted ``lax.scan``."""
-    env_name = split_env_id(config.env_id)[1]
-    env = BatchedEnv(env_name, config.envs_per_actor)
+    return make_jitted_actor_program(
+        config, BatchedEnv(split_env_id(config.env_id)[1], config.envs_per_actor))
+
+
+def make_jitted_actor_program(config: AsyncActorLearnerConfig, env: Any) -> ActorProgram:
+    """The `ActorProgram` of ``envs_per_actor`` envs that jit (any env with `BatchedEnv`'s interface)."""
     network = make_config_network(config, env.observation_shape, env.action_space)
     options = NormalizationOptions.from_config(config)
     template = wrap_params(params_template(network, env.observation_shape),

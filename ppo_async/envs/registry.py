@@ -1,8 +1,12 @@
-"""Env ids and the host-env registry: which backend an id names, and whether it can run.
+"""Env ids: which backend an id names, whether it can run, and the host-env registry.
 
-The config validates ``env_id`` here and the actors look their host envs up
-here, so this module imports nothing else of the package, nor any env
-backend: it only parses names and looks them up, building no env.
+An env id is ``PREFIX:NAME`` (no prefix means gymnax). Each prefix names one
+`ppo_async.envs.backends.EnvBackend`; `env_backend` is the one place that
+picks it, so the actors, the evaluator, the video player and the twin never
+ask which family an env belongs to. The built-in backends are imported by
+module path only when first asked for, and the config validates ``env_id``
+here: importing this module imports nothing else of the package and builds
+no env.
 """
 
 from __future__ import annotations
@@ -17,7 +21,16 @@ class UnknownEnvError(ValueError):
 
 
 GYMNAX, GYMNASIUM, ENVPOOL, HOST = "gymnax", "gymnasium", "envpool", "host"
-ENV_BACKENDS = (GYMNAX, GYMNASIUM, ENVPOOL, HOST)  # env id prefixes, in the order docs list them
+ENV_BACKENDS = (GYMNAX, GYMNASIUM, ENVPOOL, HOST)  # the built-in prefixes, in the order docs list them
+
+# prefix -> the module whose ``backend(prefix)`` builds its EnvBackend (imported when first asked)
+_BUILTIN_BACKENDS = {
+    GYMNAX: "ppo_async.envs.gymnax_backend",
+    GYMNASIUM: "ppo_async.envs.host_backend",
+    ENVPOOL: "ppo_async.envs.host_backend",
+    HOST: "ppo_async.envs.host_backend",
+}
+_BACKENDS: dict[str, Any] = {}  # prefix -> EnvBackend, built or registered
 
 
 class BackendNotInstalledError(ImportError):
@@ -61,6 +74,16 @@ def host_env_factory(name: str) -> HostEnvFactory:
     return _REGISTRY[name]
 
 
+def env_prefixes() -> tuple[str, ...]:
+    """Every env id prefix: the built-in ones, then those added by `register_env_backend`."""
+    return ENV_BACKENDS + tuple(p for p in _BACKENDS if p not in _BUILTIN_BACKENDS)
+
+
+def _unknown_prefix(backend: str) -> str:
+    return (f"unknown backend prefix {backend!r}; valid prefixes: "
+            + ", ".join(f"{b}:" for b in env_prefixes()) + " (no prefix means gymnax:)")
+
+
 def split_env_id(env_id: str) -> tuple[str, str]:
     """``(backend, name)`` of an env id; no prefix means gymnax.
 
@@ -70,13 +93,32 @@ def split_env_id(env_id: str) -> tuple[str, str]:
     backend, sep, name = env_id.partition(":")
     if not sep:
         return GYMNAX, env_id
-    if backend not in ENV_BACKENDS:
-        raise UnknownEnvError(
-            f"env id {env_id!r}: unknown backend prefix {backend!r}; valid prefixes: "
-            + ", ".join(f"{b}:" for b in ENV_BACKENDS)
-            + " (no prefix means gymnax:)"
-        )
+    if backend not in _BUILTIN_BACKENDS and backend not in _BACKENDS:
+        raise UnknownEnvError(f"env id {env_id!r}: {_unknown_prefix(backend)}")
     return backend, name
+
+
+def register_env_backend(prefix: str, backend: Any) -> None:
+    """Make ``PREFIX:NAME`` env ids run on ``backend`` (a `ppo_async.envs.backends.EnvBackend`).
+
+    The built-in prefixes cannot be taken; registering a prefix again
+    replaces its backend. Thread actors, evaluation, videos and the twin (where
+    the backend jits its envs) then run its envs with no other change.
+    """
+    if not isinstance(prefix, str) or not prefix.isidentifier():
+        raise ValueError(f"env backend prefix {prefix!r}: must be a name such as 'mysim'")
+    if prefix in _BUILTIN_BACKENDS:
+        raise ValueError(f"env backend prefix {prefix!r} is built in; choose another name")
+    _BACKENDS[prefix] = backend
+
+
+def env_backend(env_id: str) -> Any:
+    """The `ppo_async.envs.backends.EnvBackend` that runs ``env_id`` (built once per prefix)."""
+    prefix = split_env_id(env_id)[0]
+    if prefix not in _BACKENDS:
+        module = importlib.import_module(_BUILTIN_BACKENDS[prefix])
+        _BACKENDS[prefix] = module.backend(prefix)
+    return _BACKENDS[prefix]
 
 
 def is_host_env_id(env_id: str) -> bool:
@@ -87,49 +129,16 @@ def is_host_env_id(env_id: str) -> bool:
 def env_id_problem(env_id: Any) -> str | None:
     """Why ``env_id`` cannot run here, as a fix for the user; None if it can.
 
-    Used by the config's validation, so it only looks names up: it builds no env.
+    Used by the config's validation, so it only looks names up: each
+    backend's `id_problem` builds no env.
     """
     if not isinstance(env_id, str):
         return "must be a string such as 'CartPole-v1' or 'gymnasium:CartPole-v1'"
     try:
         backend, name = split_env_id(env_id)
     except UnknownEnvError:
-        return (
-            "unknown backend prefix; valid prefixes: "
-            + ", ".join(f"{b}:" for b in ENV_BACKENDS) + " (no prefix means gymnax:)"
-        )
-    if backend == GYMNAX:
-        import gymnax
-
-        if name not in gymnax.registered_envs:
-            return (
-                "unknown environment; choose one of " + ", ".join(gymnax.registered_envs)
-                + " (or a host env: " + ", ".join(f"{b}:NAME" for b in ENV_BACKENDS[1:]) + ")"
-            )
-        return None
-    if backend == GYMNASIUM:
-        import gymnasium
-
-        try:
-            gymnasium.spec(name)  # imports the module of a 'module:Name-v0' id
-        except (gymnasium.error.Error, ModuleNotFoundError) as error:
-            return f"not a registered gymnasium environment ({error})"
-        return None
-    if backend == ENVPOOL:
-        try:
-            envpool = import_envpool()
-        except BackendNotInstalledError as error:
-            return str(error)
-        if name not in envpool.list_all_envs():
-            return "not an envpool environment (envpool.list_all_envs() lists them)"
-        return None
-    if name not in _REGISTRY:
-        registered = ", ".join(registered_host_envs()) or "none yet"
-        return (
-            f"no host env registered as {name!r} (registered: {registered}); call "
-            "ppo_async.envs.registry.register_host_env(name, factory) before building the config"
-        )
-    return None
+        return _unknown_prefix(env_id.partition(":")[0])
+    return env_backend(env_id).id_problem(name)
 
 
 def import_envpool():

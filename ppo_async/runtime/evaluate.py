@@ -1,17 +1,12 @@
 """Evaluation: run a policy for a number of whole episodes and report their returns.
 
-`Evaluator` builds the env batch, the network and one jitted
-``lax.while_loop`` for a config once; calling it with params (a pytree, flax
-bytes, or the `PolicyBroadcast` the actors receive) runs until every env of
-the batch has finished its share of the episodes. An evaluator thread keeps
-one `Evaluator` and so compiles once. `evaluate` is the one-call form.
-
-Which episodes count: the batch has ``B = min(num_episodes, 16)`` envs and env
-``b`` contributes its first ``num_episodes // B`` (+1 for the first
-``num_episodes % B`` envs) episodes. A fixed share per env, rather than the
-first ``num_episodes`` episodes to finish anywhere, keeps the estimate from
-favouring short episodes. Episodes are listed env by env, each env's in the
-order they finished.
+`Evaluator` is a driver over any env backend (`ppo_async.envs.backends`): it
+builds the backend's evaluation envs and the network once; calling it with
+params (a pytree, flax bytes, or the `PolicyBroadcast` the actors receive)
+runs until every env of the batch has finished its share of the episodes
+(`ppo_async.envs.episodes.episode_shares`). gymnax envs run the whole loop
+compiled, host envs step in Python. An evaluator thread keeps one
+`Evaluator`, and so compiles once. `evaluate` is the one-call form.
 """
 
 from __future__ import annotations
@@ -20,19 +15,15 @@ import threading
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import resolve_device
-from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
-from ppo_async.envs.gymnax_env import BatchedEnv
-from ppo_async.networks.actor_critic import (
-    is_recurrent,
-    make_config_network,
-    params_template,
-    reset_hidden,
-)
+from ppo_async.core.normalization import NormalizationOptions, wrap_params
+from ppo_async.envs.episodes import EpisodePolicy, episode_shares
+from ppo_async.envs.program import ActorProgram
+from ppo_async.envs.registry import env_backend
+from ppo_async.networks.actor_critic import is_recurrent, make_config_network, params_template
 from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds
@@ -47,56 +38,23 @@ class EvalResult(NamedTuple):
     std_return: float  # population standard deviation of episode_returns
 
 
-class _Loop(NamedTuple):
-    """State of the evaluation loop (``B`` envs, ``N`` episodes)."""
-
-    env_state: Any  # gymnax state pytree, leaves [B, ...]
-    obs: jax.Array  # [B, *obs_shape] float32
-    episode_return: jax.Array  # [B] float32, of the running episode
-    episode_length: jax.Array  # [B] int32, of the running episode
-    episodes_done: jax.Array  # [B] int32, counted episodes of each env (capped at its share)
-    returns: jax.Array  # [N] float32, filled slot by slot
-    lengths: jax.Array  # [N] int32
-    steps: jax.Array  # [] int32, loop iterations so far
-    key: jax.Array  # PRNG key for actions and auto-resets
-    hidden: jax.Array | None = None  # [B, state_size] recurrent policies only, as in EnvCarry
-
-
-class _Outcome(NamedTuple):
-    """What the compiled loop hands back to the host."""
-
-    returns: jax.Array  # [N] float32
-    lengths: jax.Array  # [N] int32
-    episodes_done: jax.Array  # [B] int32
-    steps: jax.Array  # [] int32
-
-
-def _gymnax_id(env_id: str) -> str:
-    backend, sep, name = env_id.partition(":")
-    if not sep:
-        return env_id
-    if backend == "gymnax":
-        return name
-    raise ValueError(
-        f"env_id={env_id!r}: evaluation runs gymnax envs (jitted); the {backend!r} "
-        "backend is not supported by ppo_async.runtime.evaluate"
-    )
-
-
 class Evaluator:
-    """Evaluation of one config's network on its env; compiled once, called many times.
+    """Evaluation of one config's network on its env; built once, called many times.
 
     Args:
-      config: gives ``env_id``, ``hidden_sizes``, ``network``,
-        ``rnn_hidden_size``, ``torso`` and ``actor_device`` (nothing else is used). A
-        recurrent policy carries its state through each episode and starts
-        every episode from zeros.
-      num_episodes: episodes per evaluation (>= 1).
+      config: gives ``env_id`` (its backend makes the envs), the network fields,
+        the normalization fields and ``actor_device``. A recurrent policy
+        carries its state through each episode and starts every episode from
+        zeros.
+      num_episodes: episodes per evaluation (>= 1); ``min(num_episodes, 16)``
+        envs step together.
       greedy: act with the distribution's mode (argmax / mean); else sample.
       device: where to evaluate; default ``config.actor_device`` (the CPU), so
         that an evaluator thread never competes with the learner's device.
+      program: the run's `ActorProgram`, whose network and params template
+        the evaluator then shares instead of building its own.
 
-    Calls may come from any thread; each runs the same compiled loop.
+    Calls may come from any thread; they run one at a time.
     """
 
     def __init__(
@@ -106,116 +64,69 @@ class Evaluator:
         *,
         greedy: bool = True,
         device: jax.Device | None = None,
+        program: ActorProgram | None = None,
     ):
         if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
             raise ValueError(f"num_episodes={num_episodes!r}: must be an integer >= 1")
+        self.env_id = config.env_id
         self.num_episodes = num_episodes
         self.greedy = bool(greedy)
         self.device = device if device is not None else resolve_device(config.actor_device)
         self.num_envs = min(num_episodes, MAX_EVAL_ENVS)
-        self.env = BatchedEnv(_gymnax_id(config.env_id), self.num_envs)
-        self.network = make_config_network(
-            config, self.env.observation_shape, self.env.action_space
-        )
+        self.backend = env_backend(config.env_id)
+        self.env = self.backend.episode_env(config, self.num_envs)
+        self.normalization = NormalizationOptions.from_config(config)
+        if program is not None:
+            self.network, self.params_template = program.network, program.params_template
+        else:
+            self.network = make_config_network(config, self.env.observation_shape,
+                                               self.env.action_space)
+            # Host params with the network's structure, for decoding bytes.
+            self.params_template = wrap_params(
+                params_template(self.network, self.env.observation_shape),
+                self.env.observation_shape, self.normalization)
         self.recurrent = is_recurrent(self.network)
-        # The actors' observation transform, with the statistics the params carry.
-        options = self.normalization = NormalizationOptions.from_config(config)
-        # Host params with the network's structure, for decoding bytes.
-        self.params_template = wrap_params(
-            params_template(self.network, self.env.observation_shape),
-            self.env.observation_shape, options)
-        share = np.full(self.num_envs, num_episodes // self.num_envs, np.int32)
-        share[: num_episodes % self.num_envs] += 1
-        self.episodes_per_env = share  # [B] episodes each env contributes
-        self.first_slot_of_env = np.cumsum(share) - share  # [B] where its episodes start
-        # Within max_episode_steps every env finishes at least one episode, so
-        # this many steps always suffice; the bound only guards the loop.
-        self.max_steps = self.env.max_episode_steps * int(share.max()) + 1
-        self.traces = 0  # how often the loop was traced (compiled); tests read it
-        self._run = jax.jit(self._loop)
+        self.episodes_per_env = episode_shares(num_episodes, self.num_envs)  # [B]
+        self.first_slot_of_env = np.cumsum(self.episodes_per_env) - self.episodes_per_env  # [B]
+        self._policy: EpisodePolicy | None = None
+        self._lock = threading.Lock()  # a host env batch steps one evaluation at a time
 
-    def _loop(self, params: Any, key: jax.Array) -> _Outcome:
-        self.traces += 1
-        # Built when the loop is traced, from the network as it is then.
-        env, apply = self.env, acting_apply(self.network.apply, self.normalization)
-        share = jnp.asarray(self.episodes_per_env)
-        first_slot = jnp.asarray(self.first_slot_of_env)
-        n = self.num_episodes
+    @property
+    def traces(self) -> int:
+        """How often a compiled evaluation loop was traced (gymnax; 0 for host envs)."""
+        return getattr(self.env, "traces", 0)
 
-        def body(loop: _Loop) -> _Loop:
-            key, action_key, step_key = jax.random.split(loop.key, 3)
-            hidden = None
-            if self.recurrent:
-                # The state is carried within an episode and zeroed at its
-                # first step, exactly as the actors' rollout does.
-                hidden = reset_hidden(loop.hidden, loop.episode_length == 0)
-                hidden, dist, _ = apply(params, hidden, loop.obs)
-            else:
-                dist, _ = apply(params, loop.obs)
-            action = dist.mode() if self.greedy else dist.sample(action_key)
-            obs, env_state, reward, terminated, truncated, _ = env.step(
-                step_key, loop.env_state, action
-            )
-            episode_return = loop.episode_return + reward
-            episode_length = loop.episode_length + 1
-            done = terminated | truncated
-            counted = done & (loop.episodes_done < share)
-            # Slot n is out of range and dropped: episodes past an env's share.
-            slot = jnp.where(counted, first_slot + loop.episodes_done, n)
-            return _Loop(
-                env_state=env_state,
-                obs=obs,
-                episode_return=jnp.where(done, 0.0, episode_return),
-                episode_length=jnp.where(done, 0, episode_length),
-                episodes_done=loop.episodes_done + counted.astype(jnp.int32),
-                returns=loop.returns.at[slot].set(episode_return, mode="drop"),
-                lengths=loop.lengths.at[slot].set(episode_length, mode="drop"),
-                steps=loop.steps + 1,
-                key=key,
-                hidden=hidden,
-            )
-
-        def not_finished(loop: _Loop) -> jax.Array:
-            return jnp.any(loop.episodes_done < share) & (loop.steps < self.max_steps)
-
-        reset_key, loop_key = jax.random.split(key)
-        carry = env.reset(reset_key, self.network.state_size if self.recurrent else None)
-        start = _Loop(
-            env_state=carry.env_state,
-            obs=carry.obs,
-            episode_return=carry.episode_return,
-            episode_length=carry.episode_length,
-            episodes_done=jnp.zeros((self.num_envs,), jnp.int32),
-            returns=jnp.zeros((n,), jnp.float32),
-            lengths=jnp.zeros((n,), jnp.int32),
-            steps=jnp.zeros((), jnp.int32),
-            key=loop_key,
-            hidden=carry.hidden,
-        )
-        end = jax.lax.while_loop(not_finished, body, start)
-        return _Outcome(end.returns, end.lengths, end.episodes_done, end.steps)
+    def _episode_policy(self) -> EpisodePolicy:
+        # Built at the first call, from the network as it is then.
+        if self._policy is None or self._policy.network is not self.network:
+            self._policy = EpisodePolicy(self.network, self.greedy, self.normalization,
+                                         recurrent=self.recurrent)
+        return self._policy
 
     def __call__(self, params: Any, seed: int = 0) -> EvalResult:
         """Evaluate ``params``: a params pytree (any device) or flax msgpack bytes.
 
-        Episodes of env ``b`` start from ``BatchedEnv(env_id, B).reset(k)[b]``
-        with ``k = jax.random.split(jax.random.key(seed))[0]``; the same params
-        and seed give the same result.
+        The envs are reset with ``seed`` (`ppo_async.envs.gymnax_backend.GymnaxEpisodes`
+        says which batch a gymnax env starts from); the same params and seed
+        give the same result.
         """
         if isinstance(params, (bytes, bytearray)):
             params = self._decode(PolicyBroadcast(-1, bytes(params)))
         params = jax.device_put(params, self.device)
-        key = jax.device_put(jax.random.key(seed), self.device)
-        outcome = jax.device_get(self._run(params, key))
-        if np.any(outcome.episodes_done < self.episodes_per_env):
+        with self._lock:
+            try:
+                returns, lengths, episodes_done = self.backend.evaluate(
+                    self.env, self._episode_policy(), params, seed, self.episodes_per_env)
+            finally:
+                self.env.close()
+        if np.any(episodes_done < self.episodes_per_env):
             raise RuntimeError(
-                f"evaluation stopped after {outcome.steps} steps with "
-                f"{int(outcome.episodes_done.sum())} of {self.num_episodes} episodes done"
-            )
-        returns = np.asarray(outcome.returns, np.float32)
+                f"{self.env_id}: evaluation stopped with {int(np.sum(episodes_done))} of "
+                f"{self.num_episodes} episodes done")
+        returns = np.asarray(returns, np.float32)
         return EvalResult(
             episode_returns=returns,
-            episode_lengths=np.asarray(outcome.lengths, np.int32),
+            episode_lengths=np.asarray(lengths, np.int32),
             mean_return=float(np.mean(returns)),
             std_return=float(np.std(returns)),
         )
@@ -241,7 +152,8 @@ _MAX_CACHED_EVALUATORS = 8
 
 def _cached_evaluator(config: AsyncActorLearnerConfig, num_episodes: int,
                       greedy: bool) -> Evaluator:
-    cache_key = (config.env_id, tuple(config.hidden_sizes), config.actor_device,
+    cache_key = (config.env_id, config.envpool_kwargs, tuple(config.hidden_sizes),
+                 config.actor_device,
                  num_episodes, bool(greedy), config.network, config.rnn_hidden_size,
                  NormalizationOptions.from_config(config), config.torso)
     with _EVALUATORS_LOCK:
@@ -276,117 +188,10 @@ def evaluate(
       greedy: act with the mode of the policy (argmax, or the Gaussian mean);
         else sample from it.
 
-    The compiled loop is cached per (env, network, num_episodes, greedy), so
-    repeated calls do not recompile. See `Evaluator` for which episodes count.
-    Host envs (``gymnasium:``, ``envpool:``, ``host:``) run the same episodes
-    in a Python loop over the env (`evaluate_host_env`).
+    Evaluators are cached per (env, network, num_episodes, greedy), so
+    repeated calls do not recompile. Every backend runs the same episodes
+    (`ppo_async.envs.episodes.episode_shares`); envpool Atari games are played
+    with the evaluation settings (`ppo_async.envs.registry.ATARI_EVAL_KWARGS`:
+    whole games, unclipped score, sticky actions), not the training ones.
     """
-    from ppo_async.envs.registry import GYMNAX, split_env_id
-
-    if split_env_id(config.env_id)[0] != GYMNAX:
-        return evaluate_host_env(config, params, num_episodes, seed, greedy)
     return _cached_evaluator(config, num_episodes, greedy)(params, seed)
-
-
-def make_host_act(network: Any, greedy: bool, normalization: NormalizationOptions | None = None):
-    """The jitted policy step of a Python loop over envs, for any network.
-
-    ``act(params, obs [B, ...], key, hidden [B, S] | None, episode_start [B] bool)
-    -> (key, action [B, ...], hidden)``: the mode of the policy with
-    ``greedy``, else a sample. A recurrent network's state is carried within
-    an episode and zeroed at its first step, as the actors do. With
-    ``normalization`` on, ``params`` is a `NormalizedPolicy` and the
-    observations are normalized as the actors normalize them.
-    """
-    recurrent = is_recurrent(network)
-    apply = network.apply if normalization is None else acting_apply(network.apply, normalization)
-
-    @jax.jit
-    def act(params, obs, key, hidden, episode_start):
-        key, action_key = jax.random.split(key)
-        if recurrent:
-            hidden, dist, _ = apply(params, reset_hidden(hidden, episode_start), obs)
-        else:
-            dist, _ = apply(params, obs)
-        return key, dist.mode() if greedy else dist.sample(action_key), hidden
-
-    return act
-
-
-# An env that never ends an episode would loop forever; no task here comes near.
-MAX_HOST_EVAL_STEPS = 1_000_000
-
-
-def evaluate_host_env(
-    config: AsyncActorLearnerConfig,
-    params: Any,
-    num_episodes: int = 10,
-    seed: int = 0,
-    greedy: bool = True,
-) -> EvalResult:
-    """`evaluate` for host envs: the batch of envs is stepped in Python.
-
-    The same episodes count as in `Evaluator` (a fixed share per env). The
-    envs are seeded with ``seed`` and closed afterwards. envpool Atari games
-    are played with the evaluation settings
-    (`ppo_async.envs.registry.ATARI_EVAL_KWARGS`: whole games, unclipped
-    score, sticky actions), not the training ones.
-    """
-    from ppo_async.envs.host import checked_array, close_envs, make_host_env
-
-    if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-        raise ValueError(f"num_episodes={num_episodes!r}: must be an integer >= 1")
-    num_envs = min(num_episodes, MAX_EVAL_ENVS)
-    envs = make_host_env(config.env_id, num_envs, envpool_kwargs=config.envpool_kwargs,
-                         evaluation=True)
-    try:
-        observation_shape = tuple(int(d) for d in envs.observation_shape)
-        network = make_config_network(config, observation_shape, envs.action_space)
-        options = NormalizationOptions.from_config(config)
-        template = wrap_params(params_template(network, observation_shape), observation_shape,
-                               options)
-        device = resolve_device(config.actor_device)
-        if isinstance(params, (bytes, bytearray)):
-            params = load_policy_from_broadcast(PolicyBroadcast(-1, bytes(params)), template)
-        params = jax.device_put(params, device)
-        continuous = not hasattr(envs.action_space, "n")
-        low = np.asarray(getattr(envs.action_space, "low", -np.inf), np.float32)
-        high = np.asarray(getattr(envs.action_space, "high", np.inf), np.float32)
-
-        act = make_host_act(network, greedy, options)
-        share = np.full(num_envs, num_episodes // num_envs, np.int32)
-        share[: num_episodes % num_envs] += 1
-        first_slot = np.cumsum(share) - share
-        returns = np.zeros(num_episodes, np.float32)
-        lengths = np.zeros(num_episodes, np.int32)
-        done_count = np.zeros(num_envs, np.int32)
-        episode_return = np.zeros(num_envs, np.float32)
-        episode_length = np.zeros(num_envs, np.int32)
-        key = jax.random.key(seed)
-        hidden = network.zero_hidden(num_envs) if is_recurrent(network) else None
-        obs = checked_array(config.env_id, "reset obs", envs.reset(seed),
-                     (num_envs, *observation_shape), np.float32)
-        for _ in range(MAX_HOST_EVAL_STEPS):
-            if np.all(done_count >= share):
-                break
-            key, action, hidden = act(params, obs, key, hidden, episode_length == 0)
-            action = np.asarray(action)
-            step = envs.step(np.clip(action, low, high) if continuous else action)
-            obs = checked_array(config.env_id, "obs", step[0], (num_envs, *observation_shape), np.float32)
-            episode_return += np.asarray(step[1], np.float32)
-            episode_length += 1
-            done = np.asarray(step[2], bool) | np.asarray(step[3], bool)
-            for env in np.flatnonzero(done & (done_count < share)):
-                returns[first_slot[env] + done_count[env]] = episode_return[env]
-                lengths[first_slot[env] + done_count[env]] = episode_length[env]
-                done_count[env] += 1
-            episode_return[done] = 0.0
-            episode_length[done] = 0
-        else:
-            raise RuntimeError(
-                f"evaluation stopped after {MAX_HOST_EVAL_STEPS} steps with "
-                f"{int(done_count.sum())} of {num_episodes} episodes done"
-            )
-    finally:
-        close_envs(envs)
-    return EvalResult(returns, lengths, float(np.mean(returns)), float(np.std(returns)))

@@ -44,15 +44,15 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import resolve_device
-from ppo_async.envs.registry import GYMNASIUM, GYMNAX, is_envpool_gym_mujoco, split_env_id
-from ppo_async.networks.actor_critic import is_recurrent, make_config_network
+from ppo_async.core.normalization import NormalizationOptions
+from ppo_async.envs.backends import VIDEO_EXTRA, RenderError
+from ppo_async.envs.episodes import EpisodePolicy, run_episodes
+from ppo_async.envs.registry import env_backend
+from ppo_async.networks.actor_critic import make_config_network
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
-VIDEO_EXTRA = "pip install 'ppo-async[video]'"
-
-
-class RenderError(RuntimeError):
-    """An env that cannot be rendered, or a video that cannot be written; the message says why."""
+__all__ = ["RenderError", "Recording", "check_video_path", "headless_backends",
+           "record_episodes", "use_headless_backends", "write_video"]
 
 
 class Recording(NamedTuple):
@@ -134,218 +134,25 @@ def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: 
                     seed: int = 0) -> Recording:
     """Play ``num_episodes`` greedy episodes of ``config.env_id`` under ``params`` and render them.
 
+    The env's backend gives the player (`ppo_async.envs.backends.EnvBackend.player`);
+    the episodes are played in the loop evaluation uses
+    (`ppo_async.envs.episodes.run_episodes`), one env, a snapshot per step.
     Raises `RenderError` (before playing) for an env that cannot be rendered.
     """
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes={num_episodes!r}: must be an integer >= 1")
     use_headless_backends()
-    backend, name = split_env_id(config.env_id)
-    player = _GymnaxPlayer(config, name, seed) if backend == GYMNAX else _HostPlayer(config, seed)
+    player = env_backend(config.env_id).player(config, seed)
     try:
-        return _play(player, params, num_episodes, seed)
+        network = make_config_network(config, player.observation_shape, player.action_space)
+        policy = EpisodePolicy(network, greedy=True,
+                               normalization=NormalizationOptions.from_config(config))
+        params = jax.device_put(params, resolve_device(config.actor_device))
+        snapshots: list[Any] = []
+        returns, lengths, _ = run_episodes(player, policy, params, seed,
+                                           np.array([num_episodes], np.int32),
+                                           observe=lambda: snapshots.append(player.snapshot()))
+        frames = np.stack(player.draw(snapshots))
     finally:
         player.close()
-
-
-def _play(player: Any, params: Any, num_episodes: int, seed: int) -> Recording:
-    """The episode loop every backend shares: act greedily, step, keep a snapshot per step."""
-    from ppo_async.core.normalization import NormalizationOptions
-    from ppo_async.runtime.evaluate import make_host_act
-
-    network = player.network
-    act = make_host_act(network, greedy=True,
-                        normalization=NormalizationOptions.from_config(player.config))
-    params = jax.device_put(params, resolve_device(player.config.actor_device))
-    key = jax.random.key(seed)
-    hidden = network.zero_hidden(1) if is_recurrent(network) else None
-    obs = player.reset()
-    snapshots, returns, lengths = [player.snapshot()], [], []
-    episode_return, episode_length = 0.0, 0
-    while len(returns) < num_episodes:
-        key, action, hidden = act(params, obs, key, hidden, np.array([episode_length == 0]))
-        obs, reward, done = player.step(np.asarray(action))
-        episode_return += reward
-        episode_length += 1
-        if done:
-            returns.append(episode_return)
-            lengths.append(episode_length)
-            episode_return, episode_length = 0.0, 0
-            if len(returns) == num_episodes:
-                break
-        snapshots.append(player.snapshot())
-    frames = np.stack(player.draw(snapshots, returns))
-    return Recording(frames, np.asarray(returns, np.float32), np.asarray(lengths, np.int32))
-
-
-class _GymnaxPlayer:
-    """One gymnax env stepped with the policy; its states drawn by `_ClassicControlCanvas`
-    or gymnax's ``Visualizer``."""
-
-    def __init__(self, config: AsyncActorLearnerConfig, name: str, seed: int):
-        from ppo_async.envs.gymnax_env import BatchedEnv
-
-        self.config = config
-        self.env = BatchedEnv(name, 1)
-        self.network = make_config_network(config, self.env.observation_shape,
-                                           self.env.action_space)
-        self._key = jax.random.key(seed + 1)
-        self._step = jax.jit(self.env.step)
-        self._carry = self.env.reset(self._key)
-        self.state = self._carry.env_state
-        self._canvas: _ClassicControlCanvas | None = None
-        self.draw([self.snapshot()], [])  # refuses an env gymnax cannot draw, before playing
-
-    def reset(self) -> np.ndarray:
-        return np.asarray(self._carry.obs)
-
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool]:
-        self._key, step_key = jax.random.split(self._key)
-        obs, self.state, reward, terminated, truncated, _ = self._step(
-            step_key, self.state, action)
-        return np.asarray(obs), float(reward[0]), bool(terminated[0] | truncated[0])
-
-    def snapshot(self) -> Any:
-        return jax.tree.map(lambda leaf: leaf[0], self.state)
-
-    def draw(self, states: list[Any], returns: list[float]) -> list[np.ndarray]:
-        import gymnasium
-        from gymnax.visualize import vis_gym
-
-        del returns
-        states = jax.device_get(states)  # one transfer, not one per field per frame
-        if self.env.env.name not in vis_gym.SUPPORTED_GYM_ENVS:
-            return self._draw_with_matplotlib(states)
-        if self._canvas is None:
-            try:
-                self._canvas = _ClassicControlCanvas(self.env.env.name, self.env.env_params)
-            except gymnasium.error.DependencyNotInstalled as error:
-                raise RenderError(f"{self.config.env_id}: drawing it needs pygame "
-                                  f"({VIDEO_EXTRA}): {error}") from None
-        return [self._canvas.draw(state) for state in states]
-
-    def _draw_with_matplotlib(self, states: list[Any]) -> list[np.ndarray]:
-        """gymnax's ``Visualizer`` (MinAtar, Catch, mazes, PointRobot), titled with the step."""
-        import matplotlib.pyplot as plt
-        from gymnax.visualize import Visualizer
-
-        visualizer = Visualizer(self.env.env, self.env.env_params, states)
-        try:
-            visualizer.init()
-            if not hasattr(visualizer, "im"):
-                raise RenderError(
-                    f"{self.config.env_id}: gymnax has no renderer for this env, so it cannot "
-                    "be watched (gymnax draws classic control, MinAtar, Catch, mazes and "
-                    "PointRobot)")
-            frames = []
-            for index in range(len(states)):
-                visualizer.update(index)
-                visualizer.fig.canvas.draw()
-                frames.append(np.asarray(visualizer.fig.canvas.buffer_rgba())[..., :3].copy())
-            return frames
-        finally:
-            plt.close(visualizer.fig)
-
-    def close(self) -> None:
-        if self._canvas is not None:
-            self._canvas.close()
-
-
-class _ClassicControlCanvas:
-    """gymnasium's pygame renderer of a classic-control env, fed gymnax states.
-
-    gymnax's own adapter makes, resets and closes a gymnasium env for every
-    frame (pygame started and stopped each time); this keeps one env and only
-    sets its state, with gymnax's mappings of the env's parameters and state
-    onto gymnasium's (``experiments/bench_render.py`` times both).
-    """
-
-    def __init__(self, name: str, env_params: Any):
-        import gymnasium
-        from gymnax.visualize import vis_gym
-
-        self._name, self._vis_gym = name, vis_gym
-        self._env = gymnasium.make(name, render_mode="rgb_array")
-        self._env.reset(seed=0)  # gymnasium renders only after a reset
-        vis_gym.set_gym_params(self._env.unwrapped, name, env_params)
-
-    def draw(self, state: Any) -> np.ndarray:
-        unwrapped = self._env.unwrapped
-        unwrapped.state = self._vis_gym.get_gym_state(state, self._name)
-        if self._name == "Pendulum-v1":
-            unwrapped.last_u = np.asarray(state.last_u, dtype=np.float64)
-        return np.asarray(self._env.render(), np.uint8)
-
-    def close(self) -> None:
-        self._env.close()
-
-
-class _HostPlayer:
-    """One host env made to render (``render_mode="rgb_array"``); its frames kept as they come."""
-
-    def __init__(self, config: AsyncActorLearnerConfig, seed: int):
-        import gymnasium
-
-        from ppo_async.envs.host import close_envs, make_host_env
-
-        self.config, self._seed, self._close = config, seed, close_envs
-        env_id, envpool_kwargs = config.env_id, config.envpool_kwargs
-        if is_envpool_gym_mujoco(env_id):
-            # envpool's MuJoCo renderer makes no OpenGL context of its own without a
-            # display, and MuJoCo then ends the process; gymnasium's env of the same id
-            # is the same model with the same observations, and renders headless.
-            env_id, envpool_kwargs = f"{GYMNASIUM}:{split_env_id(env_id)[1]}", ()
-        try:
-            self.envs = make_host_env(env_id, 1, envpool_kwargs=envpool_kwargs,
-                                      evaluation=True, render=True)
-        except gymnasium.error.DependencyNotInstalled as error:
-            raise RenderError(f"{config.env_id}: rendering it needs a package "
-                              f"({VIDEO_EXTRA}): {error}") from None
-        if not callable(getattr(self.envs, "render", None)):
-            self.close()
-            raise RenderError(
-                f"{config.env_id}: this host env cannot be rendered (its batch has no "
-                "render() returning [E, H, W, 3] uint8 frames)")
-        self.observation_shape = tuple(int(d) for d in self.envs.observation_shape)
-        self.network = make_config_network(config, self.observation_shape,
-                                           self.envs.action_space)
-        space = self.envs.action_space
-        self._low = np.asarray(getattr(space, "low", -np.inf), np.float32)
-        self._high = np.asarray(getattr(space, "high", np.inf), np.float32)
-        self._continuous = not hasattr(space, "n")
-
-    def reset(self) -> np.ndarray:
-        return np.asarray(self.envs.reset(self._seed), np.float32)
-
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool]:
-        if self._continuous:
-            action = np.clip(action, self._low, self._high)
-        obs, reward, terminated, truncated, _ = self.envs.step(action)
-        done = bool(np.asarray(terminated)[0] or np.asarray(truncated)[0])
-        return np.asarray(obs, np.float32), float(np.asarray(reward)[0]), done
-
-    def snapshot(self) -> np.ndarray:
-        try:
-            frames = np.asarray(self.envs.render())
-        except Exception as error:  # noqa: BLE001 - any renderer's failure, said in one line
-            raise RenderError(_render_failure(self.config.env_id, error)) from error
-        if frames.ndim != 4 or frames.shape[-1] != 3:
-            raise RenderError(f"{self.config.env_id}: render() returned shape {frames.shape}, "
-                              "expected [E, H, W, 3]")
-        return frames[0].astype(np.uint8)
-
-    def draw(self, frames: list[np.ndarray], returns: list[float]) -> list[np.ndarray]:
-        del returns
-        return frames
-
-    def close(self) -> None:
-        self._close(self.envs)
-
-
-def _render_failure(env_id: str, error: Exception) -> str:
-    """One line: what the renderer raised and, without a display, what MuJoCo needs."""
-    message = " ".join(str(error).split()) or "(no message)"
-    line = f"{env_id}: rendering failed: {type(error).__name__}: {message}"
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        line += (f" (no display; MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r}: a MuJoCo env "
-                 "renders headless with MUJOCO_GL=egl (libEGL) or MUJOCO_GL=osmesa (libOSMesa))")
-    return line
+    return Recording(frames, returns, lengths)

@@ -182,7 +182,7 @@ def test_normalization_fields_are_validated():
 
 
 def test_host_env_actors_and_evaluation_normalize_too():
-    from ppo_async.runtime.evaluate import evaluate_host_env
+    from ppo_async.runtime.evaluate import evaluate
 
     config = dataclasses.replace(NORMALIZED, env_id="gymnasium:Pendulum-v1",
                                  total_env_steps=4 * 8 * 2)
@@ -190,6 +190,5 @@ def test_host_env_actors_and_evaluation_normalize_too():
     assert float(result.params.obs_stats.count) == 2 * config.batch_size
     assert float(result.params.return_stats.var) > 0
     chex.assert_tree_all_finite(result.params)
-    outcome = evaluate_host_env(config, flax.serialization.to_bytes(result.params),
-                                num_episodes=1)
+    outcome = evaluate(config, flax.serialization.to_bytes(result.params), num_episodes=1)
     assert np.isfinite(outcome.mean_return)

@@ -159,7 +159,7 @@ def test_other_architecture_bytes_are_refused():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="num_episodes"):
         Evaluator(CARTPOLE, 0)
-    host = types.SimpleNamespace(env_id="gymnasium:CartPole-v1", hidden_sizes=(64, 64),
-                                 actor_device="cpu")
-    with pytest.raises(ValueError, match="gymnasium"):
-        Evaluator(host, 2)
+    unknown = types.SimpleNamespace(env_id="nosuchbackend:CartPole-v1", hidden_sizes=(64, 64),
+                                    actor_device="cpu")
+    with pytest.raises(ValueError, match="unknown backend prefix 'nosuchbackend'"):
+        Evaluator(unknown, 2)
