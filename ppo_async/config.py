@@ -170,7 +170,7 @@ class AsyncActorLearnerConfig:
     keep_checkpoints: int = 3
     """Newest checkpoints kept on disk."""
     eval_every_updates: int = 0
-    """Evaluate the greedy policy on an evaluator thread every this many updates (0: never)."""
+    """Evaluate the greedy policy every this many updates (0: never): whole episodes of the env's own, unscaled reward, on an evaluator thread with envs of its own (any backend; envpool Atari games with the evaluation settings), which the learner never waits for."""
     eval_episodes: int = 10
     """Episodes per periodic evaluation."""
 
@@ -351,12 +351,6 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         "hidden_sizes", cfg.hidden_sizes, "must be a non-empty tuple of integers >= 1",
     )
     _validate_network(cfg)
-    if cfg.eval_every_updates:
-        from ppo_async.envs.registry import GYMNAX, split_env_id
-
-        _require(split_env_id(cfg.env_id)[0] == GYMNAX, "eval_every_updates",
-                 cfg.eval_every_updates,
-                 "periodic evaluation runs gymnax envs only; set it to 0 for host envs")
     batch_size = cfg.num_actors * cfg.envs_per_actor * cfg.num_steps
     _require(
         batch_size % cfg.num_minibatches == 0, "num_minibatches", cfg.num_minibatches,

@@ -38,3 +38,18 @@ def break_actor_once(monkeypatch, actor_id: int, chunk: int) -> None:
         return maybe_fail
 
     patch_rollout(monkeypatch, wrap)
+
+
+def drawn_figures(monkeypatch):
+    """The matplotlib Figures that get saved from now on, in order."""
+    import matplotlib.figure
+
+    figures = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return figures

@@ -24,6 +24,8 @@ from ppo_async.runs.analysis import (
 )
 from ppo_async.runs.plotting import PANELS, plot_runs
 
+from run_helpers import drawn_figures
+
 UPDATES = 12
 BATCH = 64
 
@@ -197,7 +199,7 @@ def test_plot_of_three_runs_writes_a_figure(three_runs, tmp_path, capsys):
 def test_every_panel_is_drawn_and_the_lag_ticks_do_not_collide(tmp_path, monkeypatch):
     # Lags 0..59: a tick per lag would put 60 labels on one small axis.
     run = write_run(tmp_path / "lagged", lags=tuple(range(60)))
-    figures = _drawn_figures(monkeypatch)
+    figures = drawn_figures(monkeypatch)
     plot_runs([run], tmp_path / "lagged.png")
     (figure,) = figures
     axes = figure.axes
@@ -224,21 +226,6 @@ def test_plot_errors_are_one_line(tmp_path, capsys):
         assert len(err.splitlines()) == 1, err
 
 
-def _drawn_figures(monkeypatch):
-    """The matplotlib Figures that get saved from now on, in order."""
-    import matplotlib.figure
-
-    figures = []
-    original = matplotlib.figure.Figure.savefig
-
-    def keep(self, *args, **kwargs):
-        figures.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
-    return figures
-
-
 def test_evaluation_lines_merge_into_their_update_and_plot_beside_runs_without(
     tmp_path, monkeypatch
 ):
@@ -250,7 +237,7 @@ def test_evaluation_lines_merge_into_their_update_and_plot_beside_runs_without(
     np.testing.assert_array_equal(evals[np.isfinite(evals)], [104.0, 108.0, 112.0])
     assert np.isfinite(evaluated.metrics["policy_loss"]).all()
     plain = write_run(tmp_path / "p1", seed=1)
-    figures = _drawn_figures(monkeypatch)
+    figures = drawn_figures(monkeypatch)
     plot_runs([evaluated.path, plain], tmp_path / "mixed.png")
     (figure,) = figures
     dots = [line for line in figure.axes[0].lines if line.get_marker() == "o"]
@@ -272,7 +259,7 @@ def test_wall_clock_groups_line_seeds_up_from_their_first_update(tmp_path, monke
     # Entropy falls 0.01 per update in both seeds: the mean falls at one rate, without a jump.
     assert np.diff(mean)[0] < 0
     np.testing.assert_allclose(np.diff(mean), np.diff(mean)[0])
-    figures = _drawn_figures(monkeypatch)
+    figures = drawn_figures(monkeypatch)
     plot_runs(dirs, tmp_path / "wall.png", x="wall_time")
     entropy_ax = figures[0].axes[[m for m, _ in PANELS].index("entropy")]
     mean_line = max(entropy_ax.lines, key=lambda line: line.get_linewidth())

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.train import train
 from ppo_async.envs.gymnax_env import BatchedEnv
 from ppo_async.networks.actor_critic import init_params, make_network
 from ppo_async.runtime.evaluate import EvalResult, Evaluator, evaluate
@@ -163,3 +164,31 @@ def test_bad_arguments():
                                     actor_device="cpu")
     with pytest.raises(ValueError, match="unknown backend prefix 'nosuchbackend'"):
         Evaluator(unknown, 2)
+
+
+def test_periodic_evaluation_of_a_host_env_reaches_metrics_and_the_plot(tmp_path, monkeypatch):
+    from ppo_async.runs.analysis import load_run
+    from ppo_async.runs.plotting import plot_run
+
+    from run_helpers import drawn_figures
+
+    config = AsyncActorLearnerConfig(
+        env_id="gymnasium:CartPole-v1", num_actors=2, envs_per_actor=2, num_steps=8,
+        num_epochs=1, num_minibatches=2, total_env_steps=2 * 2 * 8 * 6, eval_every_updates=2,
+        eval_episodes=3)
+    report = train(config, run_dir=tmp_path, progress=False).report
+    versions = [version for version, _ in report.eval_returns]
+    assert versions[-1] == 6 and set(versions) <= {2, 4, 6}
+    assert len(versions) + report.eval_requests_skipped == 3
+    # CartPole's own reward: 1 a step, so a greedy episode returns its length (>= 8).
+    assert all(mean >= 8 for _, mean in report.eval_returns)
+    run = load_run(tmp_path)
+    evaluated = np.isfinite(run.metrics["eval_return_mean"])
+    assert run.metrics["update"][evaluated].tolist() == versions
+    figures = drawn_figures(monkeypatch)
+    plot_run(tmp_path)
+    (figure,) = figures
+    dots = [line for line in figure.axes[0].lines if line.get_marker() == "o"]
+    np.testing.assert_allclose(
+        [y for d in dots for y in d.get_ydata() if np.isfinite(y)], [m for _, m in report.eval_returns])
+    assert "greedy evaluation" in figure.axes[0].get_title()

@@ -251,9 +251,21 @@ def _block_final_evaluation(monkeypatch, final_version, action):
 def test_a_finished_run_writes_its_results_before_reporting_a_thread_that_would_not_stop(
     tmp_path, monkeypatch
 ):
-    release = threading.Event()
-    _block_final_evaluation(monkeypatch, 6, lambda: release.wait(120))
-    config = dataclasses.replace(TINY, eval_every_updates=3, shutdown_timeout_s=1.0)
+    # The final evaluation hangs inside a host env's step (its own instance, not an actor's).
+    from ppo_async.envs.host_backend import HostEpisodes
+
+    release, final_started = threading.Event(), threading.Event()
+    _block_final_evaluation(monkeypatch, 6, final_started.set)
+    original_step = HostEpisodes.step
+
+    def step(self, action):
+        if final_started.is_set():
+            release.wait(120)
+        return original_step(self, action)
+
+    monkeypatch.setattr(HostEpisodes, "step", step)
+    config = dataclasses.replace(TINY, env_id="gymnasium:CartPole-v1", eval_every_updates=3,
+                                 shutdown_timeout_s=1.0)
     try:
         with pytest.raises(ShutdownTimeoutError, match="ppo-evaluator") as info:
             train(config, run_dir=tmp_path, progress=False)
