@@ -11,12 +11,14 @@ The env id's prefix picks the backend (`split_env_id`):
 ``CartPole-v1``      gymnax (jitted; `ppo_async.envs.gymnax_env`), the default
 ``gymnax:NAME``      the same, spelled out
 ``gymnasium:NAME``   ``gymnasium.make_vec(NAME, vectorization_mode="sync")``
-                     with ``AutoresetMode.SAME_STEP``
+                     with ``AutoresetMode.SAME_STEP``; ``gymnasium:MODULE:NAME``
+                     imports ``MODULE`` first (which registers ``NAME``)
 ``envpool:NAME``     ``envpool.make(NAME, env_type="gymnasium")``, made
                      same-step by resetting ended envs at once; Atari
                      games get the standard settings
                      (`ppo_async.envs.registry.ATARI_TRAIN_KWARGS`)
-``host:NAME``        a factory registered with `register_host_env`
+``host:NAME``        a factory registered with `register_host_env` (a batch),
+                     or `register_single_env` (one ``gymnasium.Env``)
 ==================== ===================================================
 
 Every host backend presents the `HostVectorEnv` contract below: same-step
@@ -24,7 +26,12 @@ auto-reset, so ``step`` returns the next episode's first observation where an
 episode ended, and the observation the ended episode reached as
 ``final_obs``.
 
-Plugging in your own simulator::
+Plugging in your own simulator: one ``gymnasium.Env`` is enough::
+
+    register_single_env("mysim", MySimEnv)   # MySimEnv() -> a gymnasium.Env
+    train(AsyncActorLearnerConfig(env_id="host:mysim"))
+
+or, for a simulator that steps a batch itself::
 
     class MySim:                       # E copies, numpy in and out
         observation_shape = (8,)
@@ -42,6 +49,8 @@ Plugging in your own simulator::
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -54,6 +63,7 @@ from ppo_async.envs.registry import (
     envpool_make_kwargs,
     host_env_factory,
     import_envpool,
+    register_host_env,
     split_env_id,
 )
 
@@ -120,14 +130,18 @@ class GymnasiumVectorEnv:
     ``TimeLimit`` sets ``truncated``; an MDP end sets ``terminated``.
     """
 
-    def __init__(self, name: str, num_envs: int, **make_kwargs: Any):
+    def __init__(self, name: str, num_envs: int, *, env_fn: Callable[[], Any] | None = None,
+                 **make_kwargs: Any):
         import gymnasium
-        from gymnasium.vector import AutoresetMode
+        from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-        self.env = gymnasium.make_vec(
-            name, num_envs=num_envs, vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **make_kwargs,
-        )
+        if env_fn is None:
+            self.env = gymnasium.make_vec(
+                name, num_envs=num_envs, vectorization_mode="sync",
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **make_kwargs,
+            )
+        else:  # one env of the user's, copied num_envs times (`SingleEnvFactory`)
+            self.env = SyncVectorEnv([env_fn] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
         self.observation_shape = tuple(self.env.single_observation_space.shape)
         self.action_space = self.env.single_action_space
 
@@ -207,6 +221,39 @@ class EnvpoolVectorEnv:
         self.env.close()
 
 
+class SingleEnvFactory:
+    """A host-env factory from a factory of ONE ``gymnasium.Env`` (`register_single_env`).
+
+    ``make_env()`` returns a fresh env (``reset(seed=...)``, ``step(action)``
+    with gymnasium's 5-tuple, a ``Discrete`` or 1-D ``Box`` action space);
+    ``factory(num_envs)`` runs ``num_envs`` of them in gymnasium's
+    ``SyncVectorEnv`` with same-step auto-reset, the `HostVectorEnv` contract.
+    A ``make_env`` that takes ``render_mode`` can also be watched (``ppo-async enjoy``).
+    """
+
+    def __init__(self, make_env: Callable[..., Any]):
+        self.make_env = make_env
+
+    def __call__(self, num_envs: int, render_mode: str | None = None) -> GymnasiumVectorEnv:
+        env_fn = (self.make_env if render_mode is None
+                  else functools.partial(self.make_env, render_mode=render_mode))
+        return GymnasiumVectorEnv(getattr(self.make_env, "__name__", "env"), num_envs,
+                                  env_fn=env_fn)
+
+
+def register_single_env(name: str, make_env: Callable[..., Any]) -> None:
+    """Make ``host:<name>`` an env id from ``make_env()``, a factory of one ``gymnasium.Env``.
+
+    The simplest way to train your own simulator: a ``gymnasium.Env``
+    subclass (or any callable returning one) is enough; each actor batches
+    ``envs_per_actor`` copies (`SingleEnvFactory`). For a simulator that
+    steps a batch itself, use `ppo_async.envs.registry.register_host_env`.
+    """
+    if not callable(make_env):
+        raise TypeError(f"host env {name!r}: make_env {make_env!r} is not callable")
+    register_host_env(name, SingleEnvFactory(make_env))
+
+
 def make_host_env(env_id: str, num_envs: int, *, envpool_kwargs: Any = (),
                   evaluation: bool = False, render: bool = False) -> HostVectorEnv:
     """A batch of ``num_envs`` host envs for a ``gymnasium:``, ``envpool:`` or ``host:`` id.
@@ -224,7 +271,11 @@ def make_host_env(env_id: str, num_envs: int, *, envpool_kwargs: Any = (),
         make_kwargs = envpool_make_kwargs(env_id, envpool_kwargs, evaluation=evaluation)
         return EnvpoolVectorEnv(name, num_envs, **make_kwargs, **render_kwargs)
     if backend == HOST:
-        envs = host_env_factory(name)(num_envs)
+        factory = host_env_factory(name)
+        if render and isinstance(factory, SingleEnvFactory):
+            envs = factory(num_envs, **render_kwargs)
+        else:
+            envs = factory(num_envs)
         for attribute in ("observation_shape", "action_space", "reset", "step"):
             if not hasattr(envs, attribute):
                 raise HostEnvError(

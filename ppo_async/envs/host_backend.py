@@ -9,6 +9,7 @@ shared episode loop (`ppo_async.envs.episodes.run_episodes`) through
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -35,9 +36,17 @@ class HostBackend(EnvBackend):
         if self.prefix == GYMNASIUM:
             import gymnasium
 
+            module, sep, env_name = name.rpartition(":")
+            if sep:  # 'module:Name-v0': the module registers Name-v0 when imported
+                try:
+                    importlib.import_module(module)
+                except ImportError as error:
+                    return (f"cannot import {module!r}, the module of {name!r} ({error}); it must "
+                            "be importable here (on PYTHONPATH, or in the current directory "
+                            "for ppo-async)")
             try:
-                gymnasium.spec(name)  # imports the module of a 'module:Name-v0' id
-            except (gymnasium.error.Error, ModuleNotFoundError) as error:
+                gymnasium.spec(env_name)
+            except gymnasium.error.Error as error:
                 return f"not a registered gymnasium environment ({error})"
             return None
         if self.prefix == ENVPOOL:
