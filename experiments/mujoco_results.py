@@ -117,7 +117,7 @@ def run_learning(args, out: pathlib.Path) -> list[dict[str, Any]]:
     """Every preset's sweep, then a greedy evaluation of each finished run."""
     from ppo_async.runtime.evaluate import evaluate
     from ppo_async.sweep import execute_sweep
-    from ppo_async.tools.cli import load_run_config, load_run_params
+    from ppo_async.resume import load_run_config, load_run_params
 
     rows = []
     for name in args.presets:

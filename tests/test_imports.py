@@ -8,7 +8,8 @@ Each part of ``ppo_async`` may import only the parts below it (docs/design.md):
     core                       pure, jittable math, and the update
     envs                       environments and the programs actors run in them
     runtime                    threads, queues, processes: actors, learner, transports
-    runs                       run directories, checkpoints, resume, logs
+    runs                       run directories, checkpoint files, logs: disk only (imports the config)
+    resume                     checkpoint contents, resuming, loading a run's config and params
     sync | train               the fully jitted twin (no runtime) | the asynchronous system
     sweep                      grids of runs x seeds over train or the twin
     tools                      cli, video: nothing imports them
@@ -29,14 +30,18 @@ BELOW = {
     "core": {"config", "networks"},
     "envs": {"config", "networks", "core"},
     "runtime": {"config", "version", "networks", "core", "envs"},
-    "runs": {"config", "version", "networks", "core", "envs", "runtime"},
+    # runs/ is the disk layer: it reads and writes files and imports only the config, so
+    # that analysing runs (a notebook, plot) never loads the update, envs or runtime.
+    "runs": {"config", "version"},
+    "resume": {"config", "version", "networks", "core", "envs", "runtime", "runs"},
     "sync": {"config", "networks", "core", "envs", "runs"},
-    "train": {"config", "version", "networks", "core", "envs", "runtime", "runs"},
+    "train": {"config", "version", "networks", "core", "envs", "runtime", "runs", "resume"},
     "sweep": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
-              "sync", "train"},
+              "resume", "sync", "train"},
     "tools": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
-              "sync", "train", "sweep"},
-    "__init__": {"config", "version", "networks", "core", "envs", "runtime", "runs", "train"},
+              "resume", "sync", "train", "sweep"},
+    "__init__": {"config", "version", "networks", "core", "envs", "runtime", "runs", "resume",
+                 "train"},
 }
 # Validating a config asks the env registry whether an env id exists and the
 # compilation cache where a directory resolves: the two imports that go up,
