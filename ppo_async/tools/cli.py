@@ -358,7 +358,8 @@ def sweep_command(
         dry_run: Check the sweep and list its runs and what is done; train nothing.
         progress: Show a progress bar of the sweep (runs done, running, failed, time left).
     """
-    from ppo_async.sweep import SweepWarning, execute_sweep, plan_sweep, summary_markdown
+    from ppo_async.sweep.execute import SweepWarning, execute_sweep, plan_sweep
+    from ppo_async.sweep.table import summary_markdown
 
     if dry_run:
         plan = plan_sweep(sweep_file, out, twin=twin)
