@@ -40,9 +40,13 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
+from ppo_async._deprecated import moved_name_getattr
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.presets import PRESETS, load_config_file, preset
 from ppo_async.version import __version__
+
+# load_run_config and load_run_params moved to ppo_async.resume: the old names warn for a release.
+__getattr__ = moved_name_getattr(__name__)
 
 ConfigArg = Annotated[AsyncActorLearnerConfig, tyro.conf.arg(name="")]
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
