@@ -1,4 +1,4 @@
-"""Old import paths that still work for one release, each with a DeprecationWarning naming the new one.
+"""Old import paths that work for one more release, with a DeprecationWarning naming the new one.
 
 The layout change moved modules into subpackages (``ppo_async.host_envs`` is
 now ``ppo_async.envs.host``), and later changes moved a few names. Rather than
@@ -136,17 +136,20 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(name, _MovedModuleLoader())
 
 
-def moved_name_getattr(module_name: str):
-    """A module ``__getattr__`` for the names that left ``module_name`` (`MOVED_NAMES`)."""
+def moved_name_getattr(module_name: str, namespace: dict[str, Any]):
+    """A module ``__getattr__`` for the names that left ``module_name`` (`MOVED_NAMES`).
+
+    ``namespace``: the module's globals, where a name found once is kept (so
+    it warns once). Named apart from the module: ``python -m`` runs it as ``__main__``.
+    """
     moved = MOVED_NAMES[module_name]
 
     def __getattr__(name: str) -> Any:
         if name not in moved:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         _warn(f"{module_name}.{name}", f"{moved[name]}.{name}")
-        value = getattr(importlib.import_module(moved[name]), name)
-        setattr(sys.modules[module_name], name, value)  # found once, warned once
-        return value
+        namespace[name] = getattr(importlib.import_module(moved[name]), name)
+        return namespace[name]
 
     return __getattr__
 
@@ -169,4 +172,5 @@ def install(package: types.ModuleType) -> None:
     if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
         sys.meta_path.append(_MovedModuleFinder())
     # ppo_async.tools.cli sets its own (importing it here would import tyro with the package).
-    importlib.import_module("ppo_async.sweep").__getattr__ = moved_name_getattr("ppo_async.sweep")
+    sweep = importlib.import_module("ppo_async.sweep")
+    sweep.__getattr__ = moved_name_getattr("ppo_async.sweep", vars(sweep))

@@ -8,7 +8,7 @@ Each part of ``ppo_async`` may import only the parts below it (docs/design.md):
     core                       pure, jittable math, and the update
     envs                       environments and the programs actors run in them
     runtime                    threads, queues, processes: actors, learner, transports
-    runs                       run directories, checkpoint files, logs: disk only (imports the config)
+    runs                       run directories, checkpoint files, logs: disk only
     resume                     checkpoint contents, resuming, loading a run's config and params
     sync | train               the fully jitted twin (no runtime) | the asynchronous system
     sweep                      grids of runs x seeds over train or the twin

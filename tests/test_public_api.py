@@ -118,7 +118,8 @@ def test_the_table_of_old_paths_is_the_list_of_moves():
 @pytest.mark.parametrize("old, new", OLD_MODULE_PATHS.items())
 def test_every_old_module_path_imports_the_new_module_with_a_warning(old, new):
     sys.modules.pop(old, None)  # an alias only: the module itself stays imported under new
-    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} .* moved to {re.escape(new)}\b"):
+    moved = rf"{re.escape(old)} .* moved to {re.escape(new)}\b"
+    with pytest.warns(DeprecationWarning, match=moved):
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)
     assert callable(ppo_async.evaluate)  # ppo_async.evaluate stays the function
@@ -164,7 +165,8 @@ def test_an_old_path_warns_once_at_the_importing_line_and_gives_the_same_objects
     """))
     # The script's folder is first on its path: this checkout's ppo_async goes before it.
     root = pathlib.Path(ppo_async.__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=240, env=env)
     assert done.returncode == 0, done.stderr

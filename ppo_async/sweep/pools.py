@@ -142,7 +142,8 @@ class LocalPool:
         log_path = self.logs / f"{job.name}.log"
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-c", "from ppo_async.sweep.pools import _worker_main; _worker_main()",
+                [sys.executable, "-c",
+                 "from ppo_async.sweep.pools import _worker_main; _worker_main()",
                  json.dumps(message)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=_worker_env(job.twin), start_new_session=True)

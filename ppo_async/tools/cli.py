@@ -46,7 +46,7 @@ from ppo_async.presets import PRESETS, load_config_file, preset
 from ppo_async.version import __version__
 
 # load_run_config and load_run_params moved to ppo_async.resume: the old names warn for a release.
-__getattr__ = moved_name_getattr(__name__)
+__getattr__ = moved_name_getattr("ppo_async.tools.cli", globals())
 
 ConfigArg = Annotated[AsyncActorLearnerConfig, tyro.conf.arg(name="")]
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
