@@ -44,7 +44,7 @@ def _checkpoint_cost(config, program, state, device) -> tuple[float, int]:
 
     from ppo_async.core.update import default_schedule
     from ppo_async.runs.checkpoint import list_checkpoints, save_checkpoint
-    from ppo_async.runs.resume import checkpoint_contents
+    from ppo_async.resume import checkpoint_contents
     from ppo_async.runtime.learner import LearnerReport
 
     carries = [program.reset(jax.random.key(i), device) for i in range(config.num_actors)]

@@ -116,8 +116,8 @@ def measure(config, threshold: float, warmup: int) -> dict[str, Any]:
 def run_learning(args, out: pathlib.Path) -> list[dict[str, Any]]:
     """Every preset's sweep, then a greedy evaluation of each finished run."""
     from ppo_async.runtime.evaluate import evaluate
-    from ppo_async.sweep import execute_sweep
-    from ppo_async.tools.cli import load_run_config, load_run_params
+    from ppo_async.sweep.execute import execute_sweep
+    from ppo_async.resume import load_run_config, load_run_params
 
     rows = []
     for name in args.presets:
@@ -277,7 +277,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def dry_run(args, out: pathlib.Path) -> dict[str, Any]:
     """Every config both parts would train, validated; nothing is trained or written."""
-    from ppo_async.sweep import plan_sweep
+    from ppo_async.sweep.execute import plan_sweep
 
     planned = {}
     for name in args.presets:

@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
             run_stragglers(args, out)
         straggler_report(out)
         return
-    from ppo_async.sweep import execute_sweep, plan_sweep
+    from ppo_async.sweep.execute import execute_sweep, plan_sweep
 
     path = out / "results.csv"
     plans = {}

@@ -87,7 +87,7 @@ def row_key(row: dict[str, str]) -> tuple:
 
 def make_config(args: argparse.Namespace, cell: Cell, seed: int):
     """The config of one run, as the sweep builds it from `sweep_table`."""
-    from ppo_async.sweep import load_sweep
+    from ppo_async.sweep.spec import load_sweep
 
     table = sweep_table(args, [cell])
     table["seeds"] = [seed]
@@ -275,7 +275,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from ppo_async.sweep import execute_sweep, plan_sweep
+    from ppo_async.sweep.execute import execute_sweep, plan_sweep
 
     out = out_dir("sweep_staleness", args.out)
     csv_path = out / "results.csv"

@@ -1,12 +1,36 @@
 """ppo_async: asynchronous actor-learner PPO with V-trace (IMPALA topology) in JAX.
 
 The public API, re-exported from where each name lives (docs/design.md maps
-the packages).
+the packages):
+
+- train and evaluate: `train`, `AsyncActorLearnerConfig`, `preset`,
+  `evaluate`, `load_run` (a run directory's config and params), `run_sweep`,
+  `register_host_env` (an env of your own);
+- the errors a caller catches: `ConfigError`, `ActorError`,
+  `LearnerTimeoutError`, `NonFiniteError`, `ShutdownTimeoutError`,
+  `TrainingInterrupted`, `CheckpointError`, `PolicyLoadError`,
+  `UnknownEnvError`, `BackendNotInstalledError`, `HostEnvError`,
+  `SweepInterrupted`;
+- the math and the runtime's parts, for a loop of your own: `gae`, `vtrace`,
+  `ppo_loss`, `run_actor`, `learner_loop`, the messages.
+
+Old module paths (``ppo_async.host_envs``, ``ppo_async.learner``, ...) still
+import for one release, with a DeprecationWarning naming the new path
+(`ppo_async._deprecated`). ``ppo_async.evaluate`` is the function, also after
+``import ppo_async.evaluate``.
 """
 
+import sys
+
+from ppo_async._deprecated import install as _install_old_paths
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.core.advantages import VTraceOutput, gae, vtrace
 from ppo_async.core.losses import ppo_loss
+from ppo_async.envs.host import HostEnvError
+from ppo_async.envs.registry import BackendNotInstalledError, UnknownEnvError, register_host_env
+from ppo_async.presets import preset
+from ppo_async.resume import load_run
+from ppo_async.runs.checkpoint import CheckpointError
 from ppo_async.runtime.actor import (
     ActorError,
     ActorHandle,
@@ -16,6 +40,7 @@ from ppo_async.runtime.actor import (
     run_actor,
     spawn_actor,
 )
+from ppo_async.runtime.evaluate import evaluate
 from ppo_async.runtime.learner import (
     LearnerReport,
     LearnerTimeoutError,
@@ -31,6 +56,7 @@ from ppo_async.runtime.messages import (
     load_policy_from_broadcast,
     serialize_policy,
 )
+from ppo_async.sweep.execute import SweepInterrupted, run_sweep
 from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted, TrainResult, train
 from ppo_async.version import __version__
 
@@ -41,10 +67,14 @@ ActorChannels = QueueEndpoint
 
 __all__ = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
-    "AsyncActorLearnerConfig", "ConfigError", "Experience", "LearnerReport",
-    "LearnerTimeoutError", "NonFiniteError", "PolicyBroadcast", "PolicyLoadError",
-    "QueueEndpoint", "RolloutBuffer", "ShutdownTimeoutError", "StopTraining", "TrainResult",
-    "TrainingInterrupted", "VTraceOutput", "__version__", "actor_thread", "gae",
-    "learner_loop", "load_policy_from_broadcast", "ppo_loss", "run_actor", "serialize_policy",
-    "spawn_actor", "train", "vtrace",
+    "AsyncActorLearnerConfig", "BackendNotInstalledError", "CheckpointError", "ConfigError",
+    "Experience", "HostEnvError", "LearnerReport", "LearnerTimeoutError", "NonFiniteError",
+    "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
+    "ShutdownTimeoutError", "StopTraining", "SweepInterrupted", "TrainResult",
+    "TrainingInterrupted", "UnknownEnvError", "VTraceOutput", "__version__", "actor_thread",
+    "evaluate", "gae", "learner_loop", "load_policy_from_broadcast", "load_run", "ppo_loss",
+    "preset", "register_host_env", "run_actor", "run_sweep", "serialize_policy", "spawn_actor",
+    "train", "vtrace",
 ]
+
+_install_old_paths(sys.modules[__name__])

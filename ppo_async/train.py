@@ -50,7 +50,7 @@ from ppo_async.envs.program import ActorProgram
 from ppo_async.networks.actor_critic import init_params
 from ppo_async.runs.checkpoint import save_checkpoint
 from ppo_async.runs.compile_cache import enable_compilation_cache
-from ppo_async.runs.resume import (
+from ppo_async.resume import (
     CheckpointPolicy,
     ResumePoint,
     checkpoint_contents,

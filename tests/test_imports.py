@@ -8,10 +8,12 @@ Each part of ``ppo_async`` may import only the parts below it (docs/design.md):
     core                       pure, jittable math, and the update
     envs                       environments and the programs actors run in them
     runtime                    threads, queues, processes: actors, learner, transports
-    runs                       run directories, checkpoints, resume, logs
+    runs                       run directories, checkpoint files, logs: disk only
+    resume                     checkpoint contents, resuming, loading a run's config and params
     sync | train               the fully jitted twin (no runtime) | the asynchronous system
     sweep                      grids of runs x seeds over train or the twin
     tools                      cli, video: nothing imports them
+    _deprecated                old import paths (strings) -> new modules; for __init__ and tools.cli
 
 Imports inside functions count the same as those at the top of a file.
 """
@@ -22,6 +24,11 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "ppo_async"
 
 BELOW = {
+    # The old import paths that still work for a release: it names the moved modules as
+    # strings and imports one (importlib) only when its old path is imported, so it imports
+    # nothing here. The package's __init__ installs it, and tools.cli takes its __getattr__
+    # for the two names that left it; nothing else may import it.
+    "_deprecated": set(),
     "version": set(),
     "config": {"version"},
     "presets": {"config"},
@@ -29,14 +36,18 @@ BELOW = {
     "core": {"config", "networks"},
     "envs": {"config", "networks", "core"},
     "runtime": {"config", "version", "networks", "core", "envs"},
-    "runs": {"config", "version", "networks", "core", "envs", "runtime"},
+    # runs/ is the disk layer: it reads and writes files and imports only the config, so
+    # that analysing runs (a notebook, plot) never loads the update, envs or runtime.
+    "runs": {"config", "version"},
+    "resume": {"config", "version", "networks", "core", "envs", "runtime", "runs"},
     "sync": {"config", "networks", "core", "envs", "runs"},
-    "train": {"config", "version", "networks", "core", "envs", "runtime", "runs"},
+    "train": {"config", "version", "networks", "core", "envs", "runtime", "runs", "resume"},
     "sweep": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
-              "sync", "train"},
+              "resume", "sync", "train"},
     "tools": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
-              "sync", "train", "sweep"},
-    "__init__": {"config", "version", "networks", "core", "envs", "runtime", "runs", "train"},
+              "resume", "sync", "train", "sweep", "_deprecated"},
+    "__init__": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
+                 "resume", "train", "sweep", "_deprecated"},
 }
 # Validating a config asks the env registry whether an env id exists and the
 # compilation cache where a directory resolves: the two imports that go up,
@@ -110,6 +121,20 @@ def test_the_layer_check_reports_an_import_that_goes_up():
         "ppo_async.runs.run_log imports ppo_async.tools.cli",
         "ppo_async.sweep imports ppo_async.tools.cli",
         "ppo_async.sync imports ppo_async.runtime.learner",
+    ]
+
+
+def test_runs_is_the_disk_layer_and_resume_sits_above_it():
+    broken = {
+        "ppo_async.runs.checkpoint": {"ppo_async.core.update", "ppo_async.runtime.learner"},
+        "ppo_async.runs.analysis": {"ppo_async.resume"},
+        "ppo_async.resume": {"ppo_async.runtime.learner", "ppo_async.train"},
+    }
+    assert layer_violations(broken) == [
+        "ppo_async.resume imports ppo_async.train",
+        "ppo_async.runs.analysis imports ppo_async.resume",
+        "ppo_async.runs.checkpoint imports ppo_async.core.update",
+        "ppo_async.runs.checkpoint imports ppo_async.runtime.learner",
     ]
 
 

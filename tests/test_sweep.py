@@ -21,17 +21,9 @@ import pytest
 
 from ppo_async.config import ConfigError
 from ppo_async.runs.analysis import expand_sweep_dirs, group_runs, iqm, load_runs
-from ppo_async.sweep import (
-    SUMMARY_COLUMNS,
-    SweepInterrupted,
-    SweepSpec,
-    SweepWarning,
-    load_sweep,
-    plan_sweep,
-    run_name,
-    run_state,
-    run_sweep,
-)
+from ppo_async.sweep.execute import SweepInterrupted, SweepWarning, plan_sweep, run_sweep
+from ppo_async.sweep.spec import SweepSpec, load_sweep, run_name
+from ppo_async.sweep.table import SUMMARY_COLUMNS, run_state
 from ppo_async.tools import cli
 
 from run_helpers import interrupt_at
@@ -66,7 +58,7 @@ def no_worker_left() -> list:
 
     return [p for p in psutil.Process().children(recursive=True)
             if p.status() != psutil.STATUS_ZOMBIE
-            and "ppo_async.sweep import _worker_main" in " ".join(p.cmdline())]
+            and "ppo_async.sweep.pools import _worker_main" in " ".join(p.cmdline())]
 
 
 # --- the sweep file -----------------------------------------------------------------------

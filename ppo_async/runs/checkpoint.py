@@ -58,7 +58,7 @@ _NAME = re.compile(r"ckpt_(\d{9,})\.msgpack")
 # Everything else (total_env_steps, learning_rate, anneal_lr, timeouts,
 # topology...) may change: the params still fit, and the optimizer state is
 # fitted (anneal_lr adds or drops the schedule's step counter). A new budget or
-# learning_rate re-plans the annealed schedule: see ppo_async.runs.resume.
+# learning_rate re-plans the annealed schedule: see ppo_async.resume.
 RESUME_LOCKED_FIELDS: tuple[str, ...] = (
     "env_id", "hidden_sizes", "network", "rnn_hidden_size",
     "normalize_observations", "normalize_rewards")

@@ -7,6 +7,6 @@
 - `ray_transport`: actors as Ray processes.
 - `supervisor`: restarts failed actors.
 - `watchdog`: reports a run that makes no progress.
+- `inference`: one shared policy call for the thread actors of a device.
 - `evaluate`: greedy evaluation, in training and on demand.
-- `devices`: device strings to ``jax.Device``.
 """

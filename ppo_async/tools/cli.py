@@ -40,9 +40,13 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
+from ppo_async._deprecated import moved_name_getattr
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.presets import PRESETS, load_config_file, preset
 from ppo_async.version import __version__
+
+# load_run_config and load_run_params moved to ppo_async.resume: the old names warn for a release.
+__getattr__ = moved_name_getattr("ppo_async.tools.cli", globals())
 
 ConfigArg = Annotated[AsyncActorLearnerConfig, tyro.conf.arg(name="")]
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
@@ -65,48 +69,6 @@ def _as_config(config: AsyncActorLearnerConfig,
                config_type: type = AsyncActorLearnerConfig) -> AsyncActorLearnerConfig:
     """``config``'s values as a ``config_type`` (a derived lead stays derived)."""
     return config_type(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
-
-
-def load_run_config(run_dir: pathlib.Path) -> AsyncActorLearnerConfig:
-    """The config a run directory was trained with (its ``config.json``).
-
-    Fields this version does not know (the run was written by another
-    version) are left out with a one-line warning on stderr: the run stays
-    usable, and the warning says what was not applied.
-    """
-    from ppo_async.runs.run_dir import CONFIG_FILE, read_config_fields
-
-    fields = read_config_fields(run_dir)
-    if fields is None:
-        raise ConfigError(f"run_dir={str(run_dir)!r}: no {CONFIG_FILE} there; is it a run directory?")
-    known = {f.name for f in dataclasses.fields(AsyncActorLearnerConfig)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        print(f"ppo-async: warning: {pathlib.Path(run_dir) / CONFIG_FILE}: ignoring "
-              f"{', '.join(unknown)}, not config fields of ppo-async {__version__} "
-              "(written by another version?)", file=sys.stderr)
-    fields = fields_from_json({k: v for k, v in fields.items() if k in known})
-    if fields.get("exact_policy_lag") is not None:
-        # The lead an exact lag implies: derived again, so that flags may change the sizes.
-        fields.pop("max_lead_steps", None)
-    return AsyncActorLearnerConfig(**fields)
-
-
-def load_run_params(run_dir: pathlib.Path, config: AsyncActorLearnerConfig) -> Any:
-    """A run's final ``params.msgpack``, or the params of its newest valid checkpoint."""
-    import flax.serialization
-
-    from ppo_async.envs.backends import make_actor_program
-    from ppo_async.runs.resume import load_newest_checkpoint
-    from ppo_async.runs.run_dir import PARAMS_FILE, checkpoint_dir
-
-    program = make_actor_program(config)
-    final = pathlib.Path(run_dir) / PARAMS_FILE
-    if final.is_file():
-        return flax.serialization.from_bytes(program.params_template, final.read_bytes())
-    # An unfinished run: the params of its newest valid checkpoint.
-    loaded = load_newest_checkpoint(config, program, checkpoint_dir(pathlib.Path(run_dir)))
-    return loaded.state["learner"].params
 
 
 def _new_run_dir(run_root: pathlib.Path, env_id: str) -> pathlib.Path:
@@ -246,6 +208,7 @@ def eval_command(
         seed: Seeds the env resets (and the actions, with --no-greedy).
         greedy: Take the most likely action (the mode of the policy); --no-greedy samples.
     """
+    from ppo_async.resume import load_run_config, load_run_params
     from ppo_async.runtime.evaluate import evaluate
 
     _check_count("--num-episodes", num_episodes)
@@ -285,6 +248,7 @@ def enjoy_command(
         seed: Seeds the env resets.
         fps: Frames per second of the video.
     """
+    from ppo_async.resume import load_run_config, load_run_params
     from ppo_async.tools.video import (
         check_video_path,
         record_episodes,
@@ -398,7 +362,8 @@ def sweep_command(
         dry_run: Check the sweep and list its runs and what is done; train nothing.
         progress: Show a progress bar of the sweep (runs done, running, failed, time left).
     """
-    from ppo_async.sweep import SweepWarning, execute_sweep, plan_sweep, summary_markdown
+    from ppo_async.sweep.execute import SweepWarning, execute_sweep, plan_sweep
+    from ppo_async.sweep.table import summary_markdown
 
     if dry_run:
         plan = plan_sweep(sweep_file, out, twin=twin)
@@ -476,6 +441,8 @@ def _commands(argv: list[str]) -> dict[str, Any]:
                     f"--run-root with --resume: a resumed run continues in its own directory "
                     f"({resume}); --run-root only places new runs"
                 )
+            from ppo_async.resume import load_run_config
+
             commands["train"] = _make_train_command(load_run_config(resume), resume)
         else:
             base = preset(preset_name) if preset_name is not None else AsyncActorLearnerConfig()

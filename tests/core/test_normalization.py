@@ -139,7 +139,7 @@ def test_statistics_survive_checkpoint_and_resume(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(config, run_dir=run_dir, progress=False, on_update=interrupt_at(3))
     from ppo_async.envs.backends import make_actor_program
-    from ppo_async.runs.resume import load_resume_point
+    from ppo_async.resume import load_resume_point
     from ppo_async.runs.run_dir import checkpoint_dir
 
     saved = load_resume_point(config, make_actor_program(config), checkpoint_dir(run_dir))

@@ -430,7 +430,7 @@ def test_checkpoints_from_before_the_network_field_resume_as_mlp_only():
 
 
 def test_checkpointed_carries_hold_each_actors_hidden_state(tmp_path):
-    from ppo_async.runs.resume import load_newest_checkpoint
+    from ppo_async.resume import load_newest_checkpoint
     from ppo_async.runs.run_dir import CHECKPOINT_SUBDIR
 
     config = dataclasses.replace(LOCK_STEP, num_actors=2, envs_per_actor=2,

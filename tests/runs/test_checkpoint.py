@@ -278,7 +278,7 @@ def test_compatible_changes_are_allowed(tmp_path, trained_state, template):
     _save(tmp_path, 1, trained_state)
     longer = dataclasses.replace(CONFIG, total_env_steps=4_096, learner_timeout_s=5.0,
                                  num_actors=2, learning_rate=1e-4, seed=3)
-    # anneal_lr changes the optimizer state's structure, which ppo_async.runs.resume fits.
+    # anneal_lr changes the optimizer state's structure, which ppo_async.resume fits.
     check_resume_compatible(CONFIG.to_dict(), dataclasses.replace(CONFIG, anneal_lr=False).to_dict())
     loaded = load_latest_checkpoint(tmp_path, template, config_dict=longer.to_dict())
     assert loaded.step == 1

@@ -30,7 +30,7 @@ from ppo_async.core.update import LearningRateSchedule, continue_schedule, defau
 from ppo_async.envs.host import HostStep
 from ppo_async.envs.registry import register_host_env
 from ppo_async.runs.checkpoint import CheckpointWarning, encode_checkpoint, list_checkpoints
-from ppo_async.runs.resume import TopologyChangeWarning
+from ppo_async.resume import TopologyChangeWarning
 from ppo_async.runs.run_dir import ERROR_FILE, unique_run_dir, write_atomically
 from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted
 
@@ -534,7 +534,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, args, expected):
 
 
 def test_unknown_fields_of_a_run_config_are_named_in_one_warning_line(tmp_path, capsys):
-    from ppo_async.tools.cli import (
+    from ppo_async.resume import (
         load_run_config,  # what eval, enjoy and --resume read a run with
     )
 

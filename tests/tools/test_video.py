@@ -44,7 +44,7 @@ def test_enjoy_writes_a_gif_of_greedy_cartpole_episodes(cartpole_run, tmp_path, 
 def test_enjoy_writes_an_mp4(cartpole_run, tmp_path):
     pytest.importorskip("pygame")
     pytest.importorskip("imageio_ffmpeg")
-    from ppo_async.tools.cli import load_run_config, load_run_params
+    from ppo_async.resume import load_run_config, load_run_params
     from ppo_async.tools.video import record_episodes, write_video
 
     config = load_run_config(cartpole_run)

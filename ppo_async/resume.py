@@ -1,4 +1,8 @@
-"""Checkpoints of a run: what one holds, when one is written, and resuming from one.
+"""Checkpoints of a run: what one holds, when one is written, resuming from one, and loading a run.
+
+This module sits above `ppo_async.runs` (which only reads and writes files):
+it builds the templates a checkpoint decodes into from the update, the env
+programs and the learner's report.
 
 A checkpoint (`ppo_async.runs.checkpoint` writes the file) holds
 
@@ -31,6 +35,11 @@ is the constant ``learning_rate``; on, the re-planned schedule (the optimizer
 state gains or drops the schedule's step counter; Adam's moments carry over).
 A rate at the resume point that differs from the saved run's is logged as one
 warning line, from X to Y.
+
+Loading a run (``ppo-async eval`` and ``enjoy``, notebooks): `load_run` gives
+the config a run directory was trained with (`load_run_config`) and its final
+params, or those of its newest valid checkpoint when it did not finish
+(`load_run_params`).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import dataclasses
 import logging
 import math
 import pathlib
+import sys
 import time
 import warnings
 from typing import Any, NamedTuple
@@ -46,11 +56,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ppo_async.envs.backends import make_actor_program
-from ppo_async.envs.program import ActorProgram
-from ppo_async.runs.checkpoint import LoadedCheckpoint, load_latest_checkpoint
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError
-from ppo_async.envs.gymnax_env import EnvCarry
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
 from ppo_async.core.update import (
     LearnerState,
     LearningRateSchedule,
@@ -58,7 +64,12 @@ from ppo_async.core.update import (
     init_learner_state,
     optimizer_steps_per_update,
 )
-from ppo_async.runtime.learner import LearnerReport, RECENT_EPISODES
+from ppo_async.envs.backends import make_actor_program
+from ppo_async.envs.gymnax_env import EnvCarry
+from ppo_async.envs.program import ActorProgram
+from ppo_async.runs.checkpoint import LoadedCheckpoint, load_latest_checkpoint
+from ppo_async.runtime.learner import RECENT_EPISODES, LearnerReport
+from ppo_async.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -406,3 +417,64 @@ class CheckpointPolicy:
         self.last_saved_at = time.monotonic()
         self.last_saved_update = updates
 
+
+# --- loading a run ------------------------------------------------------------------------
+
+
+class LoadedRun(NamedTuple):
+    """A run directory's config and the params it ended with (`load_run`)."""
+
+    config: AsyncActorLearnerConfig
+    params: Any  # the policy's params pytree (host arrays)
+
+
+def load_run_config(run_dir: str | pathlib.Path) -> AsyncActorLearnerConfig:
+    """The config a run directory was trained with (its ``config.json``).
+
+    Fields this version does not know (the run was written by another
+    version) are left out with a one-line warning on stderr: the run stays
+    usable, and the warning says what was not applied.
+    """
+    from ppo_async.runs.run_dir import CONFIG_FILE, read_config_fields
+
+    fields = read_config_fields(run_dir)
+    if fields is None:
+        raise ConfigError(f"run_dir={str(run_dir)!r}: no {CONFIG_FILE} there; is it a run directory?")
+    known = {f.name for f in dataclasses.fields(AsyncActorLearnerConfig)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        print(f"ppo-async: warning: {pathlib.Path(run_dir) / CONFIG_FILE}: ignoring "
+              f"{', '.join(unknown)}, not config fields of ppo-async {__version__} "
+              "(written by another version?)", file=sys.stderr)
+    fields = fields_from_json({k: v for k, v in fields.items() if k in known})
+    if fields.get("exact_policy_lag") is not None:
+        # The lead an exact lag implies: derived again, so that flags may change the sizes.
+        fields.pop("max_lead_steps", None)
+    return AsyncActorLearnerConfig(**fields)
+
+
+def load_run_params(run_dir: str | pathlib.Path, config: AsyncActorLearnerConfig) -> Any:
+    """A run's final ``params.msgpack``, or the params of its newest valid checkpoint."""
+    import flax.serialization
+
+    from ppo_async.runs.run_dir import PARAMS_FILE, checkpoint_dir
+
+    program = make_actor_program(config)
+    final = pathlib.Path(run_dir) / PARAMS_FILE
+    if final.is_file():
+        return flax.serialization.from_bytes(program.params_template, final.read_bytes())
+    # An unfinished run: the params of its newest valid checkpoint.
+    loaded = load_newest_checkpoint(config, program, checkpoint_dir(pathlib.Path(run_dir)))
+    return loaded.state["learner"].params
+
+
+def load_run(run_dir: str | pathlib.Path) -> LoadedRun:
+    """A run directory's config and params: ``config, params = load_run("runs/cartpole")``.
+
+    The params are the run's final ``params.msgpack``, or those of its newest
+    valid checkpoint when it did not finish. Raises `ConfigError` for a
+    directory without a ``config.json`` or without params or a checkpoint.
+    (`ppo_async.runs.analysis.load_run` reads a run's metrics instead.)
+    """
+    config = load_run_config(run_dir)
+    return LoadedRun(config, load_run_params(run_dir, config))

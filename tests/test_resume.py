@@ -171,7 +171,7 @@ def test_extending_a_finished_run_re_plans_the_learning_rate_and_trains(tmp_path
     finished = train(SHORT, run_dir=tmp_path, progress=False)
     longer = dataclasses.replace(SHORT, total_env_steps=SHORT.batch_size * 8)
     seen = []
-    with caplog.at_level(logging.WARNING, logger="ppo_async.runs.resume"):
+    with caplog.at_level(logging.WARNING, logger="ppo_async.resume"):
         extended = train(longer, resume_from=tmp_path, progress=False, on_update=seen.append)
     # Update u starts at optimizer step 2 (u - 1) of 16: the schedule of a run
     # planned for 8 updates from the start, not the finished run's rate of 0.
@@ -190,7 +190,7 @@ def test_anneal_lr_may_be_switched_on_resume(tmp_path, caplog):
     first = train(constant, run_dir=tmp_path, progress=False)
     seen = []
     annealed = dataclasses.replace(constant, anneal_lr=True, total_env_steps=SHORT.batch_size * 8)
-    with caplog.at_level(logging.WARNING, logger="ppo_async.runs.resume"):
+    with caplog.at_level(logging.WARNING, logger="ppo_async.resume"):
         second = train(annealed, resume_from=tmp_path, progress=False, on_update=seen.append)
     assert [m["learning_rate"] for m in seen] == pytest.approx(
         [SHORT.learning_rate * (1 - u / 8) for u in range(4, 8)], rel=1e-6)
