@@ -69,13 +69,14 @@ def _checked_workers(workers: int | None, jobs: Sequence[Job], backend: str) -> 
 
 
 def _check_twin(runs: Sequence[SweepRun], spec: SweepSpec) -> None:
-    from ppo_async.envs.registry import GYMNAX, split_env_id
+    from ppo_async.envs.registry import env_backend
 
     for run in runs:
         label = point_label(run.point) or "(base)"
-        if split_env_id(run.config.env_id)[0] != GYMNAX:
-            raise ConfigError(f"{spec.source}, grid point {label}: --twin runs gymnax envs only, "
-                              f"not env_id={run.config.env_id!r}; run it without --twin")
+        if not env_backend(run.config.env_id).runs_in_twin:
+            raise ConfigError(f"{spec.source}, grid point {label}: --twin runs gymnax envs only "
+                              f"(backends whose envs jit), not env_id={run.config.env_id!r}; "
+                              "run it without --twin")
         if run.config.exact_policy_lag is None:
             raise ConfigError(
                 f"{spec.source}, grid point {label}: --twin simulates an exact policy lag; "
