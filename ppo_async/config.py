@@ -10,8 +10,18 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from ppo_async.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: the config imports the math inside its methods
+    from jax.sharding import Mesh
+
+    from ppo_async.core.devices import LearnerPlacement
+    from ppo_async.core.normalization import NormalizationOptions
+    from ppo_async.core.update import UpdateOptions
+    from ppo_async.networks.actor_critic import ActorCritic, RecurrentActorCritic
 
 # Literal types, so that the CLI's --help lists the choices; the tuples are what validation reads.
 NetworkName = Literal["mlp", "lstm", "gru"]
@@ -21,10 +31,6 @@ PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.
 # The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.actor_critic.TORSOS.
 TorsoName = Literal["auto", "none", "minatar", "nature"]
 TORSOS = get_args(TorsoName)
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the field and the fix."""
 
 
 class _DerivedLead(int):
@@ -271,6 +277,78 @@ class AsyncActorLearnerConfig:
         """Actors never run ahead: every chunk is collected under the newest params."""
         return self.max_lead_steps == self.num_steps and self.broadcast_every == 1
 
+    # --- the math's options: built here, the one place fields become them ---
+    # Each imports its module when called, so importing the config imports no jax.
+
+    def update_options(self) -> UpdateOptions:
+        """`ppo_async.core.update.UpdateOptions`, the update's hyperparameters, from the fields."""
+        from ppo_async.core.update import UpdateOptions
+
+        return UpdateOptions(
+            num_updates=self.num_updates, learning_rate=self.learning_rate,
+            anneal_lr=self.anneal_lr, max_grad_norm=self.max_grad_norm,
+            num_epochs=self.num_epochs, num_minibatches=self.num_minibatches,
+            gamma=self.gamma, gae_lambda=self.gae_lambda, use_vtrace=self.use_vtrace,
+            vtrace_lambda=self.vtrace_lambda, vtrace_rho_bar=self.vtrace_rho_bar,
+            vtrace_c_bar=self.vtrace_c_bar, vtrace_pg_rho_bar=self.vtrace_pg_rho_bar,
+            max_policy_lag=self.max_policy_lag, ppo_ratio_anchor=self.ppo_ratio_anchor,
+            proximal_ewma_decay=self.proximal_ewma_decay, is_weight_max=self.is_weight_max,
+            clip_eps=self.clip_eps, value_clip_eps=self.value_clip_eps,
+            normalize_advantages=self.normalize_advantages, vf_coef=self.vf_coef,
+            ent_coef=self.ent_coef,
+        )
+
+    def normalization_options(self) -> NormalizationOptions:
+        """`ppo_async.core.normalization.NormalizationOptions` from ``normalize_*``, ``*_clip``."""
+        from ppo_async.core.normalization import NormalizationOptions
+
+        return NormalizationOptions(bool(self.normalize_observations), bool(self.normalize_rewards),
+                                    float(self.obs_clip), float(self.reward_clip))
+
+    def make_network(self, observation_shape: Sequence[int],
+                     action_space: Any) -> ActorCritic | RecurrentActorCritic:
+        """`ppo_async.networks.actor_critic.make_network` with this config's network fields.
+
+        The one place actors, learner, evaluation and the twin build their
+        network, so all of them get the same one. A torso that cannot read the
+        env's observations (known only once the env exists) is a `ConfigError`
+        naming the field.
+        """
+        from ppo_async.networks.actor_critic import make_network
+
+        try:
+            return make_network(observation_shape, action_space, hidden_sizes=self.hidden_sizes,
+                                network=self.network, rnn_hidden_size=self.rnn_hidden_size,
+                                torso=self.network_torso)
+        except ValueError as error:
+            if "torso" not in str(error):
+                raise
+            raise ConfigError(
+                f"torso={self.torso!r} with env_id={self.env_id!r}: {error}") from None
+
+    def learner_placement(self) -> LearnerPlacement:
+        """The devices ``learner_device`` names, looked up.
+
+        Raises `ConfigError` if the batch does not split over them.
+        """
+        from ppo_async.core.devices import LearnerPlacement, resolve_devices
+
+        devices = resolve_devices(self.learner_device)
+        check_learner_devices(self, len(devices))
+        return LearnerPlacement(devices)
+
+    def learner_mesh(self) -> Mesh | None:
+        """The mesh of a ``learner_device`` of several devices; None for one (not looked up).
+
+        Raises `ConfigError` if the batch does not split over them.
+        """
+        from ppo_async.core.devices import learner_mesh
+
+        mesh = learner_mesh(self.learner_device)
+        if mesh is not None:
+            check_learner_devices(self, mesh.devices.size)
+        return mesh
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (tuples become lists)."""
         return {
@@ -383,6 +461,8 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
                  "compilation_cache_dir", cfg.compilation_cache_dir,
                  "is a file; name a directory (it is created if missing)")
     _validate_transport(cfg)
+    from ppo_async.core.devices import parse_device_list, parse_device_spec
+
     _require(isinstance(cfg.actor_device, str) and parse_device_spec(cfg.actor_device) is not None,
              "actor_device", cfg.actor_device, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
     if cfg.learner_device is not None:
@@ -481,37 +561,13 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
     )
     if cfg.actor_backend != "ray":
         return
+    from ppo_async.core.devices import parse_device_spec
+
     _require(importlib.util.find_spec("ray") is not None, "actor_backend", cfg.actor_backend,
              "Ray is not installed; pip install 'ppo-async[ray]' (or use actor_backend='threads')")
     _require(parse_device_spec(cfg.actor_device) in (("cpu", 0),), "actor_device",
              cfg.actor_device,
              "with actor_backend='ray' each actor process has one CPU device; use 'cpu'")
-
-
-def parse_device_spec(spec: str) -> tuple[str, int] | None:
-    """``(platform, index)`` of a device string such as 'gpu:1' (index 0 if absent); None if malformed."""
-    platform, _, index = spec.partition(":")
-    if not platform or (index and not index.isdigit()):
-        return None
-    return platform, int(index or 0)
-
-
-def parse_device_list(spec: str) -> tuple[str, tuple[int, ...] | None] | None:
-    """``(platform, indices)`` of a learner device string; indices None for 'platform:all'.
-
-    'gpu' -> ('gpu', (0,)); 'cpu:0,cpu:2' -> ('cpu', (0, 2)); 'gpu:all' ->
-    ('gpu', None). None if malformed: an empty part, two platforms, a
-    repeated device, or 'all' beside other devices.
-    """
-    parts = [part.strip() for part in spec.split(",")]
-    if len(parts) == 1 and parts[0].endswith(":all"):
-        platform = parts[0][: -len(":all")]
-        return (platform, None) if platform and ":" not in platform else None
-    parsed = [parse_device_spec(part) for part in parts]
-    if any(p is None for p in parsed) or len({p[0] for p in parsed}) != 1:
-        return None
-    indices = tuple(index for _, index in parsed)
-    return (parsed[0][0], indices) if len(set(indices)) == len(indices) else None
 
 
 def check_learner_devices(cfg: AsyncActorLearnerConfig, num_devices: int) -> None:

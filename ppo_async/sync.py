@@ -24,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
-from ppo_async.core.devices import learner_mesh
-from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
+from ppo_async.core.normalization import acting_apply, wrap_params
 from ppo_async.core.update import (
     Batch,
     LearnerState,
@@ -36,7 +35,7 @@ from ppo_async.core.update import (
 from ppo_async.envs.gymnax_env import BatchedEnv, EnvCarry, make_rollout
 from ppo_async.envs.program import Trajectory
 from ppo_async.envs.registry import GYMNAX, split_env_id
-from ppo_async.networks.actor_critic import init_params, is_recurrent, make_config_network
+from ppo_async.networks.actor_critic import init_params, is_recurrent
 from ppo_async.runs.compile_cache import enable_compilation_cache
 
 
@@ -96,10 +95,10 @@ def make_sync_twin(
             "gymnax envs only"
         )
     env = BatchedEnv(env_name, config.num_envs)
-    network = make_config_network(config, env.observation_shape, env.action_space)
+    network = config.make_network(env.observation_shape, env.action_space)
     recurrent = is_recurrent(network)
     # The actors' transforms: the same rollout acts on the same statistics.
-    options = NormalizationOptions.from_config(config)
+    options = config.normalization_options()
     acting_fn = acting_apply(network.apply, options)
     if per_actor:
         acting_fn = jax.vmap(acting_fn)  # params and observations of one env each
@@ -109,8 +108,8 @@ def make_sync_twin(
                            keep_final_obs=config.learner_bootstraps_truncation)
     # A learner_device of several devices: the update data-parallel over them,
     # as the runtime's learner runs it (`ppo_async.core.devices`).
-    update = with_normalization(make_update_fn(config, network, mesh=learner_mesh(config)),
-                                options)
+    update = with_normalization(
+        make_update_fn(config.update_options(), network, mesh=config.learner_mesh()), options)
     state_size = network.state_size if recurrent else None
 
     def init(key: jax.Array) -> SyncCarry:
@@ -120,7 +119,7 @@ def make_sync_twin(
         params = wrap_params(init_params(network, params_key, env.observation_shape),
                              env.observation_shape, options)
         carry = SyncCarry(
-            init_learner_state(config, params, learner_key),
+            init_learner_state(config.update_options(), params, learner_key),
             env.reset(jax.random.fold_in(key, 0), state_size, track_return=options.rewards),
         )
         if history_size:

@@ -7,8 +7,8 @@ import math
 import jax
 import pytest
 
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError, parse_device_list
-from ppo_async.core.devices import LearnerPlacement, resolve_device, resolve_devices
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.core.devices import parse_device_list, resolve_device, resolve_devices
 
 
 def test_defaults_construct_and_derive():
@@ -273,7 +273,7 @@ def test_resolve_devices_names_every_device_in_order():
 
 
 def test_a_placement_of_one_device_has_no_mesh():
-    placement = LearnerPlacement.from_config(AsyncActorLearnerConfig(learner_device="cpu:all"))
+    placement = AsyncActorLearnerConfig(learner_device="cpu:all").learner_placement()
     if jax.device_count("cpu") == 1:
         assert placement.mesh is None and placement.device == jax.devices("cpu")[0]
 

@@ -216,7 +216,8 @@ def load_newest_checkpoint(
         # The optimizer state is shaped by the saved anneal_lr (load_resume_point switches it).
         saved_config = dataclasses.replace(config, anneal_lr=_saved_anneal_lr(saved, config))
         return {
-            "learner": init_learner_state(saved_config, params_template, jax.random.key(0)),
+            "learner": init_learner_state(saved_config.update_options(), params_template,
+                                          jax.random.key(0)),
             "actor_carries": _carries_template(config, program, saved),
             "recent_returns": np.zeros(RECENT_EPISODES, np.float32),
             "lr_begin_value": np.float64(0.0),
@@ -289,7 +290,8 @@ def load_resume_point(
     optimizer_steps = _optimizer_steps(state.opt_state)
     saved = _SavedRate.of(loaded.config, config, saved_schedule)
     schedule = continue_schedule(
-        saved_schedule, optimizer_steps + remaining * optimizer_steps_per_update(config),
+        saved_schedule,
+        optimizer_steps + remaining * optimizer_steps_per_update(config.update_options()),
         config.learning_rate, saved.learning_rate,
     )
     _report_rate_change(config, saved, schedule, optimizer_steps)
@@ -347,7 +349,7 @@ def _switch_anneal_lr(config: AsyncActorLearnerConfig, state: LearnerState,
     counter, or drops it); Adam's moments and step count carry over."""
     import optax
 
-    fresh = init_learner_state(config, state.params, state.key).opt_state
+    fresh = init_learner_state(config.update_options(), state.params, state.key).opt_state
     count = np.asarray(optimizer_steps, np.int32)
     opt_state = optax.tree_utils.tree_set(
         fresh, mu=optax.tree_utils.tree_get(state.opt_state, "mu"),

@@ -29,7 +29,6 @@ from ppo_async.core.normalization import NormalizationOptions, acting_apply, wra
 from ppo_async.envs.gymnax_env import BatchedEnv
 from ppo_async.networks.actor_critic import (
     is_recurrent,
-    make_config_network,
     params_template,
     reset_hidden,
 )
@@ -114,12 +113,10 @@ class Evaluator:
         self.device = device if device is not None else resolve_device(config.actor_device)
         self.num_envs = min(num_episodes, MAX_EVAL_ENVS)
         self.env = BatchedEnv(_gymnax_id(config.env_id), self.num_envs)
-        self.network = make_config_network(
-            config, self.env.observation_shape, self.env.action_space
-        )
+        self.network = config.make_network(self.env.observation_shape, self.env.action_space)
         self.recurrent = is_recurrent(self.network)
         # The actors' observation transform, with the statistics the params carry.
-        options = self.normalization = NormalizationOptions.from_config(config)
+        options = self.normalization = config.normalization_options()
         # Host params with the network's structure, for decoding bytes.
         self.params_template = wrap_params(
             params_template(self.network, self.env.observation_shape),
@@ -243,7 +240,7 @@ def _cached_evaluator(config: AsyncActorLearnerConfig, num_episodes: int,
                       greedy: bool) -> Evaluator:
     cache_key = (config.env_id, tuple(config.hidden_sizes), config.actor_device,
                  num_episodes, bool(greedy), config.network, config.rnn_hidden_size,
-                 NormalizationOptions.from_config(config), config.torso)
+                 config.normalization_options(), config.torso)
     with _EVALUATORS_LOCK:
         evaluator = _EVALUATORS.get(cache_key)
         if evaluator is None:
@@ -341,8 +338,8 @@ def evaluate_host_env(
                          evaluation=True)
     try:
         observation_shape = tuple(int(d) for d in envs.observation_shape)
-        network = make_config_network(config, observation_shape, envs.action_space)
-        options = NormalizationOptions.from_config(config)
+        network = config.make_network(observation_shape, envs.action_space)
+        options = config.normalization_options()
         template = wrap_params(params_template(network, observation_shape), observation_shape,
                                options)
         device = resolve_device(config.actor_device)

@@ -45,7 +45,7 @@ import numpy as np
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import resolve_device
 from ppo_async.envs.registry import GYMNASIUM, GYMNAX, is_envpool_gym_mujoco, split_env_id
-from ppo_async.networks.actor_critic import is_recurrent, make_config_network
+from ppo_async.networks.actor_critic import is_recurrent
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
 VIDEO_EXTRA = "pip install 'ppo-async[video]'"
@@ -149,12 +149,11 @@ def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: 
 
 def _play(player: Any, params: Any, num_episodes: int, seed: int) -> Recording:
     """The episode loop every backend shares: act greedily, step, keep a snapshot per step."""
-    from ppo_async.core.normalization import NormalizationOptions
     from ppo_async.runtime.evaluate import make_host_act
 
     network = player.network
     act = make_host_act(network, greedy=True,
-                        normalization=NormalizationOptions.from_config(player.config))
+                        normalization=player.config.normalization_options())
     params = jax.device_put(params, resolve_device(player.config.actor_device))
     key = jax.random.key(seed)
     hidden = network.zero_hidden(1) if is_recurrent(network) else None
@@ -186,8 +185,7 @@ class _GymnaxPlayer:
 
         self.config = config
         self.env = BatchedEnv(name, 1)
-        self.network = make_config_network(config, self.env.observation_shape,
-                                           self.env.action_space)
+        self.network = config.make_network(self.env.observation_shape, self.env.action_space)
         self._key = jax.random.key(seed + 1)
         self._step = jax.jit(self.env.step)
         self._carry = self.env.reset(self._key)
@@ -306,8 +304,7 @@ class _HostPlayer:
                 f"{config.env_id}: this host env cannot be rendered (its batch has no "
                 "render() returning [E, H, W, 3] uint8 frames)")
         self.observation_shape = tuple(int(d) for d in self.envs.observation_shape)
-        self.network = make_config_network(config, self.observation_shape,
-                                           self.envs.action_space)
+        self.network = config.make_network(self.observation_shape, self.envs.action_space)
         space = self.envs.action_space
         self._low = np.asarray(getattr(space, "low", -np.inf), np.float32)
         self._high = np.asarray(getattr(space, "high", np.inf), np.float32)
