@@ -197,7 +197,7 @@ def time_learner(config, program, params, chunks, update, updates: int, unpickle
         raise ValueError("the steady rate needs at least 3 updates")
     cpu = LearnerPlacement(jax.devices("cpu")[:1])
     state = cpu.put_state(init_learner_state(config.update_options(), params, jax.random.key(1)))
-    lag = config.exact_policy_lag if config.exact_policy_lag is not None else 0
+    lag = config.exact_lag if config.exact_lag is not None else 0
     transport = ReplayTransport(chunks, config.num_actors, lag, unpickle)
     stamps: list[float] = []
 

@@ -346,13 +346,13 @@ def train_twin_runs(runs: Sequence[tuple[pathlib.Path, AsyncActorLearnerConfig]]
     actors have no fixed lag and are refused.
     """
     config = runs[0][1]
-    if config.exact_policy_lag is None:
+    if config.exact_lag is None:
         raise ConfigError("the twin simulates an exact policy lag; exact_policy_lag is None")
     different = {f for _, c in runs for f, v in c.to_dict().items()
                  if f != "seed" and v != config.to_dict()[f]}
     if different:
         raise ValueError(f"runs trained together may differ only by seed, not {sorted(different)}")
-    lag = int(config.exact_policy_lag)
+    lag = int(config.exact_lag)
     result = train_seeds(config, [c.seed for _, c in runs], lag)
     for i, (run_dir, run_config) in enumerate(runs):
         write_twin_run(run_dir, run_config, jax.tree.map(lambda leaf: leaf[i], result.params),

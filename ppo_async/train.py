@@ -626,13 +626,13 @@ class _Run:
     def not_reproducible(self) -> str | None:
         """Why another run with this seed could differ (None: it is fixed by its seed)."""
         config = self.config
-        if config.exact_policy_lag is None and not config.lock_step:
+        if config.exact_lag is None and not config.lock_step:
             return ("free-running actors (exact_policy_lag=None): which params each chunk "
                     "was collected with depends on thread timing")
         if self.report.actor_restarts:
             return (f"{self.report.actor_restarts} actor restart(s): a restarted actor's "
                     "envs and keys differ from the uninterrupted run's")
-        lag = config.exact_policy_lag
+        lag = config.exact_lag
         if lag is not None and self.published[0][0] > exact_version(
                 self.start_updates, lag, config.broadcast_every):
             return ("resumed from a checkpoint without the earlier params versions the "

@@ -49,7 +49,7 @@ import numpy as np
 from ppo_async.envs.backends import make_actor_program
 from ppo_async.envs.program import ActorProgram
 from ppo_async.runs.checkpoint import LoadedCheckpoint, load_latest_checkpoint
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, resolve_exact_lag
 from ppo_async.envs.gymnax_env import EnvCarry
 from ppo_async.core.update import (
     LearnerState,
@@ -91,7 +91,8 @@ def params_history_size(config: AsyncActorLearnerConfig | dict[str, Any]) -> int
     ``config`` may be a saved config's dict.
     """
     get = config.get if isinstance(config, dict) else (lambda name: getattr(config, name))
-    lag, every = get("exact_policy_lag"), get("broadcast_every")
+    lag = resolve_exact_lag(get("exact_policy_lag"), get("max_lead_steps"))
+    every = get("broadcast_every")
     if not (isinstance(lag, int) and isinstance(every, int)):
         return 0
     return max(0, lag + every - 1)

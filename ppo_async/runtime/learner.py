@@ -455,7 +455,7 @@ class _Learner:
             eval_message = PolicyBroadcast(report.updates, serialize_policy(state.params))
             report.eval_requests_skipped += _request_evaluation(
                 channels, EvalRequest(eval_message, report.env_steps),
-                replace=config.exact_policy_lag is None)
+                replace=config.exact_lag is None)
         for evaluation in drain_evaluations(channels, report):
             if self.hooks.on_evaluation is not None:
                 self.hooks.on_evaluation(evaluation)

@@ -331,7 +331,7 @@ def test_policy_lag_is_bounded_by_the_valve(lead_chunks, broadcast_every, use_vt
     )
     report = train(config, progress=False).report
     assert report.updates == 12
-    assert report.policy_lag_max <= config.max_lead_steps // config.num_steps - 1
+    assert report.policy_lag_max <= config.lead_steps // config.num_steps - 1
     assert sum(report.policy_lag_counts.values()) == 12 * config.num_actors
     assert max(report.policy_lag_counts) == report.policy_lag_max
 
