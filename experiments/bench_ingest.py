@@ -196,8 +196,8 @@ def time_learner(config, program, params, chunks, update, updates: int, unpickle
     if updates < 3:
         raise ValueError("the steady rate needs at least 3 updates")
     cpu = LearnerPlacement(jax.devices("cpu")[:1])
-    state = cpu.put_state(init_learner_state(config, params, jax.random.key(1)))
-    lag = config.exact_policy_lag if config.exact_policy_lag is not None else 0
+    state = cpu.put_state(init_learner_state(config.update_options(), params, jax.random.key(1)))
+    lag = config.exact_lag if config.exact_lag is not None else 0
     transport = ReplayTransport(chunks, config.num_actors, lag, unpickle)
     stamps: list[float] = []
 
@@ -245,8 +245,9 @@ def update_alone_s(config, program, params, chunks, repeats: int) -> tuple[float
     placement = LearnerPlacement(jax.devices("cpu")[:1])
     batch = placement.put_batch(stack_experiences(
         [chunks[i % len(chunks)]._replace(actor_id=i) for i in range(config.num_actors)]))
-    update = make_update_fn(config, program.network)
-    state = placement.put_state(init_learner_state(config, params, jax.random.key(1)))
+    update = make_update_fn(config.update_options(), program.network)
+    state = placement.put_state(
+        init_learner_state(config.update_options(), params, jax.random.key(1)))
     jax.block_until_ready(update(state, batch))  # compile
     return common.median_time(lambda: jax.block_until_ready(update(state, batch)), repeats), update
 

@@ -49,7 +49,8 @@ def _checkpoint_cost(config, program, state, device) -> tuple[float, int]:
 
     carries = [program.reset(jax.random.key(i), device) for i in range(config.num_actors)]
     report = LearnerReport(updates=1, env_steps=config.batch_size, policy_lag_counts={0: 1})
-    tree, counters = checkpoint_contents(state, report, carries, default_schedule(config))
+    tree, counters = checkpoint_contents(state, report, carries,
+                                         default_schedule(config.update_options()))
     with tempfile.TemporaryDirectory() as directory:
         def write() -> None:
             save_checkpoint(directory, step=1, state=tree, counters=counters,
@@ -88,7 +89,7 @@ def _learner_alone(config, program, params, experiences, update, pipeline: bool,
     from ppo_async.runtime.learner import LearnerConnections, learner_loop
 
     cpu = jax.devices("cpu")[0]
-    state = place(init_learner_state(config, params, jax.random.key(1)), cpu)
+    state = place(init_learner_state(config.update_options(), params, jax.random.key(1)), cpu)
 
     def run(n):
         learner_loop(config, program.network, state, LearnerConnections(_Replay(experiences)), cpu,
@@ -144,8 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
     program, params, host_batch = common.one_real_batch(config)
     cpu = jax.devices("cpu")[0]
     batch = jax.device_put(host_batch)
-    update = make_update_fn(config, program.network)
-    state = init_learner_state(config, params, jax.random.key(1))
+    update = make_update_fn(config.update_options(), program.network)
+    state = init_learner_state(config.update_options(), params, jax.random.key(1))
     jax.block_until_ready(update(state, batch))
     update_s = common.median_time(lambda: jax.block_until_ready(update(state, batch)), 100)
     # When the call hands control back: reading one update's metrics while the

@@ -178,7 +178,7 @@ def compare(base: AsyncActorLearnerConfig, warmup: int, rounds: int) -> dict:
     }
     results["async_over_lock_step"] = float(np.median(ratios))
     results["async_over_lock_step_per_round"] = ratios
-    results["async_max_lead_steps"] = int(asynchronous.max_lead_steps)
+    results["async_max_lead_steps"] = int(asynchronous.lead_steps)
     return results
 
 

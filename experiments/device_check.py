@@ -58,8 +58,9 @@ def _update_time(config, device, repeats: int) -> float:
 
     program, params, host_batch = common.one_real_batch(config)
     batch = jax.device_put(host_batch, device)
-    state = jax.device_put(init_learner_state(config, params, jax.random.key(1)), device)
-    update = make_update_fn(config, program.network)
+    state = jax.device_put(
+        init_learner_state(config.update_options(), params, jax.random.key(1)), device)
+    update = make_update_fn(config.update_options(), program.network)
     jax.block_until_ready(update(state, batch))
     times = []
     for _ in range(repeats):
@@ -112,8 +113,9 @@ def _run_updates(case, devices, updates: int, timed: bool = True):
 
     config, network, params, host_batch = case
     placement = LearnerPlacement(devices)
-    update = make_update_fn(config, network, mesh=placement.mesh)
-    state = placement.put_state(init_learner_state(config, params, jax.random.key(1)))
+    update = make_update_fn(config.update_options(), network, mesh=placement.mesh)
+    state = placement.put_state(
+        init_learner_state(config.update_options(), params, jax.random.key(1)))
     batch = placement.put_batch(host_batch)
     jax.block_until_ready(update(state, batch))  # compiles
     start = time.perf_counter()

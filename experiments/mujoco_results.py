@@ -290,7 +290,7 @@ def dry_run(args, out: pathlib.Path) -> dict[str, Any]:
         if "backends" in args.parts:
             planned[f"{name} backends"] = [
                 f"{mode}: {config.env_id}, actors {config.actor_backend}, exact policy lag "
-                f"{config.exact_policy_lag}, {config.num_updates} updates"
+                f"{config.exact_lag}, {config.num_updates} updates"
                 for mode in args.modes
                 for config in [mode_config(name, mode, 0, args.total_env_steps)]]
     for what, lines in planned.items():

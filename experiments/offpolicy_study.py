@@ -465,13 +465,13 @@ def main(argv: list[str] | None = None) -> None:
                 cell = plan.runs[plan.runs.index(run):plan.runs.index(run) + args.seeds]
                 done = all(plan.states[r.name] == "done" for r in cell)
                 variant = variant_of(run.config.to_dict())
-                print(f"{env:17s} lag {run.config.exact_policy_lag:2d} {variant:17s} "
+                print(f"{env:17s} lag {run.config.exact_lag:2d} {variant:17s} "
                       f"{run.config.total_env_steps:>9,} steps {'done' if done else 'todo'}")
         return
     if not args.report_only:
         print(f"machine: {machine_info()}", flush=True)
         for env, (sweep_dir, plan) in plans.items():
-            todo = {(env, r.config.exact_policy_lag, variant_of(r.config.to_dict()))
+            todo = {(env, r.config.exact_lag, variant_of(r.config.to_dict()))
                     for r in plan.runs if plan.states[r.name] != "done"}
             if todo:
                 execute_sweep(plan.spec, sweep_dir, twin=True)

@@ -209,9 +209,10 @@ def steps_alone(config) -> dict[str, float]:
         program.network, jax.random.key(0), program.observation_shape))
     carry = step("reset", lambda: program.reset(jax.random.key(1), jax.devices("cpu")[0]))
     step("rollout", lambda: program.rollout(params, carry))
-    state = step("learner_state", lambda: init_learner_state(config, params, jax.random.key(0)))
+    state = step("learner_state",
+                 lambda: init_learner_state(config.update_options(), params, jax.random.key(0)))
     batch = train_module._warm_up_batch(config, program)
-    update = make_update_fn(config, program.network)
+    update = make_update_fn(config.update_options(), program.network)
     step("update", lambda: update(state, batch))
     seconds["total"] = round(sum(seconds.values()), 3)
     return seconds

@@ -10,8 +10,18 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from ppo_async.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: the config imports the math inside its methods
+    from jax.sharding import Mesh
+
+    from ppo_async.core.devices import LearnerPlacement
+    from ppo_async.core.normalization import NormalizationOptions
+    from ppo_async.core.update import UpdateOptions
+    from ppo_async.networks.actor_critic import ActorCritic, RecurrentActorCritic
 
 # Literal types, so that the CLI's --help lists the choices; the tuples are what validation reads.
 NetworkName = Literal["mlp", "lstm", "gru"]
@@ -23,27 +33,7 @@ TorsoName = Literal["auto", "none", "minatar", "nature"]
 TORSOS = get_args(TorsoName)
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the field and the fix."""
-
-
-class _DerivedLead(int):
-    """A ``max_lead_steps`` that was derived from ``None`` (two chunks).
-
-    ``dataclasses.replace(cfg, num_steps=...)`` passes the resolved value back
-    in; this marker lets ``__post_init__`` derive it again from the new sizes
-    instead of keeping a lead that the new config would reject.
-    """
-
-
-class _DefaultExactLag(int):
-    """``exact_policy_lag`` left at its default (1).
-
-    A ``max_lead_steps`` given beside it chooses the free-running valve
-    instead (``exact_policy_lag`` becomes None), as it did before exact lags
-    existed; an ``exact_policy_lag`` given on purpose and a lead that
-    disagrees with it is a `ConfigError`.
-    """
+DEFAULT_EXACT_LAG = 1  # what exact_policy_lag="auto" is without a max_lead_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +59,10 @@ class AsyncActorLearnerConfig:
     """Rows (env steps per env) in one actor chunk and in one column of the learner's batch."""
     broadcast_every: int = 1
     """The learner sends new weights to the actors every this many updates."""
-    exact_policy_lag: int | None = _DefaultExactLag(1)
-    """Reproducible asynchrony: the chunk that feeds update u (1-based) is collected by every actor with exactly the params of update max(0, u - 1 - exact_policy_lag) (with broadcast_every > 1, the newest broadcast not above it), never a newer one, so a run is fixed by its seed: 0 is lock-step, 1 (the default) lets every actor collect the next chunk while the learner computes. None: free-running actors act with the newest params they have, as far ahead as max_lead_steps allows (setting max_lead_steps alone chooses this)."""
+    exact_policy_lag: int | Literal["auto"] | None = "auto"
+    """Reproducible asynchrony: the chunk that feeds update u (1-based) is collected by every actor with exactly the params of update max(0, u - 1 - exact_policy_lag) (with broadcast_every > 1, the newest broadcast not above it), never a newer one, so a run is fixed by its seed: 0 is lock-step, 1 lets every actor collect the next chunk while the learner computes. None: free-running actors act with the newest params they have, as far ahead as max_lead_steps allows. auto (the default): 1, or free-running when max_lead_steps is given (the property exact_lag holds the value in force)."""
     max_lead_steps: int | None = None
-    """Staleness valve of free-running actors (exact_policy_lag=None): steps per env an actor may run ahead of what the learner consumed from it. None: two chunks (2 * num_steps * broadcast_every), or with an exact lag the (exact_policy_lag + broadcast_every) chunks it implies. Given alone, it chooses free-running actors."""
+    """Staleness valve of free-running actors (exact_policy_lag=None): steps per env an actor may run ahead of what the learner consumed from it. None: two chunks (2 * num_steps * broadcast_every), or with an exact lag the (exact_policy_lag + broadcast_every) chunks it implies (the property lead_steps holds the value in force). Given alone, it chooses free-running actors."""
     learner_timeout_s: float = 60.0
     """The run fails, naming the actor, if an actor the learner waits on sends nothing for this long."""
     shutdown_timeout_s: float = 30.0
@@ -193,25 +183,19 @@ class AsyncActorLearnerConfig:
                 # Pairs given as lists (config.json stores them so): a tuple of tuples.
                 object.__setattr__(self, name, _as_tuples(pairs))
         _validate(self)
-        explicit_lead = not (self.max_lead_steps is None or isinstance(self.max_lead_steps, _DerivedLead))
-        if isinstance(self.exact_policy_lag, _DefaultExactLag) and explicit_lead:
-            object.__setattr__(self, "exact_policy_lag", None)  # a lead given alone: free-running
-        exact_lead = (None if self.exact_policy_lag is None
-                      else (self.exact_policy_lag + self.broadcast_every) * self.num_steps)
-        if not explicit_lead:
-            lead = _DerivedLead(exact_lead if exact_lead is not None
-                                else 2 * self.num_steps * self.broadcast_every)
-            object.__setattr__(self, "max_lead_steps", lead)
-        elif exact_lead is not None and self.max_lead_steps != exact_lead:
+        if self.max_lead_steps is not None and self.exact_lag is not None:
+            # Only an exact lag given on purpose meets a lead here ("auto" beside one is None).
+            exact_lead = (self.exact_lag + self.broadcast_every) * self.num_steps
+            if self.max_lead_steps != exact_lead:
+                raise ConfigError(
+                    f"max_lead_steps={self.max_lead_steps} with exact_policy_lag="
+                    f"{self.exact_policy_lag}: the exact lag fixes the lead at (exact_policy_lag "
+                    f"+ broadcast_every) * num_steps = {exact_lead}; leave max_lead_steps unset, "
+                    "or set exact_policy_lag=None for free-running actors with this lead"
+                )
+        if self.lead_steps < self.num_steps * self.broadcast_every:
             raise ConfigError(
-                f"max_lead_steps={self.max_lead_steps} with exact_policy_lag="
-                f"{self.exact_policy_lag}: the exact lag fixes the lead at (exact_policy_lag + "
-                f"broadcast_every) * num_steps = {exact_lead}; leave max_lead_steps unset, or "
-                "set exact_policy_lag=None for free-running actors with this lead"
-            )
-        if self.max_lead_steps < self.num_steps * self.broadcast_every:
-            raise ConfigError(
-                f"max_lead_steps={self.max_lead_steps} is below num_steps * "
+                f"max_lead_steps={self.lead_steps} is below num_steps * "
                 f"broadcast_every = {self.num_steps * self.broadcast_every}: actors "
                 "would wait for a broadcast the learner can never send. Set it to at "
                 "least that (num_steps alone with broadcast_every=1 is lock-step)."
@@ -238,9 +222,33 @@ class AsyncActorLearnerConfig:
         return self.total_env_steps // self.batch_size
 
     @property
+    def exact_lag(self) -> int | None:
+        """The exact policy lag in force; None: free-running actors.
+
+        ``exact_policy_lag`` with "auto" resolved (`resolve_exact_lag`): 1, or
+        None beside a ``max_lead_steps``.
+        """
+        return resolve_exact_lag(self.exact_policy_lag, self.max_lead_steps)
+
+    @property
+    def lead_steps(self) -> int:
+        """The valve's lead in force, in steps per env: ``max_lead_steps``, or one derived.
+
+        Unset, it is derived from the sizes on every read (so
+        ``dataclasses.replace(cfg, num_steps=...)`` derives it again): with an
+        exact lag the ``(exact_lag + broadcast_every)`` chunks it implies,
+        free-running two chunks of the broadcast period.
+        """
+        if self.max_lead_steps is not None:
+            return self.max_lead_steps
+        if self.exact_lag is not None:
+            return (self.exact_lag + self.broadcast_every) * self.num_steps
+        return 2 * self.num_steps * self.broadcast_every
+
+    @property
     def max_lead_chunks(self) -> int:
         """The valve's lead in whole chunks; the policy lag is at most this minus one."""
-        return self.max_lead_steps // self.num_steps
+        return self.lead_steps // self.num_steps
 
     @property
     def recurrent(self) -> bool:
@@ -269,16 +277,100 @@ class AsyncActorLearnerConfig:
     @property
     def lock_step(self) -> bool:
         """Actors never run ahead: every chunk is collected under the newest params."""
-        return self.max_lead_steps == self.num_steps and self.broadcast_every == 1
+        return self.lead_steps == self.num_steps and self.broadcast_every == 1
+
+    # --- the math's options: built here, the one place fields become them ---
+    # Each imports its module when called, so importing the config imports no jax.
+
+    def update_options(self) -> UpdateOptions:
+        """`ppo_async.core.update.UpdateOptions`, the update's hyperparameters, from the fields."""
+        from ppo_async.core.update import UpdateOptions
+
+        return UpdateOptions(
+            num_updates=self.num_updates, learning_rate=self.learning_rate,
+            anneal_lr=self.anneal_lr, max_grad_norm=self.max_grad_norm,
+            num_epochs=self.num_epochs, num_minibatches=self.num_minibatches,
+            gamma=self.gamma, gae_lambda=self.gae_lambda, use_vtrace=self.use_vtrace,
+            vtrace_lambda=self.vtrace_lambda, vtrace_rho_bar=self.vtrace_rho_bar,
+            vtrace_c_bar=self.vtrace_c_bar, vtrace_pg_rho_bar=self.vtrace_pg_rho_bar,
+            max_policy_lag=self.max_policy_lag, ppo_ratio_anchor=self.ppo_ratio_anchor,
+            proximal_ewma_decay=self.proximal_ewma_decay, is_weight_max=self.is_weight_max,
+            clip_eps=self.clip_eps, value_clip_eps=self.value_clip_eps,
+            normalize_advantages=self.normalize_advantages, vf_coef=self.vf_coef,
+            ent_coef=self.ent_coef,
+        )
+
+    def normalization_options(self) -> NormalizationOptions:
+        """`ppo_async.core.normalization.NormalizationOptions` from ``normalize_*``, ``*_clip``."""
+        from ppo_async.core.normalization import NormalizationOptions
+
+        return NormalizationOptions(bool(self.normalize_observations), bool(self.normalize_rewards),
+                                    float(self.obs_clip), float(self.reward_clip))
+
+    def make_network(self, observation_shape: Sequence[int],
+                     action_space: Any) -> ActorCritic | RecurrentActorCritic:
+        """`ppo_async.networks.actor_critic.make_network` with this config's network fields.
+
+        The one place actors, learner, evaluation and the twin build their
+        network, so all of them get the same one. A torso that cannot read the
+        env's observations (known only once the env exists) is a `ConfigError`
+        naming the field.
+        """
+        from ppo_async.networks.actor_critic import make_network
+
+        try:
+            return make_network(observation_shape, action_space, hidden_sizes=self.hidden_sizes,
+                                network=self.network, rnn_hidden_size=self.rnn_hidden_size,
+                                torso=self.network_torso)
+        except ValueError as error:
+            if "torso" not in str(error):
+                raise
+            raise ConfigError(
+                f"torso={self.torso!r} with env_id={self.env_id!r}: {error}") from None
+
+    def learner_placement(self) -> LearnerPlacement:
+        """The devices ``learner_device`` names, looked up.
+
+        Raises `ConfigError` if the batch does not split over them.
+        """
+        from ppo_async.core.devices import LearnerPlacement, resolve_devices
+
+        devices = resolve_devices(self.learner_device)
+        check_learner_devices(self, len(devices))
+        return LearnerPlacement(devices)
+
+    def learner_mesh(self) -> Mesh | None:
+        """The mesh of a ``learner_device`` of several devices; None for one (not looked up).
+
+        Raises `ConfigError` if the batch does not split over them.
+        """
+        from ppo_async.core.devices import learner_mesh
+
+        mesh = learner_mesh(self.learner_device)
+        if mesh is not None:
+            check_learner_devices(self, mesh.devices.size)
+        return mesh
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (tuples become lists)."""
+        """JSON-ready fields as given (tuples become lists; "auto" and None stay, never resolved)."""
         return {
-            f.name: (list(v) if isinstance(v, tuple)
-                     else (int(v) if isinstance(v, (_DerivedLead, _DefaultExactLag)) else v))
+            f.name: list(v) if isinstance(v, tuple) else v
             for f in dataclasses.fields(self)
             for v in [getattr(self, f.name)]
         }
+
+
+def resolve_exact_lag(exact_policy_lag: int | str | None,
+                      max_lead_steps: int | None) -> int | None:
+    """The exact policy lag a config's two fields put in force; None: free-running actors.
+
+    "auto" is `DEFAULT_EXACT_LAG`, or free-running when a ``max_lead_steps``
+    is given (a lead alone chooses free-running actors); anything else is
+    itself. Takes the fields, so that a saved config's dict resolves the same.
+    """
+    if exact_policy_lag == "auto":
+        return None if max_lead_steps is not None else DEFAULT_EXACT_LAG
+    return exact_policy_lag
 
 
 def _as_tuples(value: Any) -> Any:
@@ -328,9 +420,9 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     for name in ("keep_checkpoints", "eval_episodes"):
         value = getattr(cfg, name)
         _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-    _require(cfg.exact_policy_lag is None
+    _require(cfg.exact_policy_lag is None or cfg.exact_policy_lag == "auto"
              or (_is_int(cfg.exact_policy_lag) and cfg.exact_policy_lag >= 0),
-             "exact_policy_lag", cfg.exact_policy_lag, "must be None or an integer >= 0")
+             "exact_policy_lag", cfg.exact_policy_lag, "must be 'auto', None or an integer >= 0")
     if cfg.max_lead_steps is not None:
         _require(_is_int(cfg.max_lead_steps) and cfg.max_lead_steps >= 1,
                  "max_lead_steps", cfg.max_lead_steps,
@@ -377,6 +469,8 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
                  "compilation_cache_dir", cfg.compilation_cache_dir,
                  "is a file; name a directory (it is created if missing)")
     _validate_transport(cfg)
+    from ppo_async.core.devices import parse_device_list, parse_device_spec
+
     _require(isinstance(cfg.actor_device, str) and parse_device_spec(cfg.actor_device) is not None,
              "actor_device", cfg.actor_device, "must look like 'cpu', 'gpu:0' or 'cpu:1'")
     if cfg.learner_device is not None:
@@ -475,37 +569,13 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
     )
     if cfg.actor_backend != "ray":
         return
+    from ppo_async.core.devices import parse_device_spec
+
     _require(importlib.util.find_spec("ray") is not None, "actor_backend", cfg.actor_backend,
              "Ray is not installed; pip install 'ppo-async[ray]' (or use actor_backend='threads')")
     _require(parse_device_spec(cfg.actor_device) in (("cpu", 0),), "actor_device",
              cfg.actor_device,
              "with actor_backend='ray' each actor process has one CPU device; use 'cpu'")
-
-
-def parse_device_spec(spec: str) -> tuple[str, int] | None:
-    """``(platform, index)`` of a device string such as 'gpu:1' (index 0 if absent); None if malformed."""
-    platform, _, index = spec.partition(":")
-    if not platform or (index and not index.isdigit()):
-        return None
-    return platform, int(index or 0)
-
-
-def parse_device_list(spec: str) -> tuple[str, tuple[int, ...] | None] | None:
-    """``(platform, indices)`` of a learner device string; indices None for 'platform:all'.
-
-    'gpu' -> ('gpu', (0,)); 'cpu:0,cpu:2' -> ('cpu', (0, 2)); 'gpu:all' ->
-    ('gpu', None). None if malformed: an empty part, two platforms, a
-    repeated device, or 'all' beside other devices.
-    """
-    parts = [part.strip() for part in spec.split(",")]
-    if len(parts) == 1 and parts[0].endswith(":all"):
-        platform = parts[0][: -len(":all")]
-        return (platform, None) if platform and ":" not in platform else None
-    parsed = [parse_device_spec(part) for part in parts]
-    if any(p is None for p in parsed) or len({p[0] for p in parsed}) != 1:
-        return None
-    indices = tuple(index for _, index in parsed)
-    return (parsed[0][0], indices) if len(set(indices)) == len(indices) else None
 
 
 def check_learner_devices(cfg: AsyncActorLearnerConfig, num_devices: int) -> None:

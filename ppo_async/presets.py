@@ -283,20 +283,16 @@ def config_to_toml(config: AsyncActorLearnerConfig) -> str:
     """``config`` as a TOML config file that `load_config_file` reads back to an equal config.
 
     Fields that are None are left out (TOML has no null; a missing key keeps
-    the default), and so are a ``max_lead_steps`` derived from the sizes (the
-    file keeps deriving it) and an ``exact_policy_lag`` left at its default.
-    Free-running actors (``exact_policy_lag=None``) are written as their lead:
-    a ``max_lead_steps`` given alone chooses them.
+    the default), so an unset ``max_lead_steps`` stays unset and the file
+    keeps deriving it. Free-running actors (``exact_policy_lag=None``) are
+    written as their lead (`AsyncActorLearnerConfig.lead_steps`): a
+    ``max_lead_steps`` given alone chooses them.
     """
     lines = []
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        # config's _DerivedLead and _DefaultExactLag: the defaults, derived again when read
-        defaulted = field.name in ("max_lead_steps", "exact_policy_lag") and type(value) not in (
-            int, type(None))
         if field.name == "max_lead_steps" and config.exact_policy_lag is None:
-            defaulted = False
-        if value is None or defaulted:
-            continue
-        lines.append(f"{field.name} = {toml_value(int(value) if field.name == 'max_lead_steps' else value)}")
+            value = config.lead_steps
+        if value is not None:
+            lines.append(f"{field.name} = {toml_value(value)}")
     return "\n".join(lines) + "\n"

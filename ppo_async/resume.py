@@ -56,7 +56,12 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
+from ppo_async.config import (
+    AsyncActorLearnerConfig,
+    ConfigError,
+    fields_from_json,
+    resolve_exact_lag,
+)
 from ppo_async.core.update import (
     LearnerState,
     LearningRateSchedule,
@@ -102,7 +107,8 @@ def params_history_size(config: AsyncActorLearnerConfig | dict[str, Any]) -> int
     ``config`` may be a saved config's dict.
     """
     get = config.get if isinstance(config, dict) else (lambda name: getattr(config, name))
-    lag, every = get("exact_policy_lag"), get("broadcast_every")
+    lag = resolve_exact_lag(get("exact_policy_lag"), get("max_lead_steps"))
+    every = get("broadcast_every")
     if not (isinstance(lag, int) and isinstance(every, int)):
         return 0
     return max(0, lag + every - 1)
@@ -227,7 +233,8 @@ def load_newest_checkpoint(
         # The optimizer state is shaped by the saved anneal_lr (load_resume_point switches it).
         saved_config = dataclasses.replace(config, anneal_lr=_saved_anneal_lr(saved, config))
         return {
-            "learner": init_learner_state(saved_config, params_template, jax.random.key(0)),
+            "learner": init_learner_state(saved_config.update_options(), params_template,
+                                          jax.random.key(0)),
             "actor_carries": _carries_template(config, program, saved),
             "recent_returns": np.zeros(RECENT_EPISODES, np.float32),
             "lr_begin_value": np.float64(0.0),
@@ -300,7 +307,8 @@ def load_resume_point(
     optimizer_steps = _optimizer_steps(state.opt_state)
     saved = _SavedRate.of(loaded.config, config, saved_schedule)
     schedule = continue_schedule(
-        saved_schedule, optimizer_steps + remaining * optimizer_steps_per_update(config),
+        saved_schedule,
+        optimizer_steps + remaining * optimizer_steps_per_update(config.update_options()),
         config.learning_rate, saved.learning_rate,
     )
     _report_rate_change(config, saved, schedule, optimizer_steps)
@@ -358,7 +366,7 @@ def _switch_anneal_lr(config: AsyncActorLearnerConfig, state: LearnerState,
     counter, or drops it); Adam's moments and step count carry over."""
     import optax
 
-    fresh = init_learner_state(config, state.params, state.key).opt_state
+    fresh = init_learner_state(config.update_options(), state.params, state.key).opt_state
     count = np.asarray(optimizer_steps, np.int32)
     opt_state = optax.tree_utils.tree_set(
         fresh, mu=optax.tree_utils.tree_get(state.opt_state, "mu"),
@@ -447,8 +455,9 @@ def load_run_config(run_dir: str | pathlib.Path) -> AsyncActorLearnerConfig:
               f"{', '.join(unknown)}, not config fields of ppo-async {__version__} "
               "(written by another version?)", file=sys.stderr)
     fields = fields_from_json({k: v for k, v in fields.items() if k in known})
-    if fields.get("exact_policy_lag") is not None:
-        # The lead an exact lag implies: derived again, so that flags may change the sizes.
+    if isinstance(fields.get("exact_policy_lag"), int):
+        # The lead an exact lag implies (older config.json files hold it resolved):
+        # derived again, so that flags may change the sizes.
         fields.pop("max_lead_steps", None)
     return AsyncActorLearnerConfig(**fields)
 

@@ -24,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
-from ppo_async.core.devices import learner_mesh
-from ppo_async.core.normalization import NormalizationOptions, acting_apply, wrap_params
+from ppo_async.core.normalization import acting_apply, wrap_params
 from ppo_async.core.update import (
     Batch,
     LearnerState,
@@ -36,7 +35,7 @@ from ppo_async.core.update import (
 from ppo_async.envs.gymnax_env import EnvCarry, make_rollout
 from ppo_async.envs.program import Trajectory
 from ppo_async.envs.registry import env_backend
-from ppo_async.networks.actor_critic import init_params, is_recurrent, make_config_network
+from ppo_async.networks.actor_critic import init_params, is_recurrent
 from ppo_async.runs.compile_cache import enable_compilation_cache
 
 
@@ -95,10 +94,10 @@ def make_sync_twin(
             f"env_id={config.env_id!r}: the synchronous twin jits its envs and runs "
             "gymnax envs only (backends whose envs jit)"
         )
-    network = make_config_network(config, env.observation_shape, env.action_space)
+    network = config.make_network(env.observation_shape, env.action_space)
     recurrent = is_recurrent(network)
     # The actors' transforms: the same rollout acts on the same statistics.
-    options = NormalizationOptions.from_config(config)
+    options = config.normalization_options()
     acting_fn = acting_apply(network.apply, options)
     if per_actor:
         acting_fn = jax.vmap(acting_fn)  # params and observations of one env each
@@ -108,8 +107,8 @@ def make_sync_twin(
                            keep_final_obs=config.learner_bootstraps_truncation)
     # A learner_device of several devices: the update data-parallel over them,
     # as the runtime's learner runs it (`ppo_async.core.devices`).
-    update = with_normalization(make_update_fn(config, network, mesh=learner_mesh(config)),
-                                options)
+    update = with_normalization(
+        make_update_fn(config.update_options(), network, mesh=config.learner_mesh()), options)
     state_size = network.state_size if recurrent else None
 
     def init(key: jax.Array) -> SyncCarry:
@@ -119,7 +118,7 @@ def make_sync_twin(
         params = wrap_params(init_params(network, params_key, env.observation_shape),
                              env.observation_shape, options)
         carry = SyncCarry(
-            init_learner_state(config, params, learner_key),
+            init_learner_state(config.update_options(), params, learner_key),
             env.reset(jax.random.fold_in(key, 0), state_size, track_return=options.rewards),
         )
         if history_size:
@@ -346,13 +345,13 @@ def train_twin_runs(runs: Sequence[tuple[pathlib.Path, AsyncActorLearnerConfig]]
     actors have no fixed lag and are refused.
     """
     config = runs[0][1]
-    if config.exact_policy_lag is None:
+    if config.exact_lag is None:
         raise ConfigError("the twin simulates an exact policy lag; exact_policy_lag is None")
     different = {f for _, c in runs for f, v in c.to_dict().items()
                  if f != "seed" and v != config.to_dict()[f]}
     if different:
         raise ValueError(f"runs trained together may differ only by seed, not {sorted(different)}")
-    lag = int(config.exact_policy_lag)
+    lag = int(config.exact_lag)
     result = train_seeds(config, [c.seed for _, c in runs], lag)
     for i, (run_dir, run_config) in enumerate(runs):
         write_twin_run(run_dir, run_config, jax.tree.map(lambda leaf: leaf[i], result.params),

@@ -34,7 +34,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.core.devices import LearnerPlacement, resolve_device
-from ppo_async.core.normalization import NormalizationOptions, wrap_params
+from ppo_async.core.normalization import wrap_params
 from ppo_async.core.update import (
     Batch,
     LearnerState,
@@ -217,7 +217,8 @@ class _UpdateWarmUp:
 
         def run() -> None:
             try:
-                state = init_learner_state(config, program.params_template, jax.random.key(0))
+                state = init_learner_state(config.update_options(), program.params_template,
+                                           jax.random.key(0))
                 jax.block_until_ready(update(placement.put_state(state),
                                              placement.put_batch(batch)))
                 self._done.set_result(None)
@@ -459,7 +460,7 @@ class _Run:
     def __init__(self, config: AsyncActorLearnerConfig, directories: _RunDirectories):
         self.config, self.directories = config, directories
         self.run_dir = directories.run_dir
-        self.learner = LearnerPlacement.from_config(config)
+        self.learner = config.learner_placement()
         self.actor_device = resolve_device(config.actor_device)
         self.evaluating = config.eval_every_updates > 0
         self.stop = threading.Event()  # the evaluator's
@@ -479,10 +480,12 @@ class _Run:
             self.resume = load_resume_point(config, self.program,
                                             checkpoint_dir(self.directories.resume_from))
         resume = self.resume
-        self.schedule = resume.schedule if resume is not None else default_schedule(config)
+        self.schedule = (resume.schedule if resume is not None
+                         else default_schedule(config.update_options()))
         self.update = with_normalization(
-            make_update_fn(config, self.program.network, self.schedule, mesh=self.learner.mesh),
-            NormalizationOptions.from_config(config))
+            make_update_fn(config.update_options(), self.program.network, schedule=self.schedule,
+                           mesh=self.learner.mesh),
+            config.normalization_options())
         self.warm_up = _UpdateWarmUp(config, self.program, self.update, self.learner)
         try:  # until the shutdown, which joins it on every path
             if resume is None:
@@ -490,8 +493,9 @@ class _Run:
                 program = self.program
                 params = wrap_params(
                     init_params(program.network, params_key, program.observation_shape),
-                    program.observation_shape, NormalizationOptions.from_config(config))
-                state, self.report = init_learner_state(config, params, learner_key), LearnerReport()
+                    program.observation_shape, config.normalization_options())
+                state = init_learner_state(config.update_options(), params, learner_key)
+                self.report = LearnerReport()
                 self.carries = (None,) * config.num_actors
             else:
                 state, self.report, self.carries = resume.state, resume.report, resume.actor_carries
@@ -624,13 +628,13 @@ class _Run:
     def not_reproducible(self) -> str | None:
         """Why another run with this seed could differ (None: it is fixed by its seed)."""
         config = self.config
-        if config.exact_policy_lag is None and not config.lock_step:
+        if config.exact_lag is None and not config.lock_step:
             return ("free-running actors (exact_policy_lag=None): which params each chunk "
                     "was collected with depends on thread timing")
         if self.report.actor_restarts:
             return (f"{self.report.actor_restarts} actor restart(s): a restarted actor's "
                     "envs and keys differ from the uninterrupted run's")
-        lag = config.exact_policy_lag
+        lag = config.exact_lag
         if lag is not None and self.published[0][0] > exact_version(
                 self.start_updates, lag, config.broadcast_every):
             return ("resumed from a checkpoint without the earlier params versions the "

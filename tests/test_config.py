@@ -7,16 +7,16 @@ import math
 import jax
 import pytest
 
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError, parse_device_list
-from ppo_async.core.devices import LearnerPlacement, resolve_device, resolve_devices
+from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
+from ppo_async.core.devices import parse_device_list, resolve_device, resolve_devices
 
 
 def test_defaults_construct_and_derive():
     cfg = AsyncActorLearnerConfig()
     assert cfg.env_id == "CartPole-v1"
     # None resolves to two chunks of the broadcast period, as a plain int.
-    assert cfg.max_lead_steps == 2 * cfg.num_steps * cfg.broadcast_every == 128
-    assert isinstance(cfg.max_lead_steps, int)
+    assert cfg.lead_steps == 2 * cfg.num_steps * cfg.broadcast_every == 128
+    assert isinstance(cfg.lead_steps, int)
     assert cfg.num_envs == cfg.num_actors * cfg.envs_per_actor == 8
     assert cfg.batch_size == 8 * 64
     assert cfg.minibatch_size == cfg.batch_size // cfg.num_minibatches == 128
@@ -28,22 +28,50 @@ def test_defaults_construct_and_derive():
 def test_derived_lead_follows_replace_but_explicit_lead_is_kept():
     cfg = AsyncActorLearnerConfig()
     bigger = dataclasses.replace(cfg, num_steps=128)
-    assert bigger.max_lead_steps == 256
+    assert bigger.lead_steps == 256
     assert bigger.max_lead_chunks == 2
     # An exact lag K leads by K + broadcast_every chunks; free-running actors by two broadcasts.
     slower = dataclasses.replace(cfg, broadcast_every=3)
-    assert slower.max_lead_steps == (1 + 3) * 64
+    assert slower.lead_steps == (1 + 3) * 64
     free = dataclasses.replace(cfg, broadcast_every=3, exact_policy_lag=None)
-    assert free.max_lead_steps == 2 * 64 * 3
+    assert free.lead_steps == 2 * 64 * 3
 
     explicit = AsyncActorLearnerConfig(max_lead_steps=300)
-    assert explicit.max_lead_steps == 300
+    assert explicit.lead_steps == 300
     kept = dataclasses.replace(explicit, num_steps=128)
-    assert kept.max_lead_steps == 300
+    assert kept.lead_steps == 300
     assert kept.max_lead_chunks == 2  # 300 // 128
     # An explicit lead that the new sizes make too short is refused, not rewritten.
     with pytest.raises(ConfigError, match="max_lead_steps"):
         dataclasses.replace(explicit, num_steps=512)
+
+
+def test_unset_lag_and_lead_stay_unset_and_the_properties_resolve_them():
+    cfg = AsyncActorLearnerConfig()
+    assert (cfg.exact_policy_lag, cfg.max_lead_steps) == ("auto", None)
+    assert (cfg.exact_lag, cfg.lead_steps) == (1, 128)
+    assert (cfg.to_dict()["exact_policy_lag"], cfg.to_dict()["max_lead_steps"]) == ("auto", None)
+    # A lead given alone: free-running, the lead as given.
+    alone = AsyncActorLearnerConfig(max_lead_steps=192)
+    assert (alone.exact_policy_lag, alone.exact_lag, alone.lead_steps) == ("auto", None, 192)
+    # Unset again, the default exact lag is back.
+    assert dataclasses.replace(alone, max_lead_steps=None).exact_lag == 1
+    # An exact lag given on purpose beside a lead that disagrees names both.
+    with pytest.raises(ConfigError, match=r"max_lead_steps=192 with exact_policy_lag=1"):
+        AsyncActorLearnerConfig(exact_policy_lag=1, max_lead_steps=192)
+    assert AsyncActorLearnerConfig(exact_policy_lag=1, max_lead_steps=128).exact_lag == 1
+    with pytest.raises(ConfigError, match="exact_policy_lag='none'"):
+        AsyncActorLearnerConfig(exact_policy_lag="none")
+
+
+def test_an_old_config_json_with_the_resolved_lag_and_lead_still_loads():
+    # Written before the fields stayed as given: both resolved to ints.
+    old = {**AsyncActorLearnerConfig().to_dict(), "exact_policy_lag": 1, "max_lead_steps": 128}
+    loaded = AsyncActorLearnerConfig(**fields_from_json(json.loads(json.dumps(old))))
+    assert (loaded.exact_lag, loaded.lead_steps, loaded.lock_step) == (1, 128, False)
+    free = {**old, "exact_policy_lag": None}
+    loaded = AsyncActorLearnerConfig(**fields_from_json(free))
+    assert (loaded.exact_lag, loaded.lead_steps) == (None, 128)
 
 
 @pytest.mark.parametrize(
@@ -199,13 +227,14 @@ def test_to_dict_is_json_and_round_trips(overrides):
     d = cfg.to_dict()
     assert set(d) == {f.name for f in dataclasses.fields(cfg)}
     assert isinstance(d["hidden_sizes"], list)
-    assert type(d["max_lead_steps"]) is int
+    # What was given, as its plain type: an int, or None when unset (derived on reading).
+    assert type(d["max_lead_steps"]) is type(overrides.get("max_lead_steps"))
     loaded = json.loads(json.dumps(d))
     assert loaded == d
     loaded["hidden_sizes"] = tuple(loaded["hidden_sizes"])
     again = AsyncActorLearnerConfig(**loaded)
     assert again == cfg
-    assert again.max_lead_steps == cfg.max_lead_steps
+    assert again.lead_steps == cfg.lead_steps
     assert again.to_dict() == d
 
 
@@ -273,7 +302,7 @@ def test_resolve_devices_names_every_device_in_order():
 
 
 def test_a_placement_of_one_device_has_no_mesh():
-    placement = LearnerPlacement.from_config(AsyncActorLearnerConfig(learner_device="cpu:all"))
+    placement = AsyncActorLearnerConfig(learner_device="cpu:all").learner_placement()
     if jax.device_count("cpu") == 1:
         assert placement.mesh is None and placement.device == jax.devices("cpu")[0]
 

@@ -2,10 +2,11 @@
 
 Each part of ``ppo_async`` may import only the parts below it (docs/design.md):
 
-    config, version            the config and the version; below everything
+    errors, version            ConfigError and the version; below everything
+    networks                   flax modules: named arguments, never the config
+    core                       pure, jittable math, and the update: named options, never the config
+    config                     the config, which builds the math's options (inside its methods)
     presets                    named configs and config files: overrides on the config
-    networks                   flax modules
-    core                       pure, jittable math, and the update
     envs                       environments and the programs actors run in them
     runtime                    threads, queues, processes: actors, learner, transports
     runs                       run directories, checkpoint files, logs: disk only
@@ -15,7 +16,9 @@ Each part of ``ppo_async`` may import only the parts below it (docs/design.md):
     tools                      cli, video: nothing imports them
     _deprecated                old import paths (strings) -> new modules; for __init__ and tools.cli
 
-Imports inside functions count the same as those at the top of a file.
+Imports inside functions count the same as those at the top of a file,
+except that the config's imports of the math must be inside functions (or
+under ``TYPE_CHECKING``): importing the config imports no jax.
 """
 
 import ast
@@ -29,26 +32,31 @@ BELOW = {
     # nothing here. The package's __init__ installs it, and tools.cli takes its __getattr__
     # for the two names that left it; nothing else may import it.
     "_deprecated": set(),
+    "errors": set(),
     "version": set(),
-    "config": {"version"},
-    "presets": {"config"},
-    "networks": {"config"},
-    "core": {"config", "networks"},
-    "envs": {"config", "networks", "core"},
-    "runtime": {"config", "version", "networks", "core", "envs"},
+    "networks": {"errors"},
+    "core": {"errors", "networks"},
+    "config": {"errors", "version", "networks", "core"},
+    "presets": {"errors", "config"},
+    "envs": {"errors", "config", "networks", "core"},
+    "runtime": {"errors", "config", "version", "networks", "core", "envs"},
     # runs/ is the disk layer: it reads and writes files and imports only the config, so
     # that analysing runs (a notebook, plot) never loads the update, envs or runtime.
-    "runs": {"config", "version"},
-    "resume": {"config", "version", "networks", "core", "envs", "runtime", "runs"},
-    "sync": {"config", "networks", "core", "envs", "runs"},
-    "train": {"config", "version", "networks", "core", "envs", "runtime", "runs", "resume"},
-    "sweep": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
-              "resume", "sync", "train"},
-    "tools": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
-              "resume", "sync", "train", "sweep", "_deprecated"},
-    "__init__": {"config", "version", "presets", "networks", "core", "envs", "runtime", "runs",
-                 "resume", "train", "sweep", "_deprecated"},
+    "runs": {"errors", "config", "version"},
+    "resume": {"errors", "config", "version", "networks", "core", "envs", "runtime", "runs"},
+    "sync": {"errors", "config", "networks", "core", "envs", "runs"},
+    "train": {"errors", "config", "version", "networks", "core", "envs", "runtime", "runs",
+              "resume"},
+    "sweep": {"errors", "config", "version", "presets", "networks", "core", "envs", "runtime",
+              "runs", "resume", "sync", "train"},
+    "tools": {"errors", "config", "version", "presets", "networks", "core", "envs", "runtime",
+              "runs", "resume", "sync", "train", "sweep", "_deprecated"},
+    "__init__": {"errors", "config", "version", "presets", "networks", "core", "envs", "runtime",
+                 "runs", "resume", "train", "sweep", "_deprecated"},
 }
+# What the config's module body (outside functions and TYPE_CHECKING) may import:
+# the math it builds options for is imported when a method is called.
+CONFIG_MODULE_LEVEL = {"errors", "version"}
 # Validating a config asks the env registry whether an env id exists and the
 # compilation cache where a directory resolves: the two imports that go up,
 # both inside the validating function, so importing config imports neither.
@@ -84,6 +92,31 @@ def _imports(path: pathlib.Path) -> set[str]:
 GRAPH = {module: _imports(path) for module, path in MODULES.items()}
 
 
+def _module_level_imports(path: pathlib.Path) -> set[str]:
+    """The ppo_async modules ``path`` imports when it is imported: outside functions and
+    ``if TYPE_CHECKING:`` blocks."""
+    found = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                visit(node.orelse)
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                    "ppo_async"):
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names
+                             if alias.name.startswith("ppo_async"))
+            visit(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+
+    visit(ast.parse(path.read_text()).body)
+    return found & set(MODULES)
+
+
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     """Every import in ``graph`` that reaches a part not below the importer's."""
     violations = []
@@ -103,9 +136,36 @@ def test_every_import_goes_down_the_layers():
     assert layer_violations(GRAPH) == []
 
 
+def test_the_math_imports_nothing_of_the_config():
+    math = {module: imported for module, imported in GRAPH.items()
+            if _part(module) in ("core", "networks")}
+    assert {module for module in math if "ppo_async.config" in math[module]} == set()
+    assert layer_violations(math) == []
+
+
+def test_the_config_imports_the_math_only_when_a_method_runs():
+    at_import = _module_level_imports(MODULES["ppo_async.config"])
+    assert {_part(module) for module in at_import} <= CONFIG_MODULE_LEVEL, at_import
+
+
+def test_the_config_check_reports_the_math_imported_at_import_time(tmp_path):
+    path = tmp_path / "config.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from ppo_async.core.update import UpdateOptions\n"
+        "if TYPE_CHECKING:\n"
+        "    from ppo_async.networks.actor_critic import ActorCritic\n"
+        "class Config:\n"
+        "    def update_options(self):\n"
+        "        from ppo_async.core.normalization import NormalizationOptions\n")
+    assert _module_level_imports(path) == {"ppo_async.core.update"}
+
+
 def test_the_layer_check_reports_an_import_that_goes_up():
     broken = {
         "ppo_async.core.losses": {"ppo_async.runtime.actor"},
+        "ppo_async.core.update": {"ppo_async.config"},
+        "ppo_async.networks.actor_critic": {"ppo_async.config"},
         "ppo_async.envs.host": {"ppo_async.runtime.learner"},
         "ppo_async.runs.run_log": {"ppo_async.tools.cli"},
         "ppo_async.sync": {"ppo_async.runtime.learner"},
@@ -116,7 +176,9 @@ def test_the_layer_check_reports_an_import_that_goes_up():
     assert layer_violations(broken) == [
         "ppo_async.config imports ppo_async.envs.host",
         "ppo_async.core.losses imports ppo_async.runtime.actor",
+        "ppo_async.core.update imports ppo_async.config",
         "ppo_async.envs.host imports ppo_async.runtime.learner",
+        "ppo_async.networks.actor_critic imports ppo_async.config",
         "ppo_async.presets imports ppo_async.train",
         "ppo_async.runs.run_log imports ppo_async.tools.cli",
         "ppo_async.sweep imports ppo_async.tools.cli",

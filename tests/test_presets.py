@@ -124,8 +124,8 @@ def test_a_config_round_trips_through_a_toml_file(tmp_path, config):
     assert loaded == config
     assert loaded.to_dict() == config.to_dict()
     # A derived max_lead_steps stays derived: a new num_steps derives it again.
-    assert dataclasses.replace(loaded, num_steps=256).max_lead_steps == (
-        dataclasses.replace(config, num_steps=256).max_lead_steps)
+    assert dataclasses.replace(loaded, num_steps=256).lead_steps == (
+        dataclasses.replace(config, num_steps=256).lead_steps)
 
 
 def test_a_yaml_file_is_read_too(tmp_path):
@@ -220,7 +220,7 @@ def test_precedence_defaults_preset_file_flags(tmp_path, monkeypatch):
                                          num_epochs=3)
     # A flag that changes the sizes re-derives the lead, as with no preset.
     config = _parsed_config(monkeypatch, ["--preset", "pendulum", "--num-steps", "512"])
-    assert config.max_lead_steps == 1024
+    assert config.lead_steps == 1024
 
 
 @pytest.mark.parametrize("args, expected", [

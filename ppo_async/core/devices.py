@@ -1,4 +1,4 @@
-"""Device strings of the config to devices, and where the learner's arrays live on them.
+"""Device strings to devices, and where the learner's arrays live on them.
 
 ``actor_device`` names one device (``'cpu'``, ``'cpu:1'``); ``learner_device``
 one or several (``'gpu:0,gpu:1'``, ``'cpu:0,cpu:1,cpu:2'``, ``'gpu:all'``).
@@ -28,10 +28,36 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from ppo_async.config import ConfigError, check_learner_devices, parse_device_list
+from ppo_async.errors import ConfigError
 
 DATA_AXIS = "data"
 FORCE_CPU_DEVICES = "on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N"
+
+
+def parse_device_spec(spec: str) -> tuple[str, int] | None:
+    """``(platform, index)`` of a device string such as 'gpu:1' (index 0 if absent); None if malformed."""
+    platform, _, index = spec.partition(":")
+    if not platform or (index and not index.isdigit()):
+        return None
+    return platform, int(index or 0)
+
+
+def parse_device_list(spec: str) -> tuple[str, tuple[int, ...] | None] | None:
+    """``(platform, indices)`` of a learner device string; indices None for 'platform:all'.
+
+    'gpu' -> ('gpu', (0,)); 'cpu:0,cpu:2' -> ('cpu', (0, 2)); 'gpu:all' ->
+    ('gpu', None). None if malformed: an empty part, two platforms, a
+    repeated device, or 'all' beside other devices.
+    """
+    parts = [part.strip() for part in spec.split(",")]
+    if len(parts) == 1 and parts[0].endswith(":all"):
+        platform = parts[0][: -len(":all")]
+        return (platform, None) if platform and ":" not in platform else None
+    parsed = [parse_device_spec(part) for part in parts]
+    if any(p is None for p in parsed) or len({p[0] for p in parsed}) != 1:
+        return None
+    indices = tuple(index for _, index in parsed)
+    return (parsed[0][0], indices) if len(set(indices)) == len(indices) else None
 
 
 def _platform_devices(spec: str, platform: str) -> list[jax.Device]:
@@ -121,12 +147,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def learner_mesh(config: Any) -> Mesh | None:
-    """The mesh of a ``learner_device`` of several devices; None for one (not looked up)."""
-    parsed = parse_device_list(config.learner_device) if config.learner_device else None
+def learner_mesh(spec: str | None) -> Mesh | None:
+    """The mesh of a learner device string naming several devices; None for one (not looked up).
+
+    Whether the batch splits over the mesh is the caller's to check
+    (`ppo_async.config.AsyncActorLearnerConfig.learner_mesh` does).
+    """
+    parsed = parse_device_list(spec) if spec else None
     if parsed is None or (parsed[1] is not None and len(parsed[1]) == 1):
         return None
-    return LearnerPlacement.from_config(config).mesh
+    return LearnerPlacement(resolve_devices(spec)).mesh
 
 
 class LearnerPlacement:
@@ -141,13 +171,6 @@ class LearnerPlacement:
         if not self.devices:
             raise ValueError("a learner needs at least one device")
         self.mesh = Mesh(np.array(self.devices), (DATA_AXIS,)) if len(self.devices) > 1 else None
-
-    @classmethod
-    def from_config(cls, config: Any) -> LearnerPlacement:
-        """The placement ``config.learner_device`` names; raises `ConfigError` if the batch does not split."""
-        devices = resolve_devices(config.learner_device)
-        check_learner_devices(config, len(devices))
-        return cls(devices)
 
     @property
     def device(self) -> jax.Device:

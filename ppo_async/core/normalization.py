@@ -120,18 +120,16 @@ class NormalizedPolicy(NamedTuple):
 
 
 class NormalizationOptions(NamedTuple):
-    """Which transforms a run applies, and their clips (the config's four fields)."""
+    """Which transforms a run applies, and their clips.
 
-    observations: bool = False
-    rewards: bool = False
-    obs_clip: float = 10.0
-    reward_clip: float = 10.0
+    A run's come from ``AsyncActorLearnerConfig.normalization_options()`` (its
+    ``normalize_*`` and ``*_clip`` fields).
+    """
 
-    @classmethod
-    def from_config(cls, config: Any) -> NormalizationOptions:
-        """From any object with the config's ``normalize_*`` and ``*_clip`` fields."""
-        return cls(bool(config.normalize_observations), bool(config.normalize_rewards),
-                   float(config.obs_clip), float(config.reward_clip))
+    observations: bool = False  # normalize observations by their running statistics
+    rewards: bool = False  # scale rewards by the spread of a running discounted return
+    obs_clip: float = 10.0  # normalized observations are clipped to [-obs_clip, obs_clip]
+    reward_clip: float = 10.0  # scaled rewards are clipped to [-reward_clip, reward_clip]
 
     @property
     def enabled(self) -> bool:

@@ -5,21 +5,24 @@
 V-trace re-evaluated under the current params (Espeholt et al. 2018,
 arXiv:1802.01561) -- then ``num_epochs x num_minibatches`` steps of the clipped
 PPO loss with optax, the ratio centred on the anchor
-``config.ppo_ratio_anchor`` names (Hilton et al. 2021, arXiv:2110.00641). A
+``options.ppo_ratio_anchor`` names (Hilton et al. 2021, arXiv:2110.00641). A
 recurrent network is re-unrolled from each chunk's stored initial state
 (`reevaluate_recurrent`) and trained on minibatches of whole env sequences
 (`recurrent_sequences`). `with_normalization` wraps the step for a policy that
 carries running observation and reward statistics.
 
-Pure and jittable: the runtime's learner loop (`ppo_async.runtime.learner`)
-and the fully jitted twin (`ppo_async.sync`) call the same step.
+Pure and jittable, and takes named hyperparameters (`UpdateOptions`), never
+the config: the runtime's learner loop (`ppo_async.runtime.learner`) and the
+fully jitted twin (`ppo_async.sync`) call the same step, with the options
+``AsyncActorLearnerConfig.update_options()`` builds; a notebook builds its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import chex
 import jax
@@ -27,7 +30,6 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.advantages import gae, vtrace
 from ppo_async.core.devices import ENV_FIRST_FIELDS, env_axis_spec, replicated
 from ppo_async.core.losses import ppo_loss
@@ -46,6 +48,42 @@ from ppo_async.networks.actor_critic import (
 )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UpdateOptions:
+    """The hyperparameters of one learner update, named (the config's fields of the same names).
+
+    Frozen and hashable: the jitted update closes over it, so a new value is
+    a new program. The defaults are the config's; ``num_updates`` has none.
+    """
+
+    # --- schedule and optimizer ---
+    num_updates: int  # updates in the run: the annealed learning rate reaches 0 after the last
+    learning_rate: float = 5e-4  # Adam's learning rate (the annealed schedule's start)
+    anneal_lr: bool = True  # decay the learning rate linearly to 0 over num_updates
+    max_grad_norm: float = 0.5  # global gradient-norm clip before Adam
+    num_epochs: int = 4  # passes over each batch per update
+    num_minibatches: int = 4  # minibatches per epoch; divides the batch (recurrent: its envs)
+    # --- advantages and value targets ---
+    gamma: float = 0.99  # discount factor
+    gae_lambda: float = 0.95  # GAE lambda (without V-trace)
+    use_vtrace: bool = False  # V-trace under the learner's current critic instead of GAE
+    vtrace_lambda: float = 1.0  # V-trace lambda
+    vtrace_rho_bar: float = 1.0  # V-trace clip on the importance weight in the TD errors
+    vtrace_c_bar: float = 1.0  # V-trace clip on the trace-cutting coefficients
+    vtrace_pg_rho_bar: float | None = None  # clip weighting the pg advantage; None: unweighted
+    max_policy_lag: int | None = None  # samples older than this many updates are masked out
+    # --- the ratio's anchor ---
+    ppo_ratio_anchor: Literal["behaviour", "learner", "ewma"] = "behaviour"
+    proximal_ewma_decay: float = 0.9  # decay of the 'ewma' anchor's average per optimizer step
+    is_weight_max: float = 100.0  # cap on pi_prox / mu ('learner' and 'ewma' anchors)
+    # --- the PPO loss (`ppo_async.core.losses.ppo_loss`) ---
+    clip_eps: float = 0.2  # surrogate clip epsilon
+    value_clip_eps: float | None = None  # value clip around the old values; None: none
+    normalize_advantages: bool = True  # standardise each minibatch's advantages
+    vf_coef: float = 0.5  # weight of the value loss
+    ent_coef: float = 0.01  # weight of the entropy bonus
+
+
 class Batch(NamedTuple):
     """One learner batch: a chunk from every actor, envs stacked (``B = num_envs``)."""
 
@@ -62,7 +100,7 @@ class Batch(NamedTuple):
     initial_hidden: jax.Array | None = None  # [B, state_size] the state row 0 acted with
     # Learner updates since each env's chunk was collected (None: all fresh):
     policy_lag: jax.Array | None = None  # [B] int32
-    # When the learner bootstraps truncations (config.learner_bootstraps_truncation;
+    # When the learner bootstraps truncations (the config's learner_bootstraps_truncation;
     # None otherwise): ``reward`` has nothing folded in, and at truncated steps
     # the learner adds gamma * V(final_obs) under its current critic.
     truncated: jax.Array | None = None  # [T, B] bool, the time limit ended the episode
@@ -133,14 +171,14 @@ def _linear(schedule: LearningRateSchedule) -> optax.Schedule:
     )
 
 
-def optimizer_steps_per_update(config: AsyncActorLearnerConfig) -> int:
-    return config.num_epochs * config.num_minibatches
+def optimizer_steps_per_update(options: UpdateOptions) -> int:
+    return options.num_epochs * options.num_minibatches
 
 
-def default_schedule(config: AsyncActorLearnerConfig) -> LearningRateSchedule:
+def default_schedule(options: UpdateOptions) -> LearningRateSchedule:
     """The schedule of a fresh run: ``learning_rate`` to 0 over the whole budget."""
     return LearningRateSchedule(
-        0, float(config.learning_rate), config.num_updates * optimizer_steps_per_update(config)
+        0, float(options.learning_rate), options.num_updates * optimizer_steps_per_update(options)
     )
 
 
@@ -169,35 +207,34 @@ def continue_schedule(
 
 
 def make_optimizer(
-    config: AsyncActorLearnerConfig, schedule: LearningRateSchedule | None = None
+    options: UpdateOptions, schedule: LearningRateSchedule | None = None
 ) -> optax.GradientTransformation:
     """Adam after global-norm clipping; with ``anneal_lr``, ``schedule`` (default: a fresh run's)."""
-    if config.anneal_lr:
-        learning_rate = _linear(schedule if schedule is not None else default_schedule(config))
+    if options.anneal_lr:
+        learning_rate = _linear(schedule if schedule is not None else default_schedule(options))
     else:
-        learning_rate = config.learning_rate
+        learning_rate = options.learning_rate
     return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.clip_by_global_norm(options.max_grad_norm),
         optax.adam(learning_rate, eps=1e-5),
     )
 
 
 @functools.lru_cache(maxsize=8)
-def _optimizer_init(config: AsyncActorLearnerConfig) -> Callable[[Any], Any]:
+def _optimizer_init(options: UpdateOptions) -> Callable[[Any], Any]:
     # Jitted: run eagerly, the zeros of every distinct leaf shape compile on
     # their own, a dozen small compiles on the way to a run's first update.
-    return jax.jit(make_optimizer(config).init)
+    return jax.jit(make_optimizer(options).init)
 
 
-def init_learner_state(
-    config: AsyncActorLearnerConfig, params: Any, key: jax.Array
-) -> LearnerState:
+def init_learner_state(options: UpdateOptions, params: Any, key: jax.Array) -> LearnerState:
+    """The state before a run's first update: fresh optimizer state (and proximal average)."""
     proximal = None
-    if config.ppo_ratio_anchor == "ewma":
+    if options.ppo_ratio_anchor == "ewma":
         # t = 1: the average of the initial params alone is those params.
         proximal = ProximalAverage(jax.tree.map(jnp.array, network_params(params)),
                                    jnp.ones((), jnp.int32))
-    return LearnerState(params, _optimizer_init(config)(network_params(params)), key, proximal)
+    return LearnerState(params, _optimizer_init(options)(network_params(params)), key, proximal)
 
 
 UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
@@ -217,7 +254,7 @@ class Targets(NamedTuple):
 
 
 def batch_targets(
-    config: AsyncActorLearnerConfig, network: ActorCritic | RecurrentActorCritic,
+    options: UpdateOptions, network: ActorCritic | RecurrentActorCritic,
     params: Any, batch: Batch,
 ) -> Targets:
     """Advantages, value targets, the ratio's anchor and the lag mask of ``batch``.
@@ -226,15 +263,15 @@ def batch_targets(
     bootstrap the actors folded into the rewards. With V-trace: the batch is
     re-evaluated under ``params`` (the learner's current policy pi and critic
     V), truncated steps get ``gamma * V(final_obs)`` added to their reward
-    (`AsyncActorLearnerConfig.learner_bootstraps_truncation`), and V-trace
+    (the config's ``learner_bootstraps_truncation``), and V-trace
     runs with ``log_rho = log pi(a|x) - log mu(a|x)``. The anchor is mu
     (``'behaviour'``) or pi at the update's start (``'learner'``). Pure and
     jittable; `make_update_fn` calls it first.
     """
-    anchor = config.ppo_ratio_anchor
+    anchor = options.ppo_ratio_anchor
     metrics: dict[str, jax.Array] = {}
     learner_logp = learner_values = learner_bootstrap = None
-    if config.use_vtrace or anchor == "learner":
+    if options.use_vtrace or anchor == "learner":
         if is_recurrent(network):
             learner_logp, learner_values, learner_bootstrap = reevaluate_recurrent(
                 network, params, batch
@@ -246,35 +283,35 @@ def batch_targets(
     reward = batch.reward
     if batch.final_obs is not None:
         _, final_values = network.apply(params, batch.final_obs)
-        reward = reward + config.gamma * jnp.where(batch.truncated, final_values, 0.0)
-    discounts = config.gamma * (1.0 - batch.done.astype(jnp.float32))
-    if config.use_vtrace:
+        reward = reward + options.gamma * jnp.where(batch.truncated, final_values, 0.0)
+    discounts = options.gamma * (1.0 - batch.done.astype(jnp.float32))
+    if options.use_vtrace:
         out = vtrace(
             reward, learner_values, discounts, learner_bootstrap,
             learner_logp - batch.behaviour_logp,
-            lambda_=config.vtrace_lambda, rho_bar=config.vtrace_rho_bar,
-            c_bar=config.vtrace_c_bar, pg_rho_bar=config.vtrace_pg_rho_bar,
-            weight_pg=config.vtrace_pg_rho_bar is not None,
+            lambda_=options.vtrace_lambda, rho_bar=options.vtrace_rho_bar,
+            c_bar=options.vtrace_c_bar, pg_rho_bar=options.vtrace_pg_rho_bar,
+            weight_pg=options.vtrace_pg_rho_bar is not None,
         )
         advantages, value_targets, old_values = out.pg_advantages, out.value_targets, learner_values
         metrics["vtrace_clipped_rho_mean"] = jnp.mean(out.clipped_rhos)
     else:
         advantages, value_targets = gae(
             reward, batch.behaviour_value, discounts, batch.bootstrap_value,
-            lambda_=config.gae_lambda,
+            lambda_=options.gae_lambda,
         )
         old_values = batch.behaviour_value
     proximal_logp = {"behaviour": batch.behaviour_logp, "learner": learner_logp}.get(anchor)
     mask = None
-    if config.max_policy_lag is not None:
-        fresh = batch.policy_lag <= config.max_policy_lag  # [B]
+    if options.max_policy_lag is not None:
+        fresh = batch.policy_lag <= options.max_policy_lag  # [B]
         mask = jnp.broadcast_to(fresh, batch.reward.shape).astype(jnp.float32)
         metrics["dropped_fraction"] = 1.0 - jnp.mean(mask)
     return Targets(advantages, value_targets, old_values, proximal_logp, mask, metrics)
 
 
 class Samples(NamedTuple):
-    """Flat ``[N]`` samples a feed-forward minibatch trains on (None: not used by this config)."""
+    """Flat ``[N]`` samples a feed-forward minibatch trains on (None: not used by these options)."""
 
     obs: jax.Array
     action: jax.Array
@@ -286,7 +323,7 @@ class Samples(NamedTuple):
     mask: jax.Array | None
 
 
-def _minibatch_loss(config: AsyncActorLearnerConfig, network: ActorCritic | RecurrentActorCritic):
+def _minibatch_loss(options: UpdateOptions, network: ActorCritic | RecurrentActorCritic):
     """``loss(params, proximal, minibatch) -> (loss, metrics)`` of one minibatch: `ppo_loss`.
 
     A feed-forward minibatch is flat `Samples`; a recurrent one is whole
@@ -299,10 +336,10 @@ def _minibatch_loss(config: AsyncActorLearnerConfig, network: ActorCritic | Recu
         return ppo_loss(
             logp, proximal_logp, minibatch.advantages, values, minibatch.old_values,
             minibatch.value_targets, entropy,
-            clip_eps=config.clip_eps, vf_coef=config.vf_coef, ent_coef=config.ent_coef,
-            value_clip_eps=config.value_clip_eps,
-            normalize_advantages=config.normalize_advantages,
-            behaviour_logp=minibatch.behaviour_logp, is_weight_max=config.is_weight_max,
+            clip_eps=options.clip_eps, vf_coef=options.vf_coef, ent_coef=options.ent_coef,
+            value_clip_eps=options.value_clip_eps,
+            normalize_advantages=options.normalize_advantages,
+            behaviour_logp=minibatch.behaviour_logp, is_weight_max=options.is_weight_max,
             mask=minibatch.mask,
         )
 
@@ -336,31 +373,35 @@ def _minibatch_loss(config: AsyncActorLearnerConfig, network: ActorCritic | Recu
     return recurrent if is_recurrent(network) else feed_forward
 
 
-def _training_samples(config: AsyncActorLearnerConfig, batch: Batch, targets: Targets,
+def _training_samples(options: UpdateOptions, batch: Batch, targets: Targets,
                       recurrent: bool) -> Samples | Sequences:
-    """What the epochs shuffle: flat ``[B * T]`` samples, or whole env sequences (recurrent)."""
+    """What the epochs shuffle: flat ``[T * B]`` samples, or whole env sequences (recurrent)."""
     # The surrogate carries pi_prox / mu unless the anchor is the behaviour policy itself.
-    behaviour_logp = batch.behaviour_logp if config.ppo_ratio_anchor != "behaviour" else None
+    behaviour_logp = batch.behaviour_logp if options.ppo_ratio_anchor != "behaviour" else None
     if recurrent:
         return Sequences(batch.initial_hidden, batch.obs, batch.action, batch.reset,
                          targets.proximal_logp, targets.advantages, targets.old_values,
                          targets.value_targets, behaviour_logp, targets.mask)
     return jax.tree.map(
-        lambda x: x.reshape(config.batch_size, *x.shape[2:]),
+        lambda x: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]),
         Samples(batch.obs, batch.action, targets.proximal_logp, behaviour_logp,
                 targets.advantages, targets.old_values, targets.value_targets, targets.mask),
     )
 
 
-def _minibatches(config: AsyncActorLearnerConfig, key: jax.Array,
+def _minibatches(num_minibatches: int, key: jax.Array,
                  samples: Samples | Sequences) -> Samples | Sequences:
     """One epoch's shuffled minibatches, stacked on a leading ``[num_minibatches]`` axis."""
     if isinstance(samples, Sequences):
-        return recurrent_sequences(key, samples, config.num_minibatches)
-    permutation = jax.random.permutation(key, config.batch_size)
+        return recurrent_sequences(key, samples, num_minibatches)
+    batch_size = samples.advantages.shape[0]
+    if batch_size % num_minibatches:
+        raise ValueError(f"num_minibatches={num_minibatches} does not divide the batch's "
+                         f"{batch_size} samples")
+    permutation = jax.random.permutation(key, batch_size)
     return jax.tree.map(
         lambda x: x[permutation].reshape(
-            config.num_minibatches, config.minibatch_size, *x.shape[1:]
+            num_minibatches, batch_size // num_minibatches, *x.shape[1:]
         ),
         samples,
     )
@@ -404,13 +445,13 @@ def replicate(mesh: Mesh | None, tree: Any) -> Any:
 
 
 def make_update_fn(
-    config: AsyncActorLearnerConfig, network: ActorCritic,
+    options: UpdateOptions, network: ActorCritic | RecurrentActorCritic, *,
     schedule: LearningRateSchedule | None = None, mesh: Mesh | None = None,
 ) -> UpdateFn:
     """A jitted ``update(state, batch) -> (state, metrics)``: one learner update.
 
     `batch_targets` first, then ``num_epochs x num_minibatches`` steps of
-    `ppo_loss` with the ratio centred on ``config.ppo_ratio_anchor``: the
+    `ppo_loss` with the ratio centred on ``options.ppo_ratio_anchor``: the
     behaviour log-probs, the learner's at the update's start, or (``'ewma'``)
     those of `ProximalAverage`'s params, re-evaluated on every minibatch and
     averaged forward after every optimizer step. For the last two, each
@@ -429,16 +470,16 @@ def make_update_fn(
     the one-device update's up to the order of floating-point sums. None:
     one device, no constraint.
     """
-    optimizer = make_optimizer(config, schedule)
+    optimizer = make_optimizer(options, schedule)
     recurrent = is_recurrent(network)
-    loss_fn = _minibatch_loss(config, network)
+    loss_fn = _minibatch_loss(options, network)
 
     def learning_rate_at(opt_state) -> jax.Array:
         """The rate of the update's first optimizer step (what the curves show)."""
-        if not config.anneal_lr:
-            return jnp.float32(config.learning_rate)
+        if not options.anneal_lr:
+            return jnp.float32(options.learning_rate)
         steps = optax.tree_utils.tree_get_all_with_path(opt_state, "count")[-1][1]
-        rate = _linear(schedule if schedule is not None else default_schedule(config))
+        rate = _linear(schedule if schedule is not None else default_schedule(options))
         return jnp.asarray(rate(steps), jnp.float32)
 
     def sgd_step(carry, minibatch):
@@ -449,24 +490,25 @@ def make_update_fn(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         if proximal is not None:
-            proximal = average_in(proximal, params, config.proximal_ewma_decay)
+            proximal = average_in(proximal, params, options.proximal_ewma_decay)
         metrics["grad_norm"] = optax.tree.norm(grads)
         return (params, opt_state, proximal), metrics
 
     @jax.jit
     def update(state: LearnerState, batch: Batch):
         state, batch = replicate(mesh, state), shard_batch(mesh, batch)
-        targets = batch_targets(config, network, state.params, batch)
-        samples = _training_samples(config, batch, targets, recurrent)
+        targets = batch_targets(options, network, state.params, batch)
+        samples = _training_samples(options, batch, targets, recurrent)
 
         def epoch(carry, key):
-            minibatches = _shard_minibatches(mesh, _minibatches(config, key, samples))
+            minibatches = _shard_minibatches(
+                mesh, _minibatches(options.num_minibatches, key, samples))
             return jax.lax.scan(sgd_step, carry, minibatches)
 
         key, epoch_key = jax.random.split(state.key)
         (params, opt_state, proximal), metrics = jax.lax.scan(
             epoch, (state.params, state.opt_state, state.proximal),
-            jax.random.split(epoch_key, config.num_epochs),
+            jax.random.split(epoch_key, options.num_epochs),
         )
         metrics = jax.tree.map(jnp.mean, metrics)
         metrics.update(targets.metrics)

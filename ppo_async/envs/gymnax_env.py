@@ -36,7 +36,6 @@ import jax.numpy as jnp
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.normalization import (
-    NormalizationOptions,
     NormalizedPolicy,
     accumulate_return,
     acting_apply,
@@ -53,7 +52,6 @@ from ppo_async.envs.program import (
 from ppo_async.envs.registry import UnknownEnvError, split_env_id
 from ppo_async.networks.actor_critic import (
     is_recurrent,
-    make_config_network,
     params_template,
     reset_hidden,
 )
@@ -268,8 +266,8 @@ def make_gymnax_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
 
 def make_jitted_actor_program(config: AsyncActorLearnerConfig, env: Any) -> ActorProgram:
     """The `ActorProgram` of ``envs_per_actor`` envs that jit (any env with `BatchedEnv`'s interface)."""
-    network = make_config_network(config, env.observation_shape, env.action_space)
-    options = NormalizationOptions.from_config(config)
+    network = config.make_network(env.observation_shape, env.action_space)
+    options = config.normalization_options()
     template = wrap_params(params_template(network, env.observation_shape),
                            env.observation_shape, options)
     # A recurrent actor's hidden state lives in its EnvCarry: it crosses chunk

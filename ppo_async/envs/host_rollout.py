@@ -25,7 +25,6 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.normalization import (
-    NormalizationOptions,
     accumulate_return,
     acting_apply,
     scale_reward,
@@ -42,7 +41,6 @@ from ppo_async.envs.host import (
 from ppo_async.envs.program import ActorProgram, BatchedInference, reattached, unattached
 from ppo_async.networks.actor_critic import (
     is_recurrent,
-    make_config_network,
     params_template,
     reset_hidden,
 )
@@ -164,8 +162,8 @@ class HostRollout:
         self.observation_shape = tuple(int(d) for d in probe.observation_shape)
         action_space = probe.action_space
         close_envs(probe)
-        self.network = make_config_network(config, self.observation_shape, action_space)
-        self.options = NormalizationOptions.from_config(config)
+        self.network = config.make_network(self.observation_shape, action_space)
+        self.options = config.normalization_options()
         self.recurrent = is_recurrent(self.network)
         state_size = self.network.state_size if self.recurrent else 0
         self.policy = HostPolicy(acting_apply(self.network.apply, self.options), self.num_envs,

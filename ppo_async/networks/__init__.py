@@ -2,5 +2,7 @@
 
 - `distributions`: categorical and diagonal-Gaussian action distributions.
 - `actor_critic`: torsos (MLP, MinAtar, Nature CNN), the feed-forward and
-  recurrent actor-critics, `make_network` and `make_config_network`.
+  recurrent actor-critics, and `make_network`, which takes the network's
+  hyperparameters by name (a run's come from
+  ``AsyncActorLearnerConfig.make_network``).
 """

@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.networks.distributions import Categorical, DiagGaussian, Distribution
 
 # Newton-Schulz steps of the polar factor. Each step maps a singular value s
@@ -235,23 +234,6 @@ def make_network(
             "1-D box"
         )
     return ActorCritic(shape[0], True, tuple(hidden_sizes), torso)
-
-
-def make_config_network(config: AsyncActorLearnerConfig, observation_shape, action_space):
-    """`ppo_async.networks.actor_critic.make_network` with ``config``'s network fields.
-
-    The one place actors, learner, evaluation and the twin build their
-    network, so all of them get the same one. A torso that cannot read the
-    env's observations (known only once the env exists) is a `ConfigError`
-    naming the field.
-    """
-    try:
-        return make_network(observation_shape, action_space, config.hidden_sizes,
-                            config.network, config.rnn_hidden_size, config.network_torso)
-    except ValueError as error:
-        if "torso" not in str(error):
-            raise
-        raise ConfigError(f"torso={config.torso!r} with env_id={config.env_id!r}: {error}") from None
 
 
 def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:

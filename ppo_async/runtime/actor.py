@@ -94,7 +94,7 @@ class ActorThrottle:
 
     @classmethod
     def from_config(cls, config: AsyncActorLearnerConfig) -> ActorThrottle:
-        return cls(config.num_steps, config.max_lead_steps)
+        return cls(config.num_steps, config.lead_steps)
 
     def may_start_chunk(self, produced_steps: int, learner_updates: int) -> bool:
         """Whether a chunk may start after ``produced_steps`` rows, given ``learner_updates``."""
@@ -264,7 +264,7 @@ class _ExactParams:
 
     def __init__(self, config: AsyncActorLearnerConfig, channels: ActorEndpoint,
                  load: Callable[[PolicyBroadcast], Any], stats: ActorStats, first_version: int):
-        self.lag, self.broadcast_every = config.exact_policy_lag, config.broadcast_every
+        self.lag, self.broadcast_every = config.exact_lag, config.broadcast_every
         self.num_steps, self.channels, self.load, self.stats = config.num_steps, channels, load, stats
         self.first_version = first_version
         self.waiting: dict[int, Any] = {}  # version -> a broadcast not yet needed (unloaded)
@@ -298,7 +298,7 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
              channels: ActorEndpoint, load: Callable[[PolicyBroadcast], Any], stats: ActorStats,
              start: ActorStart, carry: Carry) -> None:
     """The actor loop of `run_actor`, until the stop signal."""
-    if config.exact_policy_lag is None:
+    if config.exact_lag is None:
         chooser = _NewestParams(config, channels, load, stats)
     else:
         chooser = _ExactParams(config, channels, load, stats, start.first_version)

@@ -19,11 +19,10 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import resolve_device
-from ppo_async.core.normalization import NormalizationOptions, wrap_params
 from ppo_async.envs.episodes import EpisodePolicy, episode_shares
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import env_backend
-from ppo_async.networks.actor_critic import is_recurrent, make_config_network, params_template
+from ppo_async.networks.actor_critic import is_recurrent, params_template
 from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds
@@ -75,12 +74,12 @@ class Evaluator:
         self.num_envs = min(num_episodes, MAX_EVAL_ENVS)
         self.backend = env_backend(config.env_id)
         self.env = self.backend.episode_env(config, self.num_envs)
-        self.normalization = NormalizationOptions.from_config(config)
+        # The actors' observation transform, with the statistics the params carry.
+        self.normalization = config.normalization_options()
         if program is not None:
             self.network, self.params_template = program.network, program.params_template
         else:
-            self.network = make_config_network(config, self.env.observation_shape,
-                                               self.env.action_space)
+            self.network = config.make_network(self.env.observation_shape, self.env.action_space)
             # Host params with the network's structure, for decoding bytes.
             self.params_template = wrap_params(
                 params_template(self.network, self.env.observation_shape),
@@ -155,7 +154,7 @@ def _cached_evaluator(config: AsyncActorLearnerConfig, num_episodes: int,
     cache_key = (config.env_id, config.envpool_kwargs, tuple(config.hidden_sizes),
                  config.actor_device,
                  num_episodes, bool(greedy), config.network, config.rnn_hidden_size,
-                 NormalizationOptions.from_config(config), config.torso)
+                 config.normalization_options(), config.torso)
     with _EVALUATORS_LOCK:
         evaluator = _EVALUATORS.get(cache_key)
         if evaluator is None:

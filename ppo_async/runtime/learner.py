@@ -455,7 +455,7 @@ class _Learner:
             eval_message = PolicyBroadcast(report.updates, serialize_policy(state.params))
             report.eval_requests_skipped += _request_evaluation(
                 channels, EvalRequest(eval_message, report.env_steps),
-                replace=config.exact_policy_lag is None)
+                replace=config.exact_lag is None)
         for evaluation in drain_evaluations(channels, report):
             if self.hooks.on_evaluation is not None:
                 self.hooks.on_evaluation(evaluation)
@@ -531,7 +531,7 @@ def learner_loop(
     `AfterUpdate`; `train` checkpoints from it). ``on_update`` may raise
     `StopTraining` to end the run there. A resumed run passes the saved
     ``report`` to continue counting. ``update`` is the jitted update to use
-    (default: a new ``make_update_fn(config, network)``); `train` passes one
+    (default: a new ``make_update_fn(config.update_options(), network)``); `train` passes one
     it has already compiled. ``pipeline``: when the next batch is complete
     by the time an update is dispatched, dispatch the next update before
     reading the first one back, so that the learner's Python (stacking the
@@ -554,7 +554,8 @@ def learner_loop(
     placement = device if isinstance(device, LearnerPlacement) else LearnerPlacement((device,))
     learner = _Learner(
         config, channels, placement,
-        update if update is not None else make_update_fn(config, network, mesh=placement.mesh),
+        update if update is not None else make_update_fn(config.update_options(), network,
+                                                          mesh=placement.mesh),
         report,
         config.num_updates if end_update is None else end_update,
         LearnerHooks(on_update, on_actor_failure, on_stuck_actors, after_update, on_evaluation,

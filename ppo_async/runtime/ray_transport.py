@@ -347,10 +347,10 @@ class RayTransport:
         self._latest: tuple[int, Any] | None = None  # (version, ref) of the newest
         self._in_flight: dict[int, Any] = {}  # actor id -> its deliver call in flight
         self._owed: set[int] = set()  # actors owed the newest version
-        self._every_version = config.exact_policy_lag is not None
+        self._every_version = config.exact_lag is not None
         # exact_policy_lag: the versions an actor starting now may still need (version -> ref)
         self._recent: dict[int, Any] = {}
-        self._keep = (config.exact_policy_lag or 0) + config.broadcast_every + 2
+        self._keep = (config.exact_lag or 0) + config.broadcast_every + 2
         self.publisher = Publisher(self._deliver, self.report_failure, on_idle=self._pay_owed,
                                    every_version=self._every_version)
 

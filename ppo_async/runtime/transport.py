@@ -188,7 +188,7 @@ class ThreadTransport:
         self.stop_event = threading.Event()
         self.handles: list[ActorHandle | None] = [None] * config.num_actors
         self.publisher = Publisher(self._deliver, self.report_failure,
-                                   every_version=config.exact_policy_lag is not None)
+                                   every_version=config.exact_lag is not None)
         # One load of each version for all actors (they then share batched calls).
         self.load_params = SharedParams(program.params_template, device)
         self.inference: InferenceServer | None = None

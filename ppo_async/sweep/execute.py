@@ -77,7 +77,7 @@ def _check_twin(runs: Sequence[SweepRun], spec: SweepSpec) -> None:
             raise ConfigError(f"{spec.source}, grid point {label}: --twin runs gymnax envs only "
                               f"(backends whose envs jit), not env_id={run.config.env_id!r}; "
                               "run it without --twin")
-        if run.config.exact_policy_lag is None:
+        if run.config.exact_lag is None:
             raise ConfigError(
                 f"{spec.source}, grid point {label}: --twin simulates an exact policy lag; "
                 "free-running actors (max_lead_steps without exact_policy_lag) have none. "

@@ -53,11 +53,11 @@ PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
 @dataclasses.dataclass(frozen=True)
-class _DerivedLeadConfig(AsyncActorLearnerConfig):
-    """The config's fields as ``train`` flags when ``max_lead_steps`` is derived from the sizes.
+class _UnsetLeadConfig(AsyncActorLearnerConfig):
+    """The config's fields as ``train`` flags when ``max_lead_steps`` is unset.
 
-    tyro would print the number the default resolved to ("default: 128"),
-    though an unset lead follows --num-steps and --broadcast-every.
+    tyro would print "default: None"; the help says what an unset lead
+    becomes (`AsyncActorLearnerConfig.lead_steps`).
     """
 
     max_lead_steps: Annotated[int | None, tyro.conf.arg(
@@ -67,7 +67,7 @@ class _DerivedLeadConfig(AsyncActorLearnerConfig):
 
 def _as_config(config: AsyncActorLearnerConfig,
                config_type: type = AsyncActorLearnerConfig) -> AsyncActorLearnerConfig:
-    """``config``'s values as a ``config_type`` (a derived lead stays derived)."""
+    """``config``'s values as a ``config_type``."""
     return config_type(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
 
 
@@ -135,9 +135,8 @@ def _wandb_settings(project: str | None, entity: str | None, group: str | None,
 
 def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | None):
     """The ``train`` subcommand, its config defaults ``base`` (flags given override them)."""
-    # A lead read from a resumed run's config.json is a plain number, and --help shows it.
-    derived_lead = type(base.max_lead_steps) is not int  # config's _DerivedLead
-    config_type = _DerivedLeadConfig if derived_lead else AsyncActorLearnerConfig
+    # A lead given (a resumed run's own, say) is a number, and --help shows it.
+    config_type = _UnsetLeadConfig if base.max_lead_steps is None else AsyncActorLearnerConfig
 
     def train_command(
         config: ConfigArg = _as_config(base, config_type),

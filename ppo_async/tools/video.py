@@ -44,11 +44,9 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import resolve_device
-from ppo_async.core.normalization import NormalizationOptions
 from ppo_async.envs.backends import VIDEO_EXTRA, RenderError
 from ppo_async.envs.episodes import EpisodePolicy, run_episodes
 from ppo_async.envs.registry import env_backend
-from ppo_async.networks.actor_critic import make_config_network
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
 __all__ = ["RenderError", "Recording", "check_video_path", "headless_backends",
@@ -144,9 +142,8 @@ def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: 
     use_headless_backends()
     player = env_backend(config.env_id).player(config, seed)
     try:
-        network = make_config_network(config, player.observation_shape, player.action_space)
-        policy = EpisodePolicy(network, greedy=True,
-                               normalization=NormalizationOptions.from_config(config))
+        network = config.make_network(player.observation_shape, player.action_space)
+        policy = EpisodePolicy(network, greedy=True, normalization=config.normalization_options())
         params = jax.device_put(params, resolve_device(config.actor_device))
         snapshots: list[Any] = []
         returns, lengths, _ = run_episodes(player, policy, params, seed,

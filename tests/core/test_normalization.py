@@ -156,7 +156,7 @@ def test_evaluation_applies_the_statistics_the_params_carry():
     evaluator, plain_evaluator = Evaluator(config, 8), Evaluator(plain_config, 8)
     params = init_params(plain_evaluator.network, jax.random.key(1),
                          plain_evaluator.env.observation_shape)
-    policy = wrap_params(params, (4,), NormalizationOptions.from_config(config))
+    policy = wrap_params(params, (4,), config.normalization_options())
     # Statistics of no samples (mean 0, var 1) normalize to the observation itself.
     plain_returns = plain_evaluator(params).episode_returns
     np.testing.assert_array_equal(evaluator(policy).episode_returns, plain_returns)
@@ -177,7 +177,7 @@ def test_normalization_fields_are_validated():
         AsyncActorLearnerConfig(obs_clip=0.0)
     with pytest.raises(ConfigError, match="normalize_rewards"):
         AsyncActorLearnerConfig(normalize_rewards=1)
-    chex.assert_trees_all_equal(NormalizationOptions.from_config(NORMALIZED),
+    chex.assert_trees_all_equal(NORMALIZED.normalization_options(),
                                 NormalizationOptions(True, True, 10.0, 10.0))
 
 

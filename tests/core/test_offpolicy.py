@@ -155,15 +155,15 @@ def test_update_averages_after_every_optimizer_step(params):
     # decay 0: the average is the newest params, so after the update it equals them.
     config = dataclasses.replace(CONFIG, use_vtrace=True, ppo_ratio_anchor="ewma",
                                  proximal_ewma_decay=0.0)
-    state = init_learner_state(config, params, jax.random.key(0))
-    new_state, metrics = make_update_fn(config, network)(state, batch)
+    state = init_learner_state(config.update_options(), params, jax.random.key(0))
+    new_state, metrics = make_update_fn(config.update_options(), network)(state, batch)
     assert int(new_state.proximal.count) == 1 + steps
     chex.assert_trees_all_close(new_state.proximal.params, new_state.params)
     assert np.isfinite(float(metrics["is_weight_mean"]))
     # decay 0.9: somewhere between the start and the end.
     config = dataclasses.replace(config, proximal_ewma_decay=0.9)
-    state = init_learner_state(config, params, jax.random.key(0))
-    new_state, _ = make_update_fn(config, network)(state, batch)
+    state = init_learner_state(config.update_options(), params, jax.random.key(0))
+    new_state, _ = make_update_fn(config.update_options(), network)(state, batch)
     start, end, mid = (jax.tree.leaves(p)[0] for p in
                        (params, new_state.params, new_state.proximal.params))
     assert 0 < float(jnp.linalg.norm(mid - start)) < float(jnp.linalg.norm(end - start))
@@ -180,8 +180,8 @@ def test_learner_anchor_at_lag_zero_equals_behaviour_anchor(params):
     results = {}
     for anchor in ("behaviour", "learner"):
         config = dataclasses.replace(CONFIG, ppo_ratio_anchor=anchor)
-        state = init_learner_state(config, params, jax.random.key(0))
-        new_state, metrics = make_update_fn(config, network)(state, batch)
+        state = init_learner_state(config.update_options(), params, jax.random.key(0))
+        new_state, metrics = make_update_fn(config.update_options(), network)(state, batch)
         results[anchor] = (jax.device_get(new_state.params), metrics)
     assert float(results["learner"][1]["is_weight_mean"]) == 1.0
     chex.assert_trees_all_equal(results["behaviour"][0], results["learner"][0])
@@ -199,7 +199,7 @@ def test_vtrace_targets_use_learner_over_behaviour_log_rhos(params, final_obs, p
     config = dataclasses.replace(CONFIG, use_vtrace=True, vtrace_lambda=0.9,
                                  vtrace_rho_bar=1.0, vtrace_c_bar=0.8,
                                  vtrace_pg_rho_bar=pg_rho_bar)
-    targets = batch_targets(config, network, params, batch)
+    targets = batch_targets(config.update_options(), network, params, batch)
 
     dist, values = network.apply(params, batch.obs)
     target_logp = np.asarray(dist.log_prob(batch.action))
@@ -237,8 +237,8 @@ def test_truncation_bootstrap_follows_the_current_critic(params):
         else x, params)
     assert not all(np.array_equal(a, b) for a, b in
                    zip(jax.tree.leaves(params), jax.tree.leaves(moved)))
-    before = batch_targets(config, network, params, batch)
-    after = batch_targets(config, network, moved, batch)
+    before = batch_targets(config.update_options(), network, params, batch)
+    after = batch_targets(config.update_options(), network, moved, batch)
     # Every value rises by 1 and so does every truncated step's bootstrap,
     # by gamma (with lambda 1 and on-policy, targets telescope to r + gamma V_next).
     _, final_before = network.apply(params, batch.final_obs)
@@ -273,8 +273,8 @@ def test_max_policy_lag_drops_stale_columns_exactly(params):
         "bootstrap_obs", "bootstrap_value")}, policy_lag=lag)
     assert not np.allclose(mixed.obs[:, 2:], fresh.obs[:, 2:])
     config = dataclasses.replace(CONFIG, max_policy_lag=3, num_minibatches=1)
-    update = make_update_fn(config, network)
-    state = init_learner_state(config, params, jax.random.key(0))
+    update = make_update_fn(config.update_options(), network)
+    state = init_learner_state(config.update_options(), params, jax.random.key(0))
     a, metrics = update(state, fresh._replace(policy_lag=lag))
     b, _ = update(state, mixed)
     np.testing.assert_allclose(metrics["dropped_fraction"], 0.5)
@@ -282,7 +282,7 @@ def test_max_policy_lag_drops_stale_columns_exactly(params):
     chex.assert_trees_all_close(a.params, b.params, rtol=1e-5, atol=1e-6)
     # Without the cap the garbage does change the update.
     config = dataclasses.replace(config, max_policy_lag=None)
-    update = make_update_fn(config, network)
+    update = make_update_fn(config.update_options(), network)
     c, _ = update(state, fresh)
     d, _ = update(state, mixed._replace(policy_lag=None))
     assert max(float(jnp.abs(x - y).max()) for x, y in
@@ -394,10 +394,10 @@ def test_the_configs_value_clip_and_advantage_standardisation_reach_the_loss(par
     batch = _batch(params)
     noise = np.random.default_rng(3).normal(size=(T, B))
     batch = batch._replace(behaviour_value=batch.behaviour_value + jnp.asarray(noise, jnp.float32))
-    _, metrics = make_update_fn(config, network)(
-        init_learner_state(config, params, jax.random.key(0)), batch)
+    _, metrics = make_update_fn(config.update_options(), network)(
+        init_learner_state(config.update_options(), params, jax.random.key(0)), batch)
 
-    targets = batch_targets(config, network, params, batch)
+    targets = batch_targets(config.update_options(), network, params, batch)
     dist, values = network.apply(params, batch.obs)
 
     def loss_metrics(**knobs):

@@ -328,8 +328,8 @@ def test_the_first_minibatch_step_at_lag_zero_has_ratio_one():
         carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
     batch = stack_experiences([Experience(0, 0, *jax.device_get(
         (trajectory, bootstrap_obs, bootstrap_value)))])
-    state = init_learner_state(config, params, jax.random.key(0))
-    _, metrics = make_update_fn(config, program.network)(state, batch)
+    state = init_learner_state(config.update_options(), params, jax.random.key(0))
+    _, metrics = make_update_fn(config.update_options(), program.network)(state, batch)
     assert float(metrics["approx_kl"]) < 1e-9
     assert float(metrics["clip_fraction"]) == 0.0
 

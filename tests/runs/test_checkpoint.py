@@ -40,7 +40,7 @@ def _fresh_state(config, key):
     network = make_network(env.observation_shape, env.action_space, config.hidden_sizes)
     params_key, learner_key = jax.random.split(key)
     params = init_params(network, params_key, env.observation_shape)
-    return init_learner_state(config, params, learner_key)
+    return init_learner_state(config.update_options(), params, learner_key)
 
 
 def _grads_like(params, seed):
@@ -50,7 +50,7 @@ def _grads_like(params, seed):
 
 @jax.jit
 def _train_three_steps(state, grads):
-    optimizer = make_optimizer(CONFIG)
+    optimizer = make_optimizer(CONFIG.update_options())
     params, opt_state = state.params, state.opt_state
     for scale in (1.0, -0.5, 2.0):
         step_grads = jax.tree.map(lambda g: scale * g, grads)
@@ -111,7 +111,7 @@ def test_round_trip_is_exact(tmp_path, trained_state, template):
 def test_optimizer_step_after_restore_equals_one_without(tmp_path, trained_state, template):
     _save(tmp_path, 1, trained_state)
     restored = jax.device_put(load_latest_checkpoint(tmp_path, template).state)
-    optimizer = make_optimizer(CONFIG)
+    optimizer = make_optimizer(CONFIG.update_options())
     grads = _grads_like(trained_state.params, 99)
 
     @jax.jit

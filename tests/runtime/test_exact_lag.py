@@ -53,15 +53,15 @@ def test_each_chunk_needs_the_version_lag_updates_behind_its_own():
 
 
 def test_the_lead_is_fixed_by_the_exact_lag_and_may_not_be_set_apart():
-    assert EXACT.max_lead_steps == 2 * EXACT.num_steps
-    assert dataclasses.replace(EXACT, exact_policy_lag=3, broadcast_every=2).max_lead_steps == 5 * 8
+    assert EXACT.lead_steps == 2 * EXACT.num_steps
+    assert dataclasses.replace(EXACT, exact_policy_lag=3, broadcast_every=2).lead_steps == 5 * 8
     assert dataclasses.replace(EXACT, exact_policy_lag=0).lock_step
     with pytest.raises(ConfigError, match="exact_policy_lag"):
         dataclasses.replace(EXACT, max_lead_steps=3 * EXACT.num_steps)
     with pytest.raises(ConfigError, match="exact_policy_lag"):
         dataclasses.replace(EXACT, exact_policy_lag=-1)
     # A lead given alone chooses free-running actors; beside an exact lag, only its own.
-    assert AsyncActorLearnerConfig(max_lead_steps=3 * 64).exact_policy_lag is None
+    assert AsyncActorLearnerConfig(max_lead_steps=3 * 64).exact_lag is None
     assert AsyncActorLearnerConfig(**fields_from_json(EXACT.to_dict())) == EXACT
 
 
@@ -97,7 +97,7 @@ def test_two_runs_with_one_seed_give_the_same_bytes(tmp_path, fields):
     summary = json.loads((tmp_path / "first" / "summary.json").read_text())
     assert summary["reproducible"] is True
     # Every consumed chunk was exactly K updates old once K updates were done.
-    lag, updates = config.exact_policy_lag, first.report.updates
+    lag, updates = config.exact_lag, first.report.updates
     expected = {k: config.num_actors for k in range(lag)}
     expected[lag] = config.num_actors * (updates - lag)
     assert first.report.policy_lag_counts == expected
@@ -163,6 +163,26 @@ def test_an_exact_lag_run_resumed_from_a_checkpoint_continues_byte_identically(t
     assert _bytes(resumed.params) == _bytes(whole.params)
     assert _learning_metrics(tmp_path / "cut") == _learning_metrics(tmp_path / "whole")
     assert json.loads((tmp_path / "cut" / "summary.json").read_text())["reproducible"] is True
+
+
+def test_a_run_whose_config_json_holds_the_resolved_lag_and_lead_resumes(tmp_path):
+    from ppo_async.tools.cli import load_run_config
+
+    config = dataclasses.replace(EXACT, checkpoint_every_updates=3, keep_checkpoints=2)
+    # Older versions wrote both fields resolved, as ints: a run given both is such a run.
+    old = dataclasses.replace(config, max_lead_steps=config.lead_steps)
+    assert (old.to_dict()["exact_policy_lag"], old.to_dict()["max_lead_steps"]) == (1, 16)
+    # "auto" is exact lag 1: the default run is the same run.
+    whole = train(dataclasses.replace(config, exact_policy_lag="auto"),
+                  run_dir=tmp_path / "whole", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(old, run_dir=tmp_path / "cut", progress=False, on_update=interrupt_at(5))
+    saved = load_run_config(tmp_path / "cut")  # what ppo-async train --resume starts from
+    assert (saved.exact_lag, saved.lead_steps) == (1, 16)
+    resumed = train(dataclasses.replace(saved, num_steps=8), resume_from=tmp_path / "cut",
+                    progress=False)
+    assert resumed.report.updates == whole.report.updates
+    assert _bytes(resumed.params) == _bytes(whole.params)
 
 
 def test_a_free_running_run_and_a_restarted_actor_are_marked_not_reproducible(tmp_path,

@@ -213,7 +213,7 @@ def test_two_ray_actors_learn_cartpole_with_the_lag_bound(ray_local):
     )
     report = train(config, progress=False).report
     assert report.updates == config.num_updates
-    assert report.policy_lag_max <= config.max_lead_steps // config.num_steps - 1
+    assert report.policy_lag_max <= config.lead_steps // config.num_steps - 1
     print(f"CartPole-v1, 2 Ray actors, {config.total_env_steps} steps: "
           f"return {report.episode_return_mean:.1f}, lag max {report.policy_lag_max}")
     assert report.episode_return_mean > 100, report.episode_return_mean

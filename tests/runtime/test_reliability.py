@@ -155,7 +155,8 @@ def test_an_extended_budget_re_plans_the_learning_rate_from_the_initial_rate(tmp
 
 
 def test_continue_schedule_keeps_an_unchanged_plan_and_re_plans_a_new_one():
-    schedule = default_schedule(dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10))
+    schedule = default_schedule(
+        dataclasses.replace(TINY, total_env_steps=TINY.batch_size * 10).update_options())
     assert schedule == LearningRateSchedule(0, TINY.learning_rate, 20)
     rate = TINY.learning_rate
     assert continue_schedule(schedule, 20, rate, rate) is schedule

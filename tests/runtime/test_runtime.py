@@ -331,7 +331,7 @@ def test_policy_lag_is_bounded_by_the_valve(lead_chunks, broadcast_every, use_vt
     )
     report = train(config, progress=False).report
     assert report.updates == 12
-    assert report.policy_lag_max <= config.max_lead_steps // config.num_steps - 1
+    assert report.policy_lag_max <= config.lead_steps // config.num_steps - 1
     assert sum(report.policy_lag_counts.values()) == 12 * config.num_actors
     assert max(report.policy_lag_counts) == report.policy_lag_max
 
@@ -447,8 +447,9 @@ def test_the_learners_vtrace_uses_target_minus_behaviour_log_probs():
         bootstrap_obs=rng.normal(size=(B, 4)).astype(np.float32),
         bootstrap_value=np.zeros(B, np.float32),
     )
-    state = init_learner_state(config, params, jax.random.key(0))
-    _, metrics = make_update_fn(config, network)(state, jax.tree.map(np.asarray, batch))
+    state = init_learner_state(config.update_options(), params, jax.random.key(0))
+    _, metrics = make_update_fn(config.update_options(), network)(
+        state, jax.tree.map(np.asarray, batch))
 
     _, bootstrap_value = network.apply(params, batch.bootstrap_obs)
     log_rhos = target_logp - np.asarray(behaviour_logp, np.float64)

@@ -1,0 +1,77 @@
+"""The update as a notebook calls it: named numbers, no config; and the config's one
+place of building those options from its fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.normalization import NormalizationOptions
+from ppo_async.core.update import Batch, UpdateOptions, init_learner_state, make_update_fn
+from ppo_async.networks.actor_critic import init_params, make_network
+
+T, B, OBS, ACTIONS = 8, 4, 3, 2
+
+
+def _batch(network, params, seed):
+    rng = np.random.default_rng(seed)
+    obs = jnp.asarray(rng.normal(size=(T, B, OBS)), jnp.float32)
+    dist, values = network.apply(params, obs)
+    action = jnp.asarray(rng.integers(0, ACTIONS, size=(T, B)), jnp.int32)
+    return Batch(
+        obs=obs, action=action, reward=jnp.asarray(rng.normal(size=(T, B)), jnp.float32),
+        done=jnp.asarray(rng.random((T, B)) < 0.2), behaviour_logp=dist.log_prob(action),
+        behaviour_value=values, bootstrap_obs=jnp.asarray(rng.normal(size=(B, OBS)), jnp.float32),
+        bootstrap_value=jnp.zeros((B,), jnp.float32),
+    )
+
+
+def test_the_update_runs_on_named_numbers_and_compiles_once(monkeypatch):
+    def no_config(self):
+        raise AssertionError("the math built a config")
+
+    monkeypatch.setattr(AsyncActorLearnerConfig, "__post_init__", no_config)
+    network = make_network((OBS,), types.SimpleNamespace(n=ACTIONS), hidden_sizes=(16,))
+    options = UpdateOptions(num_updates=10, num_epochs=2, num_minibatches=2, use_vtrace=True,
+                            gamma=0.9, ppo_ratio_anchor="ewma")
+    params = init_params(network, jax.random.key(0), (OBS,))
+    state = init_learner_state(options, params, jax.random.key(1))
+    update = make_update_fn(options, network)
+    for seed in range(2):
+        state, metrics = update(state, _batch(network, params, seed))
+        chex.assert_tree_all_finite((state.params, metrics))
+    assert update._cache_size() == 1  # the second call reused the first's program
+    assert int(state.proximal.count) == 1 + 2 * 2 * 2  # two updates of 2 x 2 optimizer steps
+    assert float(metrics["learning_rate"]) == pytest.approx(5e-4 * (1 - 4 / 40))
+
+
+def test_the_options_defaults_are_the_configs():
+    config = AsyncActorLearnerConfig()
+    assert config.update_options() == UpdateOptions(num_updates=config.num_updates)
+    assert config.normalization_options() == NormalizationOptions()
+
+
+def test_the_config_builds_every_option_from_the_field_of_its_name():
+    config = AsyncActorLearnerConfig(
+        learning_rate=1e-3, anneal_lr=False, max_grad_norm=0.7, num_epochs=3, num_minibatches=8,
+        gamma=0.95, gae_lambda=0.9, use_vtrace=True, vtrace_lambda=0.8, vtrace_rho_bar=2.0,
+        vtrace_c_bar=0.5, vtrace_pg_rho_bar=1.5, max_policy_lag=3, ppo_ratio_anchor="learner",
+        proximal_ewma_decay=0.5, is_weight_max=10.0, clip_eps=0.1, value_clip_eps=0.3,
+        normalize_advantages=False, vf_coef=0.25, ent_coef=0.0, normalize_observations=True,
+        obs_clip=5.0, reward_clip=3.0,
+    )
+    options = config.update_options()
+    for field in dataclasses.fields(UpdateOptions):
+        assert getattr(options, field.name) == getattr(config, field.name), field.name
+    assert config.normalization_options() == NormalizationOptions(True, False, 5.0, 3.0)
+    space = types.SimpleNamespace(n=ACTIONS)
+    assert config.make_network((OBS,), space) == make_network(
+        (OBS,), space, hidden_sizes=config.hidden_sizes, network=config.network,
+        rnn_hidden_size=config.rnn_hidden_size, torso="none")
