@@ -80,9 +80,13 @@ def mode_config(name: str, mode: str, seed: int, total_env_steps: int | None):
     return config
 
 
-def sweep_table(name: str, seeds: int, total_env_steps: int | None) -> dict[str, Any]:
-    """The sweep of one preset: its config once per seed (``[base]`` only for another budget)."""
-    base = {} if total_env_steps is None else {"total_env_steps": total_env_steps}
+def sweep_table(name: str, seeds: int, total_env_steps: int | None,
+                eval_every: int = 0, eval_episodes: int = 10) -> dict[str, Any]:
+    """The sweep of one preset: its config once per seed (``[base]`` only for another budget,
+    or periodic greedy evaluations every ``eval_every`` updates)."""
+    base: dict[str, Any] = {} if total_env_steps is None else {"total_env_steps": total_env_steps}
+    if eval_every:
+        base.update(eval_every_updates=eval_every, eval_episodes=eval_episodes)
     return {"preset": name, "seeds": list(range(seeds)), "base": base}
 
 
@@ -123,7 +127,8 @@ def run_learning(args, out: pathlib.Path) -> list[dict[str, Any]]:
     for name in args.presets:
         sweep_dir = out / "sweeps" / name
         print(f"== learning: {name}, seeds 0..{args.seeds - 1}, into {sweep_dir}", flush=True)
-        execute_sweep(sweep_table(name, args.seeds, args.total_env_steps), sweep_dir,
+        execute_sweep(sweep_table(name, args.seeds, args.total_env_steps, args.eval_every,
+                                  args.eval_episodes), sweep_dir,
                       workers=args.workers, progress=False)
         for run in common.read_csv(sweep_dir / "runs.csv"):
             if run["status"] != "done":
@@ -208,6 +213,46 @@ def backends_table(rows: list[dict[str, Any]]) -> str:
          "wall time to threshold (s), compile included"], lines)
 
 
+CURVE_FIELDS = ("preset", "seed", "update", "env_steps", "greedy_return", "training_return")
+
+
+def greedy_curves(presets: list[str], out: pathlib.Path) -> list[dict[str, Any]]:
+    """Every periodic greedy evaluation of each preset's runs, and ``greedy_<preset>.png``:
+    the greedy return (dots) against the training return (lines) over env steps."""
+    import numpy as np
+
+    from ppo_async.runs.analysis import load_runs
+
+    rows, plt = [], common.pyplot()
+    for name in presets:
+        sweep_dir = out / "sweeps" / name
+        runs = load_runs(sorted(p.parent for p in sweep_dir.glob("*/config.json")))
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        for index, run in enumerate(runs):
+            color = f"C{index}"
+            m = run.metrics
+            ax.plot(m["env_steps"], m["episode_return"], color=color, linewidth=1,
+                    label=f"seed {run.config['seed']}: training return")
+            evaluated = np.isfinite(m["eval_return_mean"])
+            ax.plot(m["env_steps"][evaluated], m["eval_return_mean"][evaluated], "o-",
+                    color=color, markersize=3, linewidth=0.8, alpha=0.8,
+                    label=f"seed {run.config['seed']}: greedy return")
+            rows += [dict(preset=name, seed=run.config["seed"], update=int(u), env_steps=int(s),
+                          greedy_return=float(g), training_return=float(t))
+                     for u, s, g, t in zip(m["update"][evaluated], m["env_steps"][evaluated],
+                                           m["eval_return_mean"][evaluated],
+                                           m["episode_return"][evaluated])]
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("return")
+        ax.set_title(f"{name}: greedy evaluations during training")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / f"greedy_{name}.png", dpi=110)
+        plt.close(fig)
+    return rows
+
+
 def hardware_line() -> str:
     """The CPU model, cores and platform the figures were measured on."""
     model = platform.processor() or platform.machine()
@@ -254,6 +299,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="every run's budget (default: the preset's, 1M)")
     parser.add_argument("--eval-episodes", type=int, default=10,
                         help="learning: greedy episodes per finished run")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="learning: also evaluate greedily every this many updates during "
+                             "training (eval_every_updates), drawn per preset in greedy_<preset>.png")
     parser.add_argument("--workers", type=int, default=1,
                         help="learning: runs at once (1: each run's wall time is its own)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -282,7 +330,8 @@ def dry_run(args, out: pathlib.Path) -> dict[str, Any]:
     planned = {}
     for name in args.presets:
         if "learning" in args.parts:
-            plan = plan_sweep(sweep_table(name, args.seeds, args.total_env_steps),
+            plan = plan_sweep(sweep_table(name, args.seeds, args.total_env_steps, args.eval_every,
+                                          args.eval_episodes),
                               out / "sweeps" / name)
             planned[f"{name} learning"] = [f"{run.name} ({plan.states[run.name]}): "
                                            f"{run.config.num_updates} updates of "
@@ -319,6 +368,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "learning" in args.parts:
         rows = run_learning(args, out)
         common.write_csv(out / "learning.csv", rows, LEARNING_FIELDS)
+        if args.eval_every:
+            curves = greedy_curves(args.presets, out)
+            common.write_csv(out / "greedy_curves.csv", curves, CURVE_FIELDS)
+            result.update(greedy_curves=curves)
         result.update(learning=rows, learning_table=learning_table(rows))
     if "backends" in args.parts:
         rows = run_backends(args, budget + ["--warmup", str(args.warmup)])
