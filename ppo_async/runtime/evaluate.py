@@ -19,6 +19,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import resolve_device
+from ppo_async.core.normalization import wrap_params
 from ppo_async.envs.episodes import EpisodePolicy, episode_shares
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import env_backend
