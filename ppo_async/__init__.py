@@ -5,7 +5,8 @@ the packages):
 
 - train and evaluate: `train`, `AsyncActorLearnerConfig`, `preset`,
   `evaluate`, `load_run` (a run directory's config and params), `run_sweep`,
-  `register_host_env` (an env of your own);
+  `register_single_env` (your own ``gymnasium.Env``), `register_host_env`
+  (a simulator that steps a batch itself);
 - the errors a caller catches: `ConfigError`, `ActorError`,
   `LearnerTimeoutError`, `NonFiniteError`, `ShutdownTimeoutError`,
   `TrainingInterrupted`, `CheckpointError`, `PolicyLoadError`,
@@ -26,7 +27,7 @@ from ppo_async._deprecated import install as _install_old_paths
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.core.advantages import VTraceOutput, gae, vtrace
 from ppo_async.core.losses import ppo_loss
-from ppo_async.envs.host import HostEnvError
+from ppo_async.envs.host import HostEnvError, register_single_env
 from ppo_async.envs.registry import BackendNotInstalledError, UnknownEnvError, register_host_env
 from ppo_async.presets import preset
 from ppo_async.resume import load_run
@@ -73,8 +74,8 @@ __all__ = [
     "ShutdownTimeoutError", "StopTraining", "SweepInterrupted", "TrainResult",
     "TrainingInterrupted", "UnknownEnvError", "VTraceOutput", "__version__", "actor_thread",
     "evaluate", "gae", "learner_loop", "load_policy_from_broadcast", "load_run", "ppo_loss",
-    "preset", "register_host_env", "run_actor", "run_sweep", "serialize_policy", "spawn_actor",
-    "train", "vtrace",
+    "preset", "register_host_env", "register_single_env", "run_actor", "run_sweep",
+    "serialize_policy", "spawn_actor", "train", "vtrace",
 ]
 
 _install_old_paths(sys.modules[__name__])

@@ -42,7 +42,9 @@ class AsyncActorLearnerConfig:
 
     # --- run ---
     env_id: str = "CartPole-v1"
-    """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.envs.registry.register_host_env)."""
+    """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.register_single_env or register_host_env, in a module named by env_modules for the command line)."""
+    env_modules: tuple[str, ...] = ()
+    """Python modules imported before the env id is looked up (they register custom envs); recorded in config.json so eval, enjoy, --resume and sweeps rebuild the env."""
     envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
     """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.envs.registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False."""
     total_env_steps: int = 500_000
@@ -175,6 +177,8 @@ class AsyncActorLearnerConfig:
     """Persistent compilation cache: a later run of the same config loads its compiled programs from this directory instead of compiling them. 'default': ~/.cache/ppo_async/jax (under $XDG_CACHE_HOME if set). None: off."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.env_modules, list):  # as config.json and TOML files hold it
+            object.__setattr__(self, "env_modules", tuple(self.env_modules))
         for name in ("ray_actor_resources", "envpool_kwargs"):
             pairs = getattr(self, name)
             if isinstance(pairs, (list, tuple)) and all(
@@ -404,8 +408,16 @@ def _is_number(value: Any) -> bool:
 def _validate(cfg: AsyncActorLearnerConfig) -> None:
     # Imported here so that a bad env id is reported as a config error without
     # making the config module depend on gymnax (or any env backend) at import time.
-    from ppo_async.envs.registry import env_id_problem
+    from ppo_async.envs.registry import EnvModuleError, env_id_problem, import_env_modules
 
+    _require(isinstance(cfg.env_modules, tuple)
+             and all(isinstance(m, str) and m.strip() for m in cfg.env_modules),
+             "env_modules", cfg.env_modules,
+             "must be a tuple of module names, e.g. ('my_pkg.envs',)")
+    try:  # before the env id: the modules register it
+        import_env_modules(cfg.env_modules)
+    except EnvModuleError as error:
+        _require(False, "env_modules", cfg.env_modules, str(error))
     env_problem = env_id_problem(cfg.env_id)
     _require(env_problem is None, "env_id", cfg.env_id, env_problem)
     _validate_envpool_kwargs(cfg)

@@ -24,7 +24,6 @@ settings, which ``experiments/mujoco_results.py`` trains.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import pathlib
 import re
@@ -35,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError, fields_from_json
+from ppo_async.errors import did_you_mean
 
 # MuJoCo locomotion (pip install 'ppo-async[mujoco]'): the PPO continuous-control
 # settings of cleanrl's ppo_continuous_action.py (Huang et al. 2022, "The 37
@@ -103,10 +103,9 @@ def preset_names() -> list[str]:
 def preset_overrides(name: str) -> dict[str, Any]:
     """The field overrides of preset ``name`` (a copy); `ConfigError` listing the names if unknown."""
     if name not in PRESETS:
-        close = difflib.get_close_matches(name.lower(), PRESETS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"preset={name!r}: unknown preset{hint}; choose one of {', '.join(PRESETS)}"
+            f"preset={name!r}: unknown preset{did_you_mean(name, PRESETS)}; choose one of "
+            f"{', '.join(PRESETS)}"
         )
     return dict(PRESETS[name])
 
@@ -122,10 +121,9 @@ def apply_overrides(base: AsyncActorLearnerConfig, overrides: Mapping[str, Any],
     fields = {f.name for f in dataclasses.fields(AsyncActorLearnerConfig)}
     for key in overrides:
         if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint = did_you_mean(key, fields).strip(" ()")
             raise ConfigError(
-                f"{source}: {key!r} is not a config field; {hint}"
+                f"{source}: {key!r} is not a config field; {hint + ' ' if hint else ''}"
                 "`ppo-async train --help` lists the fields"
             )
     values = fields_from_json(overrides)

@@ -445,6 +445,10 @@ def load_run_config(run_dir: str | pathlib.Path) -> AsyncActorLearnerConfig:
     """
     from ppo_async.runs.run_dir import CONFIG_FILE, read_config_fields
 
+    if not pathlib.Path(run_dir).is_dir():
+        what = "is not a directory" if pathlib.Path(run_dir).exists() else "no such directory"
+        raise ConfigError(f"run_dir={str(run_dir)!r}: {what}; give a run directory that "
+                          "ppo-async train wrote (runs/<env>-<time>)")
     fields = read_config_fields(run_dir)
     if fields is None:
         raise ConfigError(f"run_dir={str(run_dir)!r}: no {CONFIG_FILE} there; is it a run directory?")
@@ -463,17 +467,35 @@ def load_run_config(run_dir: str | pathlib.Path) -> AsyncActorLearnerConfig:
 
 
 def load_run_params(run_dir: str | pathlib.Path, config: AsyncActorLearnerConfig) -> Any:
-    """A run's final ``params.msgpack``, or the params of its newest valid checkpoint."""
-    import flax.serialization
+    """A run's final ``params.msgpack``, or the params of its newest valid checkpoint.
 
+    A ``params.msgpack`` that does not decode or does not fit ``config``'s
+    network (damaged, or copied from another run) is passed over with one
+    warning line on stderr naming it, for the newest valid checkpoint's
+    params; with no valid checkpoint either, `ConfigError` names the file and
+    the fix.
+    """
+    from ppo_async.runs.checkpoint import CheckpointError, read_params
     from ppo_async.runs.run_dir import PARAMS_FILE, checkpoint_dir
 
     program = make_actor_program(config)
     final = pathlib.Path(run_dir) / PARAMS_FILE
-    if final.is_file():
-        return flax.serialization.from_bytes(program.params_template, final.read_bytes())
-    # An unfinished run: the params of its newest valid checkpoint.
-    loaded = load_newest_checkpoint(config, program, checkpoint_dir(pathlib.Path(run_dir)))
+    checkpoints = checkpoint_dir(pathlib.Path(run_dir))
+    if not final.is_file():  # an unfinished run: the params of its newest valid checkpoint
+        return load_newest_checkpoint(config, program, checkpoints).state["learner"].params
+    try:
+        return read_params(final, program.params_template)
+    except ValueError as error:
+        problem = f"{final} {error}"
+    try:
+        loaded = load_newest_checkpoint(config, program, checkpoints)
+    except (ConfigError, CheckpointError) as error:
+        raise ConfigError(
+            f"{problem}, and no valid checkpoint to fall back to ({' '.join(str(error).split())}); "
+            f"restore {PARAMS_FILE} from a copy, or train the run again"
+        ) from None
+    print(f"ppo-async: warning: {problem}; using the params of the newest valid checkpoint, "
+          f"{loaded.path.name} (update {loaded.step})", file=sys.stderr)
     return loaded.state["learner"].params
 
 

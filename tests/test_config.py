@@ -171,6 +171,14 @@ def test_unknown_env_id_message_lists_valid_ids():
         assert valid in message
 
 
+def test_a_misspelled_gymnax_id_gets_the_did_you_mean_of_gymnasium_ids_and_presets():
+    with pytest.raises(ConfigError) as excinfo:
+        AsyncActorLearnerConfig(env_id="CartPol-v1")
+    assert "unknown environment (did you mean 'CartPole-v1'?); choose one of" in str(excinfo.value)
+    with pytest.raises(ConfigError, match=r"\(did you mean 'Breakout-MinAtar'\?\)"):
+        AsyncActorLearnerConfig(env_id="gymnax:breakout-minatar")
+
+
 def test_messages_say_the_fix():
     with pytest.raises(ConfigError, match="must divide the batch .* = 512"):
         AsyncActorLearnerConfig(num_minibatches=3)

@@ -30,8 +30,8 @@ PUBLIC_NAMES = [
     "ShutdownTimeoutError", "StopTraining", "SweepInterrupted", "TrainResult",
     "TrainingInterrupted", "UnknownEnvError", "VTraceOutput", "__version__", "actor_thread",
     "evaluate", "gae", "learner_loop", "load_policy_from_broadcast", "load_run", "ppo_loss",
-    "preset", "register_host_env", "run_actor", "run_sweep", "serialize_policy", "spawn_actor",
-    "train", "vtrace",
+    "preset", "register_host_env", "register_single_env", "run_actor", "run_sweep",
+    "serialize_policy", "spawn_actor", "train", "vtrace",
 ]
 
 # Every module path that moved, old -> new.
@@ -106,8 +106,12 @@ def test_load_run_gives_a_run_directorys_config_and_params(tmp_path):
     loaded_config, loaded_params = ppo_async.load_run(tmp_path)
     assert loaded_config.to_dict() == config.to_dict()
     assert jax.tree.structure(loaded_params) == jax.tree.structure(params)
-    with pytest.raises(ppo_async.ConfigError, match="config.json"):
+    # A directory that is not there is said to be missing; one without a config.json, so.
+    with pytest.raises(ppo_async.ConfigError, match="missing': no such directory"):
         ppo_async.load_run(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ppo_async.ConfigError, match="no config.json there"):
+        ppo_async.load_run(tmp_path / "empty")
 
 
 def test_the_table_of_old_paths_is_the_list_of_moves():

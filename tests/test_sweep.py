@@ -196,7 +196,8 @@ def test_the_rerun_trains_nothing(local_sweep, monkeypatch, capsys):
         raise AssertionError("a finished sweep started a worker")
 
     monkeypatch.setattr("subprocess.Popen", no_worker)
-    again = run_sweep(path, out, workers=2, progress=False)
+    with pytest.warns(SweepWarning, match=r"all 4 runs in .* are done already: skipped them all"):
+        again = run_sweep(path, out, workers=2, progress=False)
     assert again.equals(summary)
     assert {n: (out / n / "metrics.jsonl").stat().st_mtime_ns for n in NAMES} == metrics_times
     assert all(len(json.loads((out / n / "segments.json").read_text())) == 1 for n in NAMES)

@@ -18,6 +18,7 @@ import numpy as np
 from ppo_async.envs.backends import VIDEO_EXTRA, EnvBackend, RenderError
 from ppo_async.envs.episodes import EpisodePolicy
 from ppo_async.envs.registry import ENV_BACKENDS, split_env_id
+from ppo_async.errors import did_you_mean
 from ppo_async.networks.actor_critic import reset_hidden
 
 class GymnaxBackend(EnvBackend):
@@ -27,7 +28,8 @@ class GymnaxBackend(EnvBackend):
         import gymnax
 
         if name not in gymnax.registered_envs:
-            return ("unknown environment; choose one of " + ", ".join(gymnax.registered_envs)
+            return (f"unknown environment{did_you_mean(name, gymnax.registered_envs)}; "
+                    "choose one of " + ", ".join(gymnax.registered_envs)
                     + " (or a host env: " + ", ".join(f"{b}:NAME" for b in ENV_BACKENDS[1:])
                     + ")")
         return None

@@ -31,6 +31,11 @@ Plugging in your own simulator: one ``gymnasium.Env`` is enough::
     register_single_env("mysim", MySimEnv)   # MySimEnv() -> a gymnasium.Env
     train(AsyncActorLearnerConfig(env_id="host:mysim"))
 
+With the registration in a module ``my_sims.py``, the config's
+``env_modules=("my_sims",)`` (``ppo-async train --env-module my_sims``)
+imports it, and the run's config.json remembers it, so that ``ppo-async
+eval``, ``enjoy`` and ``--resume`` rebuild the env in a fresh process.
+
 or, for a simulator that steps a batch itself::
 
     class MySim:                       # E copies, numpy in and out

@@ -60,9 +60,10 @@ class HostBackend(EnvBackend):
         if name not in registered_host_envs():
             registered = ", ".join(registered_host_envs()) or "none yet"
             return (
-                f"no host env registered as {name!r} (registered: {registered}); call "
-                "ppo_async.envs.registry.register_host_env(name, factory) before building "
-                "the config"
+                f"no host env registered as {name!r} (registered: {registered}); register "
+                "it (ppo_async.register_single_env or register_host_env) in a module and "
+                "name that module in env_modules (ppo-async train --env-module MODULE), or "
+                "call it before building the config"
             )
         return None
 

@@ -37,6 +37,32 @@ class BackendNotInstalledError(ImportError):
     """The env id names a backend whose package is not installed."""
 
 
+class EnvModuleError(ImportError):
+    """A module named to register envs (the config's ``env_modules``) cannot be imported."""
+
+
+def import_env_modules(modules: Any) -> None:
+    """Import each of ``modules`` (module names), which register custom envs as they import.
+
+    The config's ``env_modules``: the config's validation calls this before it
+    looks its env id up, and so does every process that rebuilds a config
+    without validating it (a Ray actor), so that ``host:NAME`` and
+    ``gymnasium:NAME`` ids registered by a module exist there too. Importing a
+    module twice is a no-op. Raises `EnvModuleError` (one line: the module and
+    what its import raised) for a module that cannot be imported.
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # noqa: BLE001 - user code: any failure, said in one line
+            message = " ".join(str(error).split()) or "(no message)"
+            raise EnvModuleError(
+                f"cannot import {module!r} ({type(error).__name__}: {message}); it must be "
+                "importable here: on PYTHONPATH, installed, or in the current directory for "
+                f"ppo-async (python -c 'import {module}' shows the traceback)"
+            ) from error
+
+
 # factory(num_envs) -> a batch of num_envs envs (a ppo_async.envs.host.HostVectorEnv)
 HostEnvFactory = Callable[[int], Any]
 

@@ -160,6 +160,31 @@ def _restore_state(template: Any, saved_state_dict: Any) -> Any:
     )
 
 
+def read_params(path: str | os.PathLike, template: Any) -> Any:
+    """A params file (``params.msgpack``: flax bytes of a params pytree) in ``template``'s structure.
+
+    Raises ValueError saying what is wrong: bytes that do not decode (a file
+    cut by a crash), or params that do not fit ``template`` (another run's:
+    another env or network). The file has no checksum; a decoded tree must
+    match every leaf's path, shape and dtype.
+    """
+    content = pathlib.Path(path).read_bytes()
+    try:
+        state_dict = flax.serialization.msgpack_restore(content)
+    except Exception as error:  # noqa: BLE001 - msgpack's errors vary with the damage
+        raise ValueError(f"does not decode, damaged or cut short ({error})") from None
+    if not isinstance(state_dict, dict):
+        raise ValueError(f"holds a {type(state_dict).__name__}, not a params tree")
+    expected = set(_leaf_signature(_state_dict(template)))
+    differing = sorted(expected ^ set(_leaf_signature(state_dict)))
+    if differing:
+        path, shape, dtype = differing[0]
+        raise ValueError(
+            f"does not fit this run's network: params of another run (another env, "
+            f"hidden_sizes or network)? {len(differing)} leaves differ, e.g. {path} {shape} {dtype}")
+    return _restore_state(template, state_dict)
+
+
 # --- writing ------------------------------------------------------------------
 
 

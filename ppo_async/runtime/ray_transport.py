@@ -162,9 +162,12 @@ class _ActorProcess:
         import jax
         import ray
 
-        if host_env is not None:  # the learner's registry does not exist in this process
-            from ppo_async.envs.registry import register_host_env
+        from ppo_async.envs.registry import import_env_modules, register_host_env
 
+        # The config arrives pickled, unvalidated: the modules that register its env are
+        # imported here, as the config's validation imports them in the learner's process.
+        import_env_modules(config.env_modules)
+        if host_env is not None:  # the learner's registry does not exist in this process
             name, factory = host_env
             register_host_env(name, ray.cloudpickle.loads(factory))
         self.endpoint = _ProcessEndpoint(ray)
@@ -248,7 +251,8 @@ def _host_env_payload(ray: Any, env_id: str) -> tuple[str, bytes] | None:
     if backend != HOST:
         return None
     factory = host_env_factory(name)
-    module = sys.modules.get(getattr(factory, "__module__", ""), None)
+    # register_single_env wraps the user's env factory: its module is the one to look at.
+    module = sys.modules.get(getattr(getattr(factory, "make_env", factory), "__module__", ""), None)
     by_value = module is not None and module.__name__ != "__main__" and not (
         module.__name__.startswith("ppo_async")
         or "site-packages" in str(getattr(module, "__file__", ""))

@@ -158,6 +158,9 @@ def execute_sweep(sweep: str | os.PathLike | Mapping[str, Any] | SweepSpec,
     command = continue_command(sweep, out, workers=workers if backend == "local" else None,
                                backend=backend, ray_address=ray_address, twin=twin)
     if not jobs:  # every run is done: no worker, no Ray instance
+        warnings.warn(f"all {len(plan.runs)} runs in {out} are done already: skipped them all, "
+                      "trained nothing (the summary is of the runs as they are; delete a run's "
+                      "directory to train it again)", SweepWarning, stacklevel=2)
         return write_summary(out, table)
     pool = RayPool(ray_address) if backend == "ray" else LocalPool(out)
     try:

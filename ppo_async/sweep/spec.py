@@ -7,7 +7,6 @@ every (grid point, seed)'s config, named by `run_name`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import itertools
 import json
@@ -18,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.errors import did_you_mean
 from ppo_async.presets import apply_overrides, preset_overrides, read_table_file, toml_value
 
 SWEEP_FILE = "sweep.toml"
@@ -142,8 +142,7 @@ def _check_keys(table: Mapping[str, Any], source: str) -> None:
             fields = {f.name for f in dataclasses.fields(AsyncActorLearnerConfig)}
             hint = (" (a config field: put it under [base], or under [grid] as a list)"
                     if key in fields else "")
-            close = difflib.get_close_matches(str(key), SWEEP_KEYS, n=1)
-            hint = hint or (f" (did you mean {close[0]!r}?)" if close else "")
+            hint = hint or did_you_mean(key, SWEEP_KEYS)
             raise ConfigError(f"{source}: {key!r} is not a sweep key{hint}; a sweep file holds "
                               "preset, seeds, [base], [grid] and [[points]]")
 

@@ -12,7 +12,10 @@ A train's config is built in this order, each step overriding the one
 before: the dataclass defaults < ``--preset NAME`` (`ppo_async.presets`) <
 ``--config FILE`` (TOML, or YAML with pyyaml installed) < ``--FIELD VALUE``
 flags. With ``--resume`` the run's own ``config.json`` takes the place of
-preset and file.
+preset and file. ``--env-module MODULE`` (``env_modules``) names modules that
+register custom envs; the current directory is on ``sys.path`` (as with
+``python -m``), and config.json records them, so ``eval``, ``enjoy`` and
+``--resume`` of such a run need no flag.
 
 Every error a user can cause (a bad flag value, a misspelled flag, a missing
 or damaged run directory, nothing to resume) is one line on stderr with the
@@ -20,7 +23,8 @@ fix, exit code 2; tyro's parse errors are condensed to one line that keeps
 its suggestion (`one_line_parse_error`). A run that fails while training (an
 actor raised, a stuck env, NaN) prints one line, keeps the traceback in
 ``RUN_DIR/error.txt`` and exits with 1; Ctrl-C prints the update reached and
-the resume command and exits with 130.
+the resume command and exits with 130. Warnings (a skipped checkpoint, a
+damaged metrics line) are one line each, ``ppo-async: warning: ...``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import datetime
 import functools
 import io
 import math
+import os
 import pathlib
 import re
 import sys
@@ -50,10 +55,21 @@ __getattr__ = moved_name_getattr("ppo_async.tools.cli", globals())
 
 ConfigArg = Annotated[AsyncActorLearnerConfig, tyro.conf.arg(name="")]
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+# tyro would list None among the choices of an optional Literal.
+PRESET_METAVAR = "{" + ",".join(PRESETS) + "}"
 
 
 @dataclasses.dataclass(frozen=True)
-class _UnsetLeadConfig(AsyncActorLearnerConfig):
+class _CliConfig(AsyncActorLearnerConfig):
+    """The config's fields as ``train`` flags: ``env_modules`` is ``--env-module MODULE ...``."""
+
+    env_modules: Annotated[tuple[str, ...], tyro.conf.arg(
+        name="env-module", metavar="MODULE [MODULE ...]")] = ()
+    """Python modules imported before the env id is looked up (they register custom envs); recorded in config.json so eval, enjoy, --resume and sweeps rebuild the env. ppo-async puts the current directory on sys.path (as python -m does), so a my_envs.py beside you imports as --env-module my_envs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _UnsetLeadConfig(_CliConfig):
     """The config's fields as ``train`` flags when ``max_lead_steps`` is unset.
 
     tyro would print "default: None"; the help says what an unset lead
@@ -85,6 +101,12 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
     from ppo_async.runtime.learner import LearnerTimeoutError, NonFiniteError
     from ppo_async.train import ShutdownTimeoutError, train
 
+    trained = config.num_updates * config.batch_size
+    if resume is None and trained != config.total_env_steps:
+        print(f"ppo-async: note: total_env_steps={config.total_env_steps} is not a whole number "
+              f"of batches of {config.batch_size} env steps (num_actors * envs_per_actor * "
+              f"num_steps): the run trains {config.num_updates} updates, {trained} env steps",
+              file=sys.stderr)
     try:
         report = train(config, run_dir=run_dir, resume_from=resume, progress=progress,
                        wandb=wandb).report
@@ -136,19 +158,20 @@ def _wandb_settings(project: str | None, entity: str | None, group: str | None,
 def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | None):
     """The ``train`` subcommand, its config defaults ``base`` (flags given override them)."""
     # A lead given (a resumed run's own, say) is a number, and --help shows it.
-    config_type = _UnsetLeadConfig if base.max_lead_steps is None else AsyncActorLearnerConfig
+    config_type = _UnsetLeadConfig if base.max_lead_steps is None else _CliConfig
 
     def train_command(
         config: ConfigArg = _as_config(base, config_type),
         run_root: pathlib.Path = pathlib.Path("runs"),
         progress: bool = True,
-        preset: PresetName | None = None,
-        config_file: Annotated[pathlib.Path | None, tyro.conf.arg(name="config")] = None,
+        preset: Annotated[PresetName | None, tyro.conf.arg(metavar=PRESET_METAVAR)] = None,
+        config_file: Annotated[pathlib.Path | None,
+                               tyro.conf.arg(name="config", metavar="FILE")] = None,
         resume_dir: Annotated[pathlib.Path | None,
                               tyro.conf.arg(name="resume", metavar="RUN_DIR")] = None,
-        wandb_project: str | None = None,
-        wandb_entity: str | None = None,
-        wandb_group: str | None = None,
+        wandb_project: Annotated[str | None, tyro.conf.arg(metavar="NAME")] = None,
+        wandb_entity: Annotated[str | None, tyro.conf.arg(metavar="ENTITY")] = None,
+        wandb_group: Annotated[str | None, tyro.conf.arg(metavar="GROUP")] = None,
         wandb_tags: tuple[str, ...] = (),
     ) -> None:
         """Train with asynchronous actors; writes a new runs/<env>-<time>/ (config.json, segments.json, metrics.jsonl, checkpoints/, params.msgpack, summary.json).
@@ -297,14 +320,13 @@ def plot_command(
     if out is None:
         out = run_dirs[0] / "curves.png" if len(run_dirs) == 1 else pathlib.Path("runs_overview.png")
     run_dirs = tuple(expand_sweep_dirs(run_dirs))
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning  # e.g. a damaged metrics.jsonl line
-        runs = _runs_with_data(run_dirs)
-        print(f"wrote {plot_runs(runs, out, x=x)}")
+    runs = _runs_with_data(run_dirs)  # a damaged metrics.jsonl line: a warning (main's one line)
+    print(f"wrote {plot_runs(runs, out, x=x)}")
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"ppo-async: warning: {message}", file=sys.stderr)
+    """``warnings.showwarning`` inside `main`: one line, without Python's source line."""
+    print(f"ppo-async: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
 def _runs_with_data(run_dirs: tuple[pathlib.Path, ...]) -> list:
@@ -376,7 +398,6 @@ def sweep_command(
         return
     with warnings.catch_warnings():
         warnings.simplefilter("always", SweepWarning)
-        warnings.showwarning = _one_line_warning
         summary = execute_sweep(sweep_file, out, workers=workers, backend=backend,
                                 ray_address=ray_address, twin=twin, progress=progress)
     print(summary_markdown(summary))
@@ -566,8 +587,13 @@ def main(argv: list[str] | None = None) -> None:
     from ppo_async.runtime.messages import PolicyLoadError
     from ppo_async.tools.video import RenderError
 
+    # As python -m does: a module beside the user (--env-module my_envs) imports.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
-        _parse(_commands(argv), argv)()
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning  # a skipped checkpoint, a damaged line
+            _parse(_commands(argv), argv)()
     except KeyboardInterrupt as interrupt:
         # train() raises TrainingInterrupted, whose message names the update and the resume command.
         print(f"\nppo-async: {interrupt or 'interrupted'}", file=sys.stderr)

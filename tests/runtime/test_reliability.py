@@ -16,6 +16,7 @@ import threading
 import time
 
 import flax.serialization
+import flax.traverse_util
 import numpy as np
 import pytest
 
@@ -514,6 +515,9 @@ def test_metrics_are_strict_json_and_provenance_is_recorded(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["plot", "{empty}"], "no metrics"),
     (["eval", "{empty}"], "no config.json"),
+    (["eval", "{empty}/does-not-exist"], "does-not-exist': no such directory; give a run directory"),
+    (["enjoy", "{empty}/does-not-exist"], "no such directory"),
+    (["train", "--resume", "{empty}/does-not-exist"], "no such directory"),
     (["train", "--resume", "{empty}"], "no config.json"),
     # Bad numbers for eval and enjoy, refused before the run is read.
     (["eval", "{empty}", "--num-episodes", "0"], "--num-episodes 0: must be an integer >= 1"),
@@ -622,6 +626,12 @@ def test_cli_help_names_every_option_and_its_real_default(capsys):
     assert "(default: (exact_policy_lag + broadcast_every) * num_steps; free-running: " \
         "2 * num_steps * broadcast_every)" in lead and "128" not in lead
     assert "--network {mlp,lstm,gru}" in train_help
+    # Optional choices and paths without tyro's "None" among them.
+    assert "--preset {cartpole,acrobot," in train_help
+    assert "--config FILE A TOML file" in train_help
+    assert "{None" not in train_help.split("--preset")[1].split("--resume")[0]
+    assert "--wandb-project NAME Also log" in train_help and "--wandb-group GROUP" in train_help
+    assert "--env-module MODULE [MODULE ...] Python modules imported before the env id" in train_help
     assert "--torso {auto,none,minatar,nature}" in train_help
     eval_help = help_text(["eval"])
     for description in ("The run directory", "Whole episodes to play", "Seeds the env resets",
@@ -649,6 +659,61 @@ def test_cli_eval_runs_greedy_episodes_of_a_gymnasium_run(tmp_path, capsys):
     main(["eval", str(run_dir), "--num-episodes", "3"])
     out = capsys.readouterr().out
     assert "gymnasium:CartPole-v1: return" in out and "over 3 episodes" in out
+
+
+def _damage_params(name, good: bytes) -> bytes:
+    """``params.msgpack`` damaged as ``name`` says (the real file's bytes are ``good``)."""
+    if name == "truncated":
+        return good[: len(good) // 2]
+    if name == "empty":
+        return b""
+    if name == "garbage":
+        return b"\xc1 not msgpack at all"
+    tree = flax.serialization.msgpack_restore(good)
+    if name == "another run's keys":
+        return flax.serialization.msgpack_serialize({"params": {"Dense_9": {"kernel": np.ones(3)}}})
+    # "another run's shapes": the same keys, one kernel wider (flax alone would load it).
+    flat = flax.traverse_util.flatten_dict(tree)
+    path = next(iter(flat))
+    flat[path] = np.zeros((*np.shape(flat[path])[:-1], np.shape(flat[path])[-1] + 1), np.float32)
+    return flax.serialization.msgpack_serialize(flax.traverse_util.unflatten_dict(flat))
+
+
+def test_damaged_or_foreign_params_fall_back_to_the_newest_checkpoint_in_one_line(
+        tmp_path, capsys):
+    from ppo_async.tools.cli import main
+
+    main(["train", *CLI_TINY, "--total-env-steps", "100", "--run-root", str(tmp_path)])
+    (run_dir,) = tmp_path.iterdir()
+    # The budget rounds down to whole batches, and the run says so before it trains.
+    note = ("ppo-async: note: total_env_steps=100 is not a whole number of batches of 32 env "
+            "steps (num_actors * envs_per_actor * num_steps): the run trains 3 updates, 96 "
+            "env steps")
+    assert capsys.readouterr().err.strip().splitlines() == [note]
+    params_file = run_dir / "params.msgpack"
+    good = params_file.read_bytes()
+    for damage in ("truncated", "empty", "garbage", "another run's keys", "another run's shapes"):
+        params_file.write_bytes(_damage_params(damage, good))
+        main(["eval", str(run_dir), "--num-episodes", "2"])
+        out, err = capsys.readouterr()
+        assert "CartPole-v1: return" in out, damage
+        (line,) = err.strip().splitlines()
+        assert line.startswith(f"ppo-async: warning: {params_file} ") and line.endswith(
+            "using the params of the newest valid checkpoint, ckpt_000000003.msgpack (update 3)"
+        ), (damage, line)
+    main(["enjoy", str(run_dir), "--episodes", "1", "--out", str(tmp_path / "v.gif")])
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    # No checkpoint to fall back to: one line naming the file and the fix, exit code 2.
+    for checkpoint in (run_dir / "checkpoints").iterdir():
+        checkpoint.unlink()
+    for command in ("eval", "enjoy"):
+        with pytest.raises(SystemExit) as info:
+            main([command, str(run_dir), "--out" if command == "enjoy" else "--seed",
+                  str(tmp_path / "v.gif") if command == "enjoy" else "0"])
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and line.startswith(f"ppo-async: invalid configuration: "
+                                                        f"{params_file} does not fit"), line
+        assert line.endswith("restore params.msgpack from a copy, or train the run again"), line
 
 
 def test_ctrl_c_in_the_cli_prints_the_update_and_the_resume_command(tmp_path):

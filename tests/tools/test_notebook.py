@@ -9,7 +9,9 @@ Python is picked up), with the budget set by rewriting the
 import importlib.util
 import json
 import pathlib
+import re
 import sys
+import tomllib
 
 import jax
 import nbformat
@@ -36,6 +38,15 @@ def test_the_committed_notebook_holds_no_outputs():
     for cell in notebook.cells:
         if cell.cell_type == "code":
             assert not cell.outputs and cell.execution_count is None, cell.source[:60]
+
+
+def test_the_extra_the_readme_names_for_the_notebook_installs_jupyter_lab():
+    root = NOTEBOOKS.parent
+    paragraph = (root / "README.md").read_text().split("**The notebook.**")[1].split("\n\n")[0]
+    (extra,) = re.findall(r"pip install -e '\.\[(\w+)\]'", paragraph)
+    assert "jupyter lab notebooks/quickstart.ipynb" in " ".join(paragraph.split())
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(requirement.startswith("jupyterlab") for requirement in extras[extra]), extra
 
 
 # About 15 s of training; the rest is kernel start-up and compiles (the
