@@ -166,7 +166,7 @@ def test_an_exact_lag_run_resumed_from_a_checkpoint_continues_byte_identically(t
 
 
 def test_a_run_whose_config_json_holds_the_resolved_lag_and_lead_resumes(tmp_path):
-    from ppo_async.tools.cli import load_run_config
+    from ppo_async.resume import load_run_config
 
     config = dataclasses.replace(EXACT, checkpoint_every_updates=3, keep_checkpoints=2)
     # Older versions wrote both fields resolved, as ints: a run given both is such a run.
