@@ -147,11 +147,6 @@ def env_backend(env_id: str) -> Any:
     return _BACKENDS[prefix]
 
 
-def is_host_env_id(env_id: str) -> bool:
-    """Whether ``env_id`` names a host backend (anything but gymnax)."""
-    return split_env_id(env_id)[0] != GYMNAX
-
-
 def env_id_problem(env_id: Any) -> str | None:
     """Why ``env_id`` cannot run here, as a fix for the user; None if it can.
 
