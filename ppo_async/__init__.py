@@ -4,13 +4,13 @@ The public API, re-exported from where each name lives (docs/design.md maps
 the packages):
 
 - train and evaluate: `train`, `AsyncActorLearnerConfig`, `preset`,
-  `evaluate`, `load_run` (a run directory's config and params), `run_sweep`,
+  `evaluate`, `load_run` (a run directory's config and params), `run_sweep`, `run_pbt`,
   `register_host_env` (an env of your own);
 - the errors a caller catches: `ConfigError`, `ActorError`,
   `LearnerTimeoutError`, `NonFiniteError`, `ShutdownTimeoutError`,
   `TrainingInterrupted`, `CheckpointError`, `PolicyLoadError`,
   `UnknownEnvError`, `BackendNotInstalledError`, `HostEnvError`,
-  `SweepInterrupted`;
+  `SweepInterrupted`, `PBTInterrupted`;
 - the math and the runtime's parts, for a loop of your own: `gae`, `vtrace`,
   `ppo_loss`, `run_actor`, `learner_loop`, the messages.
 
@@ -56,6 +56,7 @@ from ppo_async.runtime.messages import (
     load_policy_from_broadcast,
     serialize_policy,
 )
+from ppo_async.pbt.population import PBTInterrupted, run_pbt
 from ppo_async.sweep.execute import SweepInterrupted, run_sweep
 from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted, TrainResult, train
 from ppo_async.version import __version__
@@ -69,12 +70,12 @@ __all__ = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
     "AsyncActorLearnerConfig", "BackendNotInstalledError", "CheckpointError", "ConfigError",
     "Experience", "HostEnvError", "LearnerReport", "LearnerTimeoutError", "NonFiniteError",
-    "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
+    "PBTInterrupted", "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
     "ShutdownTimeoutError", "StopTraining", "SweepInterrupted", "TrainResult",
     "TrainingInterrupted", "UnknownEnvError", "VTraceOutput", "__version__", "actor_thread",
     "evaluate", "gae", "learner_loop", "load_policy_from_broadcast", "load_run", "ppo_loss",
-    "preset", "register_host_env", "run_actor", "run_sweep", "serialize_policy", "spawn_actor",
-    "train", "vtrace",
+    "preset", "register_host_env", "run_actor", "run_pbt", "run_sweep", "serialize_policy",
+    "spawn_actor", "train", "vtrace",
 ]
 
 _install_old_paths(sys.modules[__name__])
