@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from ppo_async.runs.checkpoint import list_checkpoints
+from ppo_async.runs.checkpoint import checkpoint_path, list_checkpoints
 from ppo_async.runs.run_dir import (
     PARAMS_FILE,
     SUMMARY_FILE,
@@ -97,7 +97,9 @@ def adopt_checkpoint(run_dir: pathlib.Path, tune_dir: pathlib.Path, name: str) -
     the run resumes from the donor's learner state.
     """
     meta = json.loads((tune_dir / MEMBER_FILE).read_text())
-    (saved,) = list_checkpoints(tune_dir)
+    # By name: Tune may report a restored member's checkpoints into a directory it already
+    # used (seen with Ray 2.60 after an exploit), so it can hold older files beside this one.
+    saved = tune_dir / checkpoint_path(tune_dir, meta["updates"]).name
     own = meta["member"] == name
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
