@@ -267,3 +267,15 @@ def test_importing_the_package_and_pbt_imports_no_ray():
     code = ("import sys, ppo_async, ppo_async.pbt.population; "
             "assert 'ray' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_pbt_command_refuses_a_bad_file_in_one_line(tmp_path, capsys):
+    from ppo_async.tools import cli
+
+    path = tmp_path / "pbt.toml"
+    path.write_text('[base]\nenv_id = "CartPole-v1"\n[grid]\nnum_actors = [1, 2]\n')
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["pbt", str(path), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert "a member cannot change num_actors" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything was written
