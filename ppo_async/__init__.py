@@ -4,14 +4,14 @@ The public API, re-exported from where each name lives (docs/design.md maps
 the packages):
 
 - train and evaluate: `train`, `AsyncActorLearnerConfig`, `preset`,
-  `evaluate`, `load_run` (a run directory's config and params), `run_sweep`,
+  `evaluate`, `load_run` (a run directory's config and params), `run_sweep`, `run_pbt`,
   `register_single_env` (your own ``gymnasium.Env``), `register_host_env`
   (a simulator that steps a batch itself);
 - the errors a caller catches: `ConfigError`, `ActorError`,
   `LearnerTimeoutError`, `NonFiniteError`, `ShutdownTimeoutError`,
   `TrainingInterrupted`, `CheckpointError`, `PolicyLoadError`,
   `UnknownEnvError`, `BackendNotInstalledError`, `HostEnvError`,
-  `SweepInterrupted`;
+  `SweepInterrupted`, `PBTInterrupted`;
 - the math and the runtime's parts, for a loop of your own: `gae`, `vtrace`,
   `ppo_loss`, `run_actor`, `learner_loop`, the messages.
 
@@ -57,6 +57,7 @@ from ppo_async.runtime.messages import (
     load_policy_from_broadcast,
     serialize_policy,
 )
+from ppo_async.pbt.population import PBTInterrupted, run_pbt
 from ppo_async.sweep.execute import SweepInterrupted, run_sweep
 from ppo_async.train import ShutdownTimeoutError, TrainingInterrupted, TrainResult, train
 from ppo_async.version import __version__
@@ -70,11 +71,11 @@ __all__ = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
     "AsyncActorLearnerConfig", "BackendNotInstalledError", "CheckpointError", "ConfigError",
     "Experience", "HostEnvError", "LearnerReport", "LearnerTimeoutError", "NonFiniteError",
-    "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
+    "PBTInterrupted", "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
     "ShutdownTimeoutError", "StopTraining", "SweepInterrupted", "TrainResult",
     "TrainingInterrupted", "UnknownEnvError", "VTraceOutput", "__version__", "actor_thread",
     "evaluate", "gae", "learner_loop", "load_policy_from_broadcast", "load_run", "ppo_loss",
-    "preset", "register_host_env", "register_single_env", "run_actor", "run_sweep",
+    "preset", "register_host_env", "register_single_env", "run_actor", "run_pbt", "run_sweep",
     "serialize_policy", "spawn_actor", "train", "vtrace",
 ]
 

@@ -440,3 +440,15 @@ def test_mujoco_results_dry_run_builds_every_config_and_its_table_names_the_refe
     assert "| `hopper` | gymnasium:Hopper-v5 | 8,192 | 2 | 100.5 ± 0.5 | 200.0 ± 0.0 | " \
            "2382.86 ± 271.74 | 10 |" in table
     assert "| not given |" in table  # cleanrl's page has no Ant
+
+
+def test_pbt_vs_sweep_dry_run_checks_both_specs_at_equal_env_steps(capsys):
+    # Training a population costs a minute here (tests/test_pbt.py trains two); the smoke
+    # run (--smoke) is for a user: the dry run checks every config it would train.
+    script = load_script("pbt_vs_sweep")
+    result = script.main(["--dry-run"])
+    assert len(result["plans"]) == 3
+    pbt, sweep = result["plans"][0]
+    assert pbt["grid"] == sweep["grid"] and pbt["base"] == sweep["base"]
+    assert pbt["pbt"]["population"] == len(sweep["grid"]["learning_rate"])
+    assert "800000 and 800000 per repeat" in capsys.readouterr().out

@@ -13,6 +13,7 @@ Each part of ``ppo_async`` may import only the parts below it (docs/design.md):
     resume                     checkpoint contents, resuming, loading a run's config and params
     sync | train               the fully jitted twin (no runtime) | the asynchronous system
     sweep                      grids of runs x seeds over train or the twin
+    pbt                        population-based training on Ray Tune: members are train runs
     tools                      cli, video: nothing imports them
     _deprecated                old import paths (strings) -> new modules; for __init__ and tools.cli
 
@@ -49,10 +50,13 @@ BELOW = {
               "resume"},
     "sweep": {"errors", "config", "version", "presets", "networks", "core", "envs", "runtime",
               "runs", "resume", "sync", "train"},
+    # Population-based training reuses the sweep's spec, checks, worker sizing and tables.
+    "pbt": {"errors", "config", "version", "presets", "networks", "core", "envs", "runtime",
+            "runs", "resume", "sync", "train", "sweep"},
     "tools": {"errors", "config", "version", "presets", "networks", "core", "envs", "runtime",
-              "runs", "resume", "sync", "train", "sweep", "_deprecated"},
+              "runs", "resume", "sync", "train", "sweep", "pbt", "_deprecated"},
     "__init__": {"errors", "config", "version", "presets", "networks", "core", "envs", "runtime",
-                 "runs", "resume", "train", "sweep", "_deprecated"},
+                 "runs", "resume", "train", "sweep", "pbt", "_deprecated"},
 }
 # What the config's module body (outside functions and TYPE_CHECKING) may import:
 # the math it builds options for is imported when a method is called.

@@ -26,11 +26,11 @@ PUBLIC_NAMES = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
     "AsyncActorLearnerConfig", "BackendNotInstalledError", "CheckpointError", "ConfigError",
     "Experience", "HostEnvError", "LearnerReport", "LearnerTimeoutError", "NonFiniteError",
-    "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
+    "PBTInterrupted", "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
     "ShutdownTimeoutError", "StopTraining", "SweepInterrupted", "TrainResult",
     "TrainingInterrupted", "UnknownEnvError", "VTraceOutput", "__version__", "actor_thread",
     "evaluate", "gae", "learner_loop", "load_policy_from_broadcast", "load_run", "ppo_loss",
-    "preset", "register_host_env", "register_single_env", "run_actor", "run_sweep",
+    "preset", "register_host_env", "register_single_env", "run_actor", "run_pbt", "run_sweep",
     "serialize_policy", "spawn_actor", "train", "vtrace",
 ]
 

@@ -268,17 +268,20 @@ def _host_env_payload(ray: Any, env_id: str) -> tuple[str, bytes] | None:
             ray.cloudpickle.unregister_pickle_by_value(module)
 
 
-def connect(ray: Any, address: str | None) -> bool:
+def connect(ray: Any, address: str | None, env_vars: dict[str, str] | None = None) -> bool:
     """Make sure this process is connected to Ray at ``address`` (``config.ray_address``); True
     if it connected here (and so must disconnect at the end).
 
     A process already connected (a notebook, a test fixture) keeps its
     connection. ``None`` starts a private local instance sized to this
     machine; an address joins a running cluster, which outlives the run.
+    ``env_vars``: environment variables of every worker this connection starts.
     """
     if ray.is_initialized():
         return False
-    common = dict(log_to_driver=False, configure_logging=False)
+    common: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
+    if env_vars:
+        common["runtime_env"] = {"env_vars": dict(env_vars)}
     if address is None:
         os.environ["RAY_AUTH_MODE"] = "disabled"  # a private instance, on this machine only
         _ray_init(ray, num_cpus=os.cpu_count(), include_dashboard=False,

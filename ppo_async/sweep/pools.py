@@ -258,7 +258,7 @@ class RayPool:
         except self.ray.exceptions.RayTaskError as error:
             cause = error.as_instanceof_cause()
             interrupted = isinstance(cause, KeyboardInterrupt)
-            return Finished(job, seconds, _one_line_cause(error), interrupted)
+            return Finished(job, seconds, one_line_cause(error), interrupted)
         except Exception as error:  # noqa: BLE001 - a lost worker, a timeout: recorded
             return Finished(job, seconds, _one_line(error), False)
         return Finished(job, seconds, None, False)
@@ -281,7 +281,7 @@ class RayPool:
             self.ray.shutdown()
 
 
-def _one_line_cause(error: Any) -> str:
+def one_line_cause(error: Any) -> str:
     """A Ray task's error as the exception the task raised, on one line."""
     cause = getattr(error, "cause", None)
     return _one_line(cause) if isinstance(cause, BaseException) else _one_line(error)

@@ -47,7 +47,7 @@ class RunsTable:
 
     def __init__(self, out: pathlib.Path, runs: Sequence[SweepRun], fields: Sequence[str]):
         self.path, self.fields = out / RUNS_FILE, list(fields)
-        old = {row["run"]: row for row in _read_csv(self.path)}
+        old = {row["run"]: row for row in read_csv(self.path)}
         self.rows: dict[str, dict[str, Any]] = {}
         for run in runs:
             row = {"run": run.name, **{f: run.point.get(f, "") for f in self.fields},
@@ -73,10 +73,10 @@ class RunsTable:
 
     def write(self) -> None:
         columns = ["run", *self.fields, "seed", *RUN_COLUMNS]
-        write_atomically(self.path, _csv_text(self.rows.values(), columns).encode())
+        write_atomically(self.path, csv_text(self.rows.values(), columns).encode())
 
 
-def _cell(value: Any) -> Any:
+def cell(value: Any) -> Any:
     """A value as a table cell: a grid value as in JSON (``true``, ``[64, 64]``), a NaN empty."""
     if isinstance(value, float) and math.isnan(value):
         return ""
@@ -101,19 +101,19 @@ def _number(value: Any) -> float:
         return math.nan
 
 
-def _read_csv(path: pathlib.Path) -> list[dict[str, str]]:
+def read_csv(path: pathlib.Path) -> list[dict[str, str]]:
     if not path.is_file():
         return []
     with open(path, newline="") as file:
         return list(csv.DictReader(file))
 
 
-def _csv_text(rows: Sequence[Mapping[str, Any]] | Any, columns: Sequence[str]) -> str:
+def csv_text(rows: Sequence[Mapping[str, Any]] | Any, columns: Sequence[str]) -> str:
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(columns), extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: _cell(v) for k, v in row.items()})
+        writer.writerow({k: cell(v) for k, v in row.items()})
     return text.getvalue()
 
 
@@ -172,7 +172,7 @@ def summary_markdown(summary: Sequence[Mapping[str, Any]],
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in summary:
         failed = f", {row['failed']} failed" if row["failed"] else ""
-        cells = [*(str(_cell(row[f])) for f in fields), f"{row['done']}/{row['seeds']}{failed}",
+        cells = [*(str(cell(row[f])) for f in fields), f"{row['done']}/{row['seeds']}{failed}",
                  f"{number(row['iqm'])} [{number(row['iqm_low'])}, {number(row['iqm_high'])}]",
                  f"{number(row['mean'])} ± {number(row['std'])}", number(row["wall_time_s"], 0),
                  number(row["policy_lag_mean"], 2)]
@@ -183,6 +183,6 @@ def summary_markdown(summary: Sequence[Mapping[str, Any]],
 def write_summary(out: pathlib.Path, table: RunsTable) -> list[dict[str, Any]]:
     summary = summarize(list(table.rows.values()), table.fields)
     columns = [*table.fields, *SUMMARY_COLUMNS]
-    write_atomically(out / SUMMARY_CSV, _csv_text(summary, columns).encode())
+    write_atomically(out / SUMMARY_CSV, csv_text(summary, columns).encode())
     write_atomically(out / SUMMARY_MD, (summary_markdown(summary, table.fields) + "\n").encode())
     return summary

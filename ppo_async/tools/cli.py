@@ -6,6 +6,7 @@
     ppo-async enjoy RUN_DIR [--episodes 3] [--out video.gif|video.mp4]
     ppo-async plot RUN_DIR|SWEEP_DIR [...] [--x env_steps|wall_time] [--out FILE]
     ppo-async sweep SWEEP_FILE --out DIR [--workers N] [--backend local|ray] [--twin] [--dry-run]
+    ppo-async pbt PBT_FILE --out DIR [--ray-address ADDR] [--cpus-per-member C]
     ppo-async --version
 
 A train's config is built in this order, each step overriding the one
@@ -410,6 +411,51 @@ def sweep_command(
         raise SystemExit(1)
 
 
+def pbt_command(
+    pbt_file: tyro.conf.Positional[pathlib.Path],
+    out: pathlib.Path,
+    ray_address: str | None = None,
+    cpus_per_member: float | None = None,
+    progress: bool = True,
+) -> None:
+    """Population-based training on Ray Tune: members that copy better members and perturb fields.
+
+    PBT_FILE is a sweep file whose [grid] lists are the values each explored
+    field may take, plus [pbt] population = N, interval_updates = K and
+    [pbt.ranges] field = [low, high] for continuous fields (README: PBT).
+    Under --out DIR: a run directory per member (member_<i>, with
+    pbt_schedule.jsonl: the fields it trained with over time), summary.csv and
+    summary.md (the best member marked), schedules.csv, pbt.png and Tune's
+    state (tune/). The same command again continues the population; Ctrl-C
+    stops it and prints the command that continues. Exits with 1 if a member
+    failed past its restarts.
+
+    Args:
+        pbt_file: The PBT file.
+        out: The population directory (made if missing).
+        ray_address: The Ray cluster to join (its nodes must all see --out); default: a private local instance.
+        cpus_per_member: CPUs each member asks Ray for (default: its learner and actor threads); lower it to run more members at once on few cores.
+        progress: Show Tune's progress table.
+    """
+    from ppo_async.pbt.population import PBTWarning, run_pbt
+    from ppo_async.pbt.report import summary_markdown
+    from ppo_async.pbt.spec import load_pbt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PBTWarning)
+        warnings.showwarning = _one_line_warning
+        rows = run_pbt(pbt_file, out, ray_address=ray_address, cpus_per_member=cpus_per_member,
+                       progress=progress)
+    print(summary_markdown(rows, load_pbt(pbt_file).explored()))
+    print(f"population directory: {out} (summary.csv, schedules.csv, pbt.png; "
+          f"ppo-async plot {out}/member_*)")
+    failed = [r["member"] for r in rows if r["status"] == "failed"]
+    if failed:
+        print(f"ppo-async: pbt: {', '.join(failed)} failed past their restarts (errors in "
+              f"{out / 'summary.csv'}); the same command tries them again", file=sys.stderr)
+        raise SystemExit(1)
+
+
 def _take_option(argv: list[str], flag: str, example: str,
                  what: str = "a value") -> tuple[str | None, list[str]]:
     """``FLAG VALUE`` or ``FLAG=VALUE`` taken out of ``argv``: (VALUE or None, the rest)."""
@@ -444,7 +490,7 @@ def _commands(argv: list[str]) -> dict[str, Any]:
     """The subcommands; ``train``'s config defaults come from --preset and --config, or --resume's run."""
     commands = {"train": _make_train_command(AsyncActorLearnerConfig(), None),
                 "eval": eval_command, "enjoy": enjoy_command, "plot": plot_command,
-                "sweep": sweep_command}
+                "sweep": sweep_command, "pbt": pbt_command}
     if argv[:1] == ["train"]:
         resume, argv[:] = _take_resume(argv)
         preset_name, argv[:] = _take_option(argv, "--preset", "cartpole", "a preset name")
