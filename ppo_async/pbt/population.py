@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import pathlib
 import shlex
+import signal
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -188,6 +190,9 @@ def run_pbt(spec: str | os.PathLike | Mapping[str, Any] | PBTSpec, out: str | os
     command = continue_command(spec, out, ray_address, cpus_per_member)
     connected_here = connect(ray, ray_address, env_vars=inherited_cache_env())
     failed: dict[str, str] = {}
+    # Tune installs its own Ctrl-C handlers and leaves them behind: restored on the way out,
+    # so that a later Ctrl-C in this process (a notebook, a sweep) is a KeyboardInterrupt again.
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         check_fits(pbt, ray.cluster_resources(), cpus_per_member)
         with warnings.catch_warnings():
@@ -203,6 +208,10 @@ def run_pbt(spec: str | os.PathLike | Mapping[str, Any] | PBTSpec, out: str | os
         raise PBTInterrupted(sum(r["status"] == "done" for r in rows), len(rows),
                              command) from None
     finally:
+        if threading.current_thread() is threading.main_thread():
+            for number, handler in handlers.items():
+                if handler is not None:  # None: not set from Python, nothing to restore
+                    signal.signal(number, handler)
         if connected_here:
             ray.shutdown()
     rows = write_population_summary(pbt, out, failed)
