@@ -77,6 +77,10 @@ class AsyncActorLearnerConfig:
     """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs), or 'ray' processes (host envs written in Python, a hung env that must be killed, several machines; pip install 'ppo-async[ray]')."""
     batch_inference: bool | None = None
     """Thread actors of one device share their jitted calls, made by an inference thread for every actor waiting: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, a gymnax env's actors their chunks (one vmapped rollout). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). None: on for host envs from 16 actors (fewer are as fast or faster calling alone), off for gymnax (the vmapped rollout gains 4-11% on 2 cores and compiles 0.6 s longer); docs/benchmarks.md has the figures. False: every actor calls alone, as Ray actors do."""
+    env_workers: int | None = None
+    """Host envs (gymnasium: and host: ids) of each actor step in this many worker processes that never import JAX, each stepping its share, with observations in shared memory, so env steps run on other cores while the actor's thread computes actions (ppo_async.envs.workers). 0: the actor's thread steps them itself, as envpool: envs always do (envpool has its own threads), and as a host: env does whose factory cannot be sent to a process (a warning says so). None (auto): one worker per core the actors share, at most envs_per_actor / env_groups each."""
+    env_groups: int | None = None
+    """Double-buffered sampling with env workers: each actor's envs in this many groups; while one group steps, the policy computes the next group's actions. Must divide envs_per_actor with at least one env per worker in each group. The groups change which random numbers an env's actions use, not the envs' seeds. None: 2 with env workers when envs_per_actor is even, else 1."""
     ray_address: str | None = None
     """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
     ray_num_cpus_per_actor: float = 1.0
@@ -283,6 +287,28 @@ class AsyncActorLearnerConfig:
         """Actors never run ahead: every chunk is collected under the newest params."""
         return self.lead_steps == self.num_steps and self.broadcast_every == 1
 
+    def env_layout(self) -> tuple[int, int]:
+        """``(env workers, env groups)`` of each actor in force for this run's env id.
+
+        ``env_workers`` and ``env_groups`` with None resolved: auto workers for
+        gymnasium: and host: ids (``cores // num_actors``, at least 1, at most
+        one per env of a group), 2 groups beside workers when ``envs_per_actor``
+        is even; ``(0, 1)`` for every other env id.
+        """
+        import os
+
+        from ppo_async.envs.registry import GYMNASIUM, HOST, split_env_id
+
+        if split_env_id(self.env_id)[0] not in (GYMNASIUM, HOST):
+            return 0, 1
+        workers = self.env_workers
+        if workers is None:
+            groups = self.env_groups or (2 if self.envs_per_actor % 2 == 0 else 1)
+            cores = os.cpu_count() or 1
+            workers = max(1, min(cores // self.num_actors, self.envs_per_actor // groups))
+            return workers, groups
+        return workers, self.env_groups or (2 if workers and self.envs_per_actor % 2 == 0 else 1)
+
     # --- the math's options: built here, the one place fields become them ---
     # Each imports its module when called, so importing the config imports no jax.
 
@@ -448,6 +474,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
                  "freeze_watchdog", "normalize_advantages"):
         _require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name),
                  "must be True or False")
+    _validate_env_layout(cfg)
     _validate_ppo(cfg)
     _require(
         isinstance(cfg.hidden_sizes, tuple) and len(cfg.hidden_sizes) >= 1
@@ -493,6 +520,29 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
                  "('gpu:0,gpu:1', no repeats) or 'gpu:all'")
         if parsed[1] is not None:  # the count is known before any device is looked up
             check_learner_devices(cfg, len(parsed[1]))
+
+
+def _validate_env_layout(cfg: AsyncActorLearnerConfig) -> None:
+    from ppo_async.envs.registry import GYMNASIUM, HOST, split_env_id
+
+    _require(cfg.env_workers is None or (_is_int(cfg.env_workers) and cfg.env_workers >= 0),
+             "env_workers", cfg.env_workers, "must be None (auto) or an integer >= 0")
+    _require(cfg.env_groups is None or (_is_int(cfg.env_groups) and cfg.env_groups >= 1),
+             "env_groups", cfg.env_groups, "must be None (auto) or an integer >= 1")
+    if split_env_id(cfg.env_id)[0] not in (GYMNASIUM, HOST):
+        for name, neutral in (("env_workers", 0), ("env_groups", 1)):
+            _require(getattr(cfg, name) in (None, neutral), name, getattr(cfg, name),
+                     f"applies to gymnasium: and host: envs only ({cfg.env_id} steps its "
+                     "envs its own way: gymnax inside the jitted rollout, envpool in its "
+                     "threads); leave it None")
+        return
+    workers, groups = cfg.env_layout()
+    _require(cfg.envs_per_actor % groups == 0 and cfg.envs_per_actor // groups >= workers,
+             "env_groups" if cfg.env_groups is not None else "env_workers",
+             cfg.env_groups if cfg.env_groups is not None else cfg.env_workers,
+             f"{groups} groups of {workers} env workers need envs_per_actor "
+             f"({cfg.envs_per_actor}) divisible by {groups} with at least {workers} envs "
+             "per group (one per worker)")
 
 
 def _validate_ppo(cfg: AsyncActorLearnerConfig) -> None:

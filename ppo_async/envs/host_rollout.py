@@ -17,6 +17,8 @@ shapes and dtypes.
 
 from __future__ import annotations
 
+import threading
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -38,6 +40,7 @@ from ppo_async.envs.host import (
     close_envs,
     make_host_env,
 )
+from ppo_async.envs.workers import EnvGroups, EnvWorkers, EnvWorkersWarning, portable_factory
 from ppo_async.envs.program import ActorProgram, BatchedInference, reattached, unattached
 from ppo_async.networks.actor_critic import (
     is_recurrent,
@@ -53,7 +56,7 @@ class HostCarry(NamedTuple):
     obs: np.ndarray  # [E, *obs_shape] float32, the observation to act on next
     episode_return: np.ndarray  # [E] float32, undiscounted return so far
     episode_length: np.ndarray  # [E] int32, steps so far in the episode
-    key: np.ndarray  # uint32 raw data of the PRNG key for actions (jax.random.key_data)
+    key: np.ndarray  # [G, 2] uint32 raw data of each env group's PRNG key for actions (key_data)
     hidden: np.ndarray | None = None  # [E, state_size] float32, recurrent networks only
     discounted_return: np.ndarray | None = None  # [E] float32, reward scaling only (as EnvCarry's)
 
@@ -160,14 +163,23 @@ class HostRollout:
         self.env_id, self.num_envs = config.env_id, config.envs_per_actor
         probe = make_host_env(self.env_id, self.num_envs, envpool_kwargs=config.envpool_kwargs)
         self.observation_shape = tuple(int(d) for d in probe.observation_shape)
-        action_space = probe.action_space
+        self.action_space = action_space = probe.action_space
         close_envs(probe)
+        self.workers, self.groups = config.env_layout()
+        self.factory = None  # a host: id's factory, pickled for the env workers
+        if self.workers:
+            self.factory, problem = portable_factory(self.env_id)
+            if problem is not None:
+                warnings.warn(f"{self.env_id}: {problem}; its envs step in the actor's thread "
+                              "(env_workers=0)", EnvWorkersWarning, stacklevel=2)
+                self.workers = 0
+                self.groups = config.env_groups or 1
         self.network = config.make_network(self.observation_shape, action_space)
         self.options = config.normalization_options()
         self.recurrent = is_recurrent(self.network)
         state_size = self.network.state_size if self.recurrent else 0
-        self.policy = HostPolicy(acting_apply(self.network.apply, self.options), self.num_envs,
-                                 action_space, state_size)
+        self.policy = HostPolicy(acting_apply(self.network.apply, self.options),
+                                 self.num_envs // self.groups, action_space, state_size)
         self.low = np.asarray(getattr(action_space, "low", -np.inf), np.float32)
         self.high = np.asarray(getattr(action_space, "high", np.inf), np.float32)
         self.gamma = np.float32(config.gamma)
@@ -194,10 +206,17 @@ class HostRollout:
                                                        default_from_actors=16))
 
     def reset(self, key: jax.Array, device: jax.Device) -> HostCarry:
-        """This actor's own ``envs_per_actor`` envs, made and seeded from ``key``."""
+        """This actor's own ``envs_per_actor`` envs, made and seeded from ``key``.
+
+        Env ``i`` is seeded with ``seed + i`` however the envs are split into
+        groups and workers (for gymnasium ids, as one batch of them would be);
+        each group's actions draw on its own key.
+        """
         env_key, action_key = jax.random.split(key)
         seed = int(jax.random.randint(env_key, (), 0, np.iinfo(np.int32).max))
-        envs = make_host_env(self.env_id, self.num_envs, envpool_kwargs=self.config.envpool_kwargs)
+        keys = (jax.random.split(action_key, self.groups) if self.groups > 1
+                else action_key[None])
+        envs = self._make_envs()
         try:
             obs = checked_array(self.env_id, "reset obs", envs.reset(seed), self.obs_batch_shape,
                                 np.float32)
@@ -207,12 +226,26 @@ class HostRollout:
         return HostCarry(
             envs=envs, obs=obs, episode_return=np.zeros((self.num_envs,), np.float32),
             episode_length=np.zeros((self.num_envs,), np.int32),
-            key=np.asarray(jax.random.key_data(action_key)),
+            key=np.asarray(jax.random.key_data(keys)),
             hidden=(np.zeros((self.num_envs, self.policy.state_size), np.float32)
                     if self.recurrent else None),
             discounted_return=(np.zeros((self.num_envs,), np.float32) if self.options.rewards
                                else None),
         )
+
+    def _make_envs(self) -> EnvWorkers | EnvGroups:
+        """This actor's envs: in env worker processes, or in its thread (`EnvGroups`)."""
+        if self.workers:
+            return EnvWorkers(
+                self.env_id, self.num_envs, workers=self.workers, groups=self.groups,
+                observation_shape=self.observation_shape, action_space=self.action_space,
+                env_modules=self.config.env_modules, factory=self.factory,
+                owner=threading.current_thread().name.replace("ppo-actor-", "actor "),
+                reply_timeout_s=self.config.learner_timeout_s / 2)
+        size = self.num_envs // self.groups
+        return EnvGroups([make_host_env(self.env_id, size,
+                                        envpool_kwargs=self.config.envpool_kwargs)
+                          for _ in range(self.groups)], size)
 
     def close(self, carry: HostCarry) -> None:
         close_envs(unattached(carry)[0].envs)
@@ -227,48 +260,69 @@ class HostRollout:
         episode statistics, reward scaling) is done once per chunk on ``[T, E]``
         arrays, since with many actors each one's Python per step is what the GIL
         serializes.
+
+        With ``G`` env groups (`EnvGroups`) each step asks for group ``g``'s
+        actions and starts its envs, then waits for group ``g + 1``'s previous
+        step and does the same: while env workers step one group, the policy
+        computes the next one's actions. One group is the plain loop.
         """
         carry, client = unattached(carry)
-        envs, obs, _, episode_length, key = carry[:5]
-        hidden, act = carry.hidden, client or self.policy.act_alone
+        envs, obs, _, episode_length, keys = carry[:5]
+        keys, act = np.array(keys), client or self.policy.act_alone
         steps = self.config.num_steps
         trajectory = self._empty_trajectory()  # fresh every chunk: the learner keeps the last
         packed_outputs = np.empty((steps, self.num_envs, self.policy.columns), np.float32)
         bonus = np.zeros((steps, self.num_envs), np.float32)  # gamma V(final_obs) at time limits
         next_obs = np.empty(self.obs_batch_shape, np.float32)
         first_reset = episode_length == 0  # an episode's first observation: the state is zeroed
-        reset = first_reset if self.recurrent else None
+        hidden = np.array(carry.hidden) if self.recurrent else None
+        reset = first_reset.copy() if self.recurrent else None
         trajectory.obs[0] = obs
-        for t in range(steps):
-            packed, key = self.policy.split(act(params, hidden, trajectory.obs[t], reset, key))
-            packed_outputs[t] = packed
-            if self.recurrent:
-                hidden = packed[:, self.policy.next_hidden_columns]
-            action = self.policy.actions(packed)
-            if self.policy.continuous:
-                np.clip(action, self.low, self.high, out=action)
-            step = envs.step(action)
-            if len(step) != 5:
-                raise HostEnvError(
-                    f"{self.env_id}: step returned {len(step)} values, expected 5 "
-                    "(obs, reward, terminated, truncated, final_obs)"
-                )
-            self._store(trajectory.obs[t + 1] if t + 1 < steps else next_obs, step[0], "obs")
-            self._store(trajectory.reward[t], step[1], "reward")
-            self._store(trajectory.terminated[t], step[2], "terminated")
-            truncated = self._store(trajectory.truncated[t], step[3], "truncated")
-            truncated &= ~trajectory.terminated[t]  # in place: a terminal wins
-            if truncated.any():
-                self._bootstrap_truncated(params, hidden, step[4], truncated, trajectory, bonus, t)
-            if self.recurrent:
-                reset = trajectory.terminated[t] | truncated
+        for t in range(steps + 1):
+            for g, (lo, hi) in enumerate(envs.groups):
+                if t:  # the group's previous step, started one round ago
+                    self._store_step(params, envs.step_wait(g), t - 1, lo, hi, trajectory,
+                                     next_obs, hidden, reset, bonus)
+                if t == steps:
+                    continue
+                packed, keys[g] = self.policy.split(act(
+                    params, None if hidden is None else hidden[lo:hi], trajectory.obs[t, lo:hi],
+                    None if reset is None else reset[lo:hi], keys[g]))
+                packed_outputs[t, lo:hi] = packed
+                if self.recurrent:
+                    hidden[lo:hi] = packed[:, self.policy.next_hidden_columns]
+                action = self.policy.actions(packed)
+                if self.policy.continuous:
+                    np.clip(action, self.low, self.high, out=action)
+                envs.step_async(action, g)
         carry, *chunk = self._finish_chunk(params, carry, trajectory, packed_outputs, bonus,
-                                           first_reset, next_obs, key, hidden)
+                                           first_reset, next_obs, keys, hidden)
         return reattached(carry, client), *chunk
+
+    def _store_step(self, params, step: Any, t: int, lo: int, hi: int, trajectory: Trajectory,
+                    next_obs: np.ndarray, hidden: np.ndarray | None, reset: np.ndarray | None,
+                    bonus: np.ndarray) -> None:
+        """Step ``t`` of envs ``lo:hi`` (a group) into the chunk."""
+        if len(step) != 5:
+            raise HostEnvError(
+                f"{self.env_id}: step returned {len(step)} values, expected 5 "
+                "(obs, reward, terminated, truncated, final_obs)"
+            )
+        into = trajectory.obs[t + 1] if t + 1 < len(trajectory.obs) else next_obs
+        self._store(into[lo:hi], step[0], "obs")
+        self._store(trajectory.reward[t, lo:hi], step[1], "reward")
+        terminated = self._store(trajectory.terminated[t, lo:hi], step[2], "terminated")
+        truncated = self._store(trajectory.truncated[t, lo:hi], step[3], "truncated")
+        truncated &= ~terminated  # in place: a terminal wins
+        if truncated.any():
+            self._bootstrap_truncated(params, None if hidden is None else hidden[lo:hi],
+                                      step[4], truncated, trajectory, bonus, t, lo, hi)
+        if reset is not None:
+            reset[lo:hi] = terminated | truncated
 
     def _finish_chunk(self, params, carry: HostCarry, trajectory: Trajectory,
                       packed_outputs: np.ndarray, bonus: np.ndarray, first_reset: np.ndarray,
-                      obs: np.ndarray, key: np.ndarray, hidden: np.ndarray | None):
+                      obs: np.ndarray, keys: np.ndarray, hidden: np.ndarray | None):
         """The chunk's `Trajectory` fields from what its steps stored, and the next carry."""
         acted = self.policy.unpack(packed_outputs)
         trajectory.action[:] = acted.action
@@ -293,7 +347,7 @@ class HostRollout:
             bootstrap_value = self.policy.value(params, hidden_next, obs)
         else:
             bootstrap_value = self.policy.value(params, None, obs)
-        carry = HostCarry(carry.envs, obs, stats[2], stats[3], key, hidden,
+        carry = HostCarry(carry.envs, obs, stats[2], stats[3], keys, hidden,
                           None if carried_return is None else np.asarray(carried_return))
         return carry, trajectory, obs, bootstrap_value
 
@@ -311,8 +365,9 @@ class HostRollout:
         return into
 
     def _bootstrap_truncated(self, params, hidden, final_obs: Any, truncated: np.ndarray,
-                             trajectory: Trajectory, bonus: np.ndarray, t: int) -> None:
-        """Step ``t`` ended some episode at its time limit (``truncated``).
+                             trajectory: Trajectory, bonus: np.ndarray, t: int, lo: int,
+                             hi: int) -> None:
+        """Step ``t`` ended some episode of envs ``lo:hi`` at its time limit (``truncated``).
 
         With the learner bootstrapping truncations (V-trace) the final
         observation is stored for its critic; otherwise, as in
@@ -320,14 +375,14 @@ class HostRollout:
         terminal, so the episode's tail value ``gamma * V(final_obs)`` goes
         into its last reward (``bonus``, added after any reward scaling).
         """
-        final_obs = checked_array(self.env_id, "final_obs", final_obs, self.obs_batch_shape,
-                                  np.float32)
+        final_obs = checked_array(self.env_id, "final_obs", final_obs,
+                                  (hi - lo, *self.observation_shape), np.float32)
         if self.config.learner_bootstraps_truncation:
-            trajectory.final_obs[t] = final_obs
+            trajectory.final_obs[t, lo:hi] = final_obs
             return
         # The final observation continues the episode: the state after this step reads it.
         final_value = np.asarray(jax.device_get(self.policy.value(params, hidden, final_obs)))
-        bonus[t] = self.gamma * np.where(truncated, final_value, np.float32(0))
+        bonus[t, lo:hi] = self.gamma * np.where(truncated, final_value, np.float32(0))
 
     def _empty_trajectory(self) -> Trajectory:
         steps, num_envs, state_size = self.config.num_steps, self.num_envs, self.policy.state_size

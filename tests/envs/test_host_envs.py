@@ -80,6 +80,7 @@ register_host_env("scripted", ScriptedEnv)
 SCRIPTED = AsyncActorLearnerConfig(
     env_id="host:scripted", num_actors=1, envs_per_actor=3, num_steps=7,
     num_minibatches=1, total_env_steps=21, gamma=GAMMA, hidden_sizes=(8,),
+    env_workers=0,  # the scripted env is read back from the actor's own thread
 )
 
 
@@ -202,7 +203,7 @@ def test_host_rollout_stores_rewards_flags_and_returns_as_scripted(scripted_run)
         trajectory.behaviour_logp, dist.log_prob(trajectory.action), rtol=1e-5, atol=1e-6
     )
     # The env received exactly the stored actions, one batch [E] int32 per step.
-    received = np.stack(carry.envs.received_actions[:T])
+    received = np.stack(carry.envs.batches[0].received_actions[:T])
     np.testing.assert_array_equal(received, trajectory.action)
     assert received.dtype == np.int32 and received.shape == (T, E)
 
@@ -233,7 +234,7 @@ def test_actions_of_a_continuous_host_env_are_clipped_for_the_env_only():
     device = jax.devices("cpu")[0]
     params = jax.device_put(program.params_template, device)  # log-std 0: samples leave [-0.1, 0.1]
     carry, trajectory, _, _ = program.rollout(params, program.reset(jax.random.key(0), device))
-    received = np.stack(carry.envs.received_actions)
+    received = np.stack(carry.envs.batches[0].received_actions)
     assert trajectory.action.dtype == np.float32 and trajectory.action.shape == (7, 3, 2)
     assert np.abs(trajectory.action).max() > 0.1  # the stored sample is unclipped
     np.testing.assert_array_equal(received, np.clip(trajectory.action, -0.1, 0.1))
@@ -399,7 +400,7 @@ def test_a_host_env_that_raises_in_step_stops_train_naming_the_actor():
     config = AsyncActorLearnerConfig(
         env_id="host:exploding", num_actors=2, envs_per_actor=3, num_steps=4,
         num_minibatches=1, total_env_steps=2 * 3 * 4 * 50, learner_timeout_s=30.0,
-        hidden_sizes=(8,),
+        hidden_sizes=(8,), env_workers=0,  # in this process: `calls` is shared by both actors
     )
     with pytest.raises(ActorError, match=r"actor [01] failed") as info:
         train(config, progress=False)

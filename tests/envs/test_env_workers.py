@@ -1,0 +1,256 @@
+"""Env workers (`ppo_async.envs.workers`): host envs stepped in processes that never import JAX.
+
+What they must keep: the envs an in-process batch would give (same seeds,
+same steps), runs fixed by their seed and env groups whatever the number of
+workers (and so equal to thread-stepped groups, as Ray actors use), and
+clean ends: a worker that raises, dies or hangs is named, and no worker
+outlives its owner.
+"""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import jax
+import numpy as np
+import psutil
+import pytest
+
+from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, train
+from ppo_async.envs.host import make_host_env
+from ppo_async.envs.host_rollout import HostRollout
+from ppo_async.envs.registry import register_host_env
+from ppo_async.envs.workers import EnvWorkerError, EnvWorkers, EnvWorkersWarning
+
+from breaking_env import BreakingEnv, Broken
+
+CARTPOLE = "gymnasium:CartPole-v1"
+
+
+def cartpole_workers(num_envs=4, workers=2, groups=2, **kwargs) -> EnvWorkers:
+    probe = make_host_env(CARTPOLE, 1)
+    return EnvWorkers(CARTPOLE, num_envs, workers=workers, groups=groups,
+                      observation_shape=probe.observation_shape, action_space=probe.action_space,
+                      owner="actor 7", **kwargs)
+
+
+def alive(pids) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def workers_left() -> list:
+    """This process's env workers still running (not its multiprocessing resource tracker)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "ppo_async.envs.workers" in " ".join(child.cmdline()) and alive([child.pid]):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_workers_step_the_envs_an_in_process_batch_steps():
+    pool, batch = cartpole_workers(), make_host_env(CARTPOLE, 4)
+    try:
+        np.testing.assert_array_equal(pool.reset(11), batch.reset(11))  # env i: seed 11 + i
+        rng = np.random.default_rng(0)
+        ended = 0
+        for _ in range(120):
+            actions = rng.integers(0, 2, 4).astype(np.int32)
+            mine, theirs = pool.step(actions), batch.step(actions)
+            for a, b in zip(mine, theirs):
+                np.testing.assert_array_equal(a, b)
+            ended += int(np.sum(mine[2] | mine[3]))
+        assert ended > 0  # auto-resets and final observations were compared too
+        # The halves step on their own: group 1 waits while group 0 steps twice.
+        pool.step_async(np.zeros(2, np.int32), 0)
+        first = np.array(pool.step_wait(0).obs)
+        pool.step_async(np.zeros(2, np.int32), 0)
+        assert not np.array_equal(first, pool.step_wait(0).obs)
+    finally:
+        pool.close()
+    assert alive(pool.pids) == []
+
+
+def test_a_worker_process_imports_no_jax(tmp_path, monkeypatch):
+    (tmp_path / "jax_probe_env.py").write_text(textwrap.dedent("""
+        import sys
+        import gymnasium
+        import numpy as np
+        from ppo_async import register_single_env
+
+        class Probe(gymnasium.Env):
+            observation_space = gymnasium.spaces.Box(0, 1, (1,), np.float32)
+            action_space = gymnasium.spaces.Discrete(2)
+
+            def reset(self, seed=None, options=None):
+                return np.array([float("jax" in sys.modules)], np.float32), {}
+
+            def step(self, action):
+                return self.reset()[0], 0.0, False, False, {}
+
+        register_single_env("jax-probe", Probe)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import jax_probe_env  # noqa: F401 - registers host:jax-probe here
+
+    probe = make_host_env("host:jax-probe", 1)
+    from ppo_async.envs.workers import portable_factory
+
+    factory, problem = portable_factory("host:jax-probe")
+    assert problem is None
+    pool = EnvWorkers("host:jax-probe", 2, workers=1, groups=1,
+                      observation_shape=probe.observation_shape, action_space=probe.action_space,
+                      env_modules=("jax_probe_env",), factory=factory)
+    try:
+        assert "jax" in sys.modules
+        np.testing.assert_array_equal(pool.reset(0), [[0.0], [0.0]])
+        rss = psutil.Process(pool.pids[0]).memory_info().rss
+        assert rss < 200 * 2**20, rss  # numpy and gymnasium; JAX alone is more
+    finally:
+        pool.close()
+
+
+# --- runs -------------------------------------------------------------------------------
+
+TINY = AsyncActorLearnerConfig(
+    env_id=CARTPOLE, num_actors=2, envs_per_actor=4, num_steps=16, num_epochs=1,
+    num_minibatches=2, total_env_steps=2 * 4 * 16 * 4, hidden_sizes=(16,), seed=3,
+)
+
+
+def final_params(config) -> list[np.ndarray]:
+    result = train(config, progress=False)
+    return [np.asarray(x) for x in jax.tree.leaves(result.params)]
+
+
+def test_a_run_is_fixed_by_its_seed_and_groups_not_by_where_its_envs_step():
+    in_workers = final_params(dataclasses.replace(TINY, env_workers=2, env_groups=2))
+    assert workers_left() == []  # the run's workers ended with it
+    again = final_params(dataclasses.replace(TINY, env_workers=2, env_groups=2))
+    one_worker = final_params(dataclasses.replace(TINY, env_workers=1, env_groups=2))
+    in_thread = final_params(dataclasses.replace(TINY, env_workers=0, env_groups=2))
+    for other in (again, one_worker, in_thread):
+        assert all(np.array_equal(a, b) for a, b in zip(in_workers, other))
+    ungrouped = final_params(dataclasses.replace(TINY, env_workers=0, env_groups=1))
+    assert not all(np.array_equal(a, b) for a, b in zip(in_workers, ungrouped))
+
+
+def test_the_layout_defaults_and_bad_layouts():
+    workers, groups = TINY.env_layout()
+    assert groups == 2 and 1 <= workers <= 2
+    assert AsyncActorLearnerConfig(env_id="CartPole-v1").env_layout() == (0, 1)
+    assert dataclasses.replace(TINY, env_workers=0).env_layout() == (0, 1)
+    with pytest.raises(ConfigError, match="env_workers.*gymnasium: and host: envs only"):
+        AsyncActorLearnerConfig(env_id="CartPole-v1", env_workers=2)
+    with pytest.raises(ConfigError, match="env_groups.*divisible by 3"):
+        dataclasses.replace(TINY, env_groups=3)
+    with pytest.raises(ConfigError, match="at least 4 envs per group"):
+        dataclasses.replace(TINY, env_workers=4)
+
+
+def breaking_workers(mode: str, **kwargs) -> EnvWorkers:
+    import cloudpickle
+    import functools
+    import gymnasium
+
+    return EnvWorkers("host:breaking", 4, workers=2, groups=1, observation_shape=(2,),
+                      action_space=gymnasium.spaces.Discrete(2), owner="actor 3",
+                      factory=cloudpickle.dumps(functools.partial(BreakingEnv, mode=mode)),
+                      **kwargs)
+
+
+@pytest.mark.parametrize("mode, says", [
+    ("raise", "(?s)raised during its step of group 0:.*the simulator broke"),
+    ("die", "died \\(killed by signal 9\\) during its step of group 0"),
+    ("hang", "no answer to its step of group 0 within 1 s; the worker was killed"),
+])
+def test_a_worker_that_raises_dies_or_hangs_is_named(mode, says):
+    pool = breaking_workers(mode, reply_timeout_s=1.0)
+    started = time.monotonic()
+    try:
+        pool.reset(0)
+        with pytest.raises(EnvWorkerError, match=says) as error:
+            for _ in range(5):
+                pool.step(np.zeros(4, np.int32))
+        assert time.monotonic() - started < 15
+        message = str(error.value)
+        assert "host:breaking: env worker 0 of actor 3 (envs 0-1, pid " in message
+        assert str(pool.pids[0]) in message
+        if mode == "raise":  # the simulator's own exception, where it pickles
+            assert isinstance(error.value.__cause__, Broken)
+    finally:
+        pool.close()
+    assert alive(pool.pids) == []
+
+
+def test_a_run_whose_env_worker_raises_names_actor_worker_and_pid():
+    register_host_env("breaking", BreakingEnv)
+    config = dataclasses.replace(TINY, env_id="host:breaking", env_workers=1,
+                                 total_env_steps=2 * 4 * 16 * 50)
+    with pytest.raises(ActorError, match=r"actor [01] failed") as info:
+        train(config, progress=False)
+    assert isinstance(info.value.__cause__, EnvWorkerError)
+    assert "env worker 0 of actor" in str(info.value) and "the simulator broke" in str(info.value)
+    assert workers_left() == []
+
+
+def test_no_worker_outlives_a_killed_parent(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_env_workers import cartpole_workers
+        pool = cartpole_workers()
+        print(" ".join(map(str, pool.pids)), flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(alive(pids)) == 2
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive(pids) == []
+
+
+def test_a_factory_that_cannot_travel_steps_in_the_actors_thread():
+    lock = threading.Lock()
+
+    class Locked(BreakingEnv):
+        def __init__(self, num_envs):
+            super().__init__(num_envs)
+            self.lock = lock
+
+        def step(self, actions):
+            self.steps = 0  # never breaks
+            return super().step(actions)
+
+    register_host_env("locked", Locked)
+    config = dataclasses.replace(TINY, env_id="host:locked")
+    with pytest.warns(EnvWorkersWarning, match="host:locked: its factory .* cannot be sent"):
+        rollout = HostRollout(config)
+    assert (rollout.workers, rollout.groups) == (0, 1)
+    program = rollout.program()
+    carry = program.reset(jax.random.key(0), jax.devices("cpu")[0])
+    try:
+        params = jax.device_put(program.params_template, jax.devices("cpu")[0])
+        assert program.rollout(params, carry)[1].reward.shape == (TINY.num_steps, 4)
+    finally:
+        program.close(carry)
