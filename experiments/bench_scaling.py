@@ -74,7 +74,7 @@ class SleepyEnv:
 
 def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float,
             num_steps: int, skip: int, backend: str = "threads",
-            batch_inference: bool = True) -> dict:
+            batch_inference: bool = True, env_workers: int | None = 0) -> dict:
     """Steady env steps/s of one `train` with ``num_actors`` actors (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, StopTraining, train
     from ppo_async.envs.registry import register_host_env
@@ -85,6 +85,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
         num_steps=num_steps, num_minibatches=1, num_epochs=1,
         total_env_steps=num_actors * envs_per_actor * num_steps * 100_000,
         learner_timeout_s=120.0, actor_backend=backend, batch_inference=batch_inference,
+        env_workers=env_workers,
         # Ray: the actors share the machine's cores (each a process), as threads do.
         ray_num_cpus_per_actor=min(1.0, (os.cpu_count() or 1) / num_actors),
     )
@@ -100,7 +101,8 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
     (t0, s0), (t1, s1) = marks[skip], marks[-1]
     rate = (s1 - s0) / (t1 - t0)
     ideal = num_actors * envs_per_actor / (step_ms / 1e3)
-    return {"backend": backend, "batch_inference": batch_inference, "num_actors": num_actors, "envs_per_actor": envs_per_actor,
+    return {"backend": backend, "batch_inference": batch_inference, "num_actors": num_actors,
+            "envs_per_actor": envs_per_actor, "env_layout": list(config.env_layout()),
             "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
             "updates": report.updates, "wall_s": time.perf_counter() - start,
@@ -123,13 +125,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--inference", nargs="+", choices=["batched", "per-actor"],
                         default=["batched", "per-actor"],
                         help="thread actors: batch_inference on, off, or both (alternated)")
+    parser.add_argument("--env-workers", default="0",
+                        help="env_workers: 0 (the envs step in the actors' threads, the "
+                             "default here), a number per actor, or auto")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.one is not None:  # a row, in the fresh process main() started for it
         print(json.dumps(one_run(args.one, args.envs_per_actor, args.step_ms, args.seconds,
                                  args.num_steps, args.skip, args.backend,
-                                 args.inference == ["batched"])))
+                                 args.inference == ["batched"],
+                                 None if args.env_workers == "auto" else int(args.env_workers))))
         return {}
     modes = args.inference if args.backend == "threads" else ["per-actor"]
     load_before = os.getloadavg()[0]
@@ -140,11 +146,13 @@ def main(argv: list[str] | None = None) -> dict:
                 [__file__, "--one", str(num_actors), "--envs-per-actor", str(args.envs_per_actor),
                  "--step-ms", str(args.step_ms), "--num-steps", str(args.num_steps),
                  "--seconds", str(args.seconds), "--skip", str(args.skip),
-                 "--backend", args.backend, "--inference", mode],
+                 "--backend", args.backend, "--inference", mode,
+                 "--env-workers", args.env_workers],
                 f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
                 timeout_s=600)
             rows.append(row)
-            print(f"{args.backend} {mode:>9}: {num_actors:>3} actors x {args.envs_per_actor} env: "
+            print(f"{args.backend} {mode:>9} env workers {args.env_workers}: "
+                  f"{num_actors:>3} actors x {args.envs_per_actor} env: "
                   f"{row['env_steps_per_s']:>9,.0f} env steps/s, "
                   f"ideal {row['ideal_env_steps_per_s']:>9,.0f} -> {row['ratio']:.2f}")
     result = {"rows": rows}

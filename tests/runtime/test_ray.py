@@ -268,6 +268,9 @@ def _misbehaving_env(tmp_path: pathlib.Path, how: str) -> tuple[str, pathlib.Pat
 
 def _host_config(env_id: str, **changes) -> AsyncActorLearnerConfig:
     changes.setdefault("total_env_steps", RAY_TINY.batch_size * 16)
+    # The env steps in the actor's own process, which these tests kill or stall; env
+    # workers' own faults are tests/envs/test_env_workers.py's.
+    changes.setdefault("env_workers", 0)
     return dataclasses.replace(RAY_TINY, env_id=env_id, **changes)
 
 

@@ -373,7 +373,9 @@ def test_host_envs_are_closed_on_every_exit(monkeypatch):
 
     register_host_env("counted", CountedEnv)
     break_actor_once(monkeypatch, actor_id=0, chunk=2)
-    config = dataclasses.replace(TINY, env_id="host:counted", max_actor_restarts=1)
+    # In the actor's thread: the batches made are counted in this process.
+    config = dataclasses.replace(TINY, env_id="host:counted", max_actor_restarts=1,
+                                 env_workers=0)
     report = train(config, progress=False).report
     assert report.actor_restarts == 1
     # One probe, two actors, one restarted actor: every env batch made was closed.
@@ -775,7 +777,7 @@ register_host_env("freezes", FreezesAfterTwoCheckpoints)
 train(AsyncActorLearnerConfig(
     env_id="host:freezes", num_actors=1, envs_per_actor=1, num_steps=8, num_epochs=1,
     num_minibatches=1, learner_timeout_s=5.0, checkpoint_every_updates=1,
-    total_env_steps=8 * 100_000), run_dir=run_dir, progress=False)
+    total_env_steps=8 * 100_000, env_workers=0), run_dir=run_dir, progress=False)
 """
 
 

@@ -1,0 +1,218 @@
+"""Env workers against thread-stepped envs and Ray actors, on a MuJoCo preset and without a learner.
+
+Two parts, each row in a fresh process (compiles included in the process,
+left out of the rate: the first ``--skip`` updates or chunks are not timed):
+
+1. **Training** (``train``, the preset's config, ``--seconds`` of steady
+   updates per row): lock-step (``exact_policy_lag=0``, envs in the actors'
+   threads), thread-stepped envs at the default exact lag 1
+   (``env_workers=0``), env workers (the default layout), and Ray actor
+   processes (``env_workers=0``). Ratios: each against lock-step, and env
+   workers against Ray.
+2. **Collection alone** (no learner, the preset's jitted policy with its
+   initial params, ``num_actors`` actor threads each running its rollout in a
+   loop): env steps/s with env workers and with thread-stepped envs, against
+   the env library's own loops with random actions over the same envs:
+   gymnasium's ``AsyncVectorEnv`` (one process per env, shared memory) and
+   ``SyncVectorEnv`` (one thread), and this package's ``EnvWorkers`` alone.
+
+    python experiments/bench_env_workers.py [--preset hopper] [--seconds 20]
+        [--part train collect]
+
+Prints each row and the ratios; writes results.json under
+experiments/out/bench_env_workers/ (or ``--out``) with the load average
+before and after and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import threading
+import time
+
+import common
+
+TRAIN_MODES = {  # name -> config fields over the preset
+    "lock-step": dict(exact_policy_lag=0, env_workers=0),
+    "threads": dict(env_workers=0),
+    "env-workers": dict(),
+    "ray": dict(actor_backend="ray", env_workers=0),
+}
+COLLECT_MODES = ("env-workers", "threads", "random:EnvWorkers", "random:AsyncVectorEnv",
+                 "random:SyncVectorEnv")
+
+
+def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
+    from ppo_async import StopTraining, preset as make_preset, train
+
+    config = dataclasses.replace(make_preset(preset), total_env_steps=10**9, seed=0,
+                                 learner_timeout_s=120.0, **TRAIN_MODES[mode])
+    marks: list[tuple[float, int]] = []
+
+    def on_update(metrics):
+        marks.append((time.perf_counter(), int(metrics["env_steps"])))
+        if len(marks) > skip and marks[-1][0] - marks[skip][0] >= seconds:
+            raise StopTraining
+
+    started = time.perf_counter()
+    train(config, progress=False, on_update=on_update)
+    (t0, s0), (t1, s1) = marks[skip], marks[-1]
+    return {"part": "train", "mode": mode, "env_steps_per_s": (s1 - s0) / (t1 - t0),
+            "updates": len(marks), "wall_s": time.perf_counter() - started,
+            "layout": list(config.env_layout()), "num_actors": config.num_actors,
+            "envs_per_actor": config.envs_per_actor}
+
+
+def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
+    from ppo_async import preset as make_preset
+
+    config = make_preset(preset)
+    envs = config.num_actors * config.envs_per_actor
+    if mode.startswith("random:"):
+        return random_row(config, mode.split(":")[1], envs, seconds)
+    import jax
+
+    from ppo_async.envs.host_rollout import HostRollout
+
+    config = dataclasses.replace(config, env_workers=None if mode == "env-workers" else 0)
+    program = HostRollout(config).program()
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(program.params_template, device)
+    counts = [0] * config.num_actors
+    stop = threading.Event()
+    start_at: list[float] = []
+
+    def actor(i: int) -> None:
+        carry = program.reset(jax.random.key(i), device)
+        try:
+            chunks = 0
+            while not stop.is_set():
+                carry = program.rollout(params, carry)[0]
+                chunks += 1
+                if chunks > skip:
+                    counts[i] += config.num_steps * config.envs_per_actor
+                elif chunks == skip and i == 0:
+                    start_at.append(time.perf_counter())
+        finally:
+            program.close(carry)
+
+    threads = [threading.Thread(target=actor, args=(i,)) for i in range(config.num_actors)]
+    for t in threads:
+        t.start()
+    while not start_at:
+        time.sleep(0.05)
+    time.sleep(seconds)
+    steps, elapsed = sum(counts), time.perf_counter() - start_at[0]
+    stop.set()
+    for t in threads:
+        t.join()
+    return {"part": "collect", "mode": mode, "env_steps_per_s": steps / elapsed,
+            "layout": list(config.env_layout()), "envs": envs, "rss_mb": _rss_mb()}
+
+
+def random_row(config, loop: str, envs: int, seconds: float) -> dict:
+    import gymnasium
+    import numpy as np
+
+    from ppo_async.envs.host import make_host_env
+    from ppo_async.envs.registry import split_env_id
+
+    name = split_env_id(config.env_id)[1]
+    if loop == "EnvWorkers":
+        from ppo_async.envs.workers import EnvWorkers
+
+        probe = make_host_env(config.env_id, 1)
+        workers, groups = config.env_layout()
+        vec = EnvWorkers(config.env_id, envs, workers=workers * config.num_actors, groups=1,
+                         observation_shape=probe.observation_shape,
+                         action_space=probe.action_space)
+        space = probe.action_space
+        vec.reset(0)
+        step = vec.step
+    else:
+        cls = {"AsyncVectorEnv": gymnasium.vector.AsyncVectorEnv,
+               "SyncVectorEnv": gymnasium.vector.SyncVectorEnv}[loop]
+        kwargs = {"shared_memory": True} if loop == "AsyncVectorEnv" else {}
+        vec = cls([lambda: gymnasium.make(name)] * envs, **kwargs)
+        space = vec.single_action_space
+        vec.reset(seed=0)
+        step = vec.step
+    rng = np.random.default_rng(0)
+    actions = np.stack([rng.uniform(space.low, space.high).astype(np.float32)
+                        for _ in range(envs)])
+    for _ in range(50):
+        step(actions)
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        step(actions)
+        steps += envs
+    rate = steps / (time.perf_counter() - started)
+    rss = _rss_mb()
+    vec.close()
+    return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": rate, "envs": envs,
+            "rss_mb": rss}
+
+
+def _rss_mb() -> dict:
+    """RSS of this process and of each of its children (env workers), in MiB."""
+    import psutil
+
+    me = psutil.Process()
+    children = [c.memory_info().rss / 2**20 for c in me.children(recursive=True)
+                if "resource_tracker" not in " ".join(c.cmdline())]
+    return {"process": me.memory_info().rss / 2**20, "children": children}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="hopper")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--skip", type=int, default=3)
+    parser.add_argument("--part", nargs="+", choices=["train", "collect"],
+                        default=["train", "collect"])
+    parser.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.one is not None:
+        part, mode = args.one
+        row = (train_row if part == "train" else collect_row)(args.preset, mode, args.seconds,
+                                                             args.skip)
+        print(json.dumps(row))
+        return {}
+    load_before = os.getloadavg()[0]
+    print(f"{os.cpu_count()} cores, load average {load_before:.2f}")
+    rows = []
+    for part in args.part:
+        for mode in (TRAIN_MODES if part == "train" else COLLECT_MODES):
+            row = common.run_child(
+                [__file__, "--one", part, mode, "--preset", args.preset,
+                 "--seconds", str(args.seconds), "--skip", str(args.skip)],
+                f"{part} {mode}", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+                timeout_s=900)
+            rows.append(row)
+            print(f"{part:8s} {mode:24s} {row['env_steps_per_s']:>10,.0f} env steps/s"
+                  + (f"  layout {row['layout']}" if "layout" in row else ""))
+    rate = {(r["part"], r["mode"]): r["env_steps_per_s"] for r in rows}
+    ratios = {}
+    if ("train", "lock-step") in rate:
+        for mode in ("threads", "env-workers", "ray"):
+            ratios[f"train {mode} / lock-step"] = rate["train", mode] / rate["train", "lock-step"]
+        ratios["train env-workers / ray"] = rate["train", "env-workers"] / rate["train", "ray"]
+    if ("collect", "env-workers") in rate:
+        best = max(rate["collect", m] for m in COLLECT_MODES if m.startswith("random:"))
+        for mode in ("env-workers", "threads"):
+            ratios[f"collect {mode} / the fastest random loop"] = rate["collect", mode] / best
+    for name, value in ratios.items():
+        print(f"{name}: {value:.2f}x")
+    result = {"preset": args.preset, "rows": rows, "ratios": ratios}
+    common.save_with_load("bench_env_workers", args.out, __file__, argv, result, load_before)
+    return result
+
+
+if __name__ == "__main__":
+    main()
