@@ -182,3 +182,15 @@ def test_every_python_and_shell_block_of_the_readme_and_the_guide_runs(tmp_path)
         ran += page_ran
         assert failure is None, failure
     assert ran == len(runnable)
+
+
+def test_the_extras_the_docs_say_make_test_installs_are_the_makefiles():
+    (extras,) = re.findall(r'\.installed-dev:.*\n\t.*pip install -e "\.\[([\w,]+)\]"',
+                           (ROOT / "Makefile").read_text())
+    for page in (ROOT / "README.md", GUIDE / "install.md", GUIDE / "first_run.md"):
+        said = re.findall(r"installs `?\.\[([\w,]+)\]", page.read_text())
+        assert said and set(said) == {extras}, (page.name, said, extras)
+
+
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) < 300
