@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -178,8 +179,10 @@ def test_every_python_and_shell_block_of_the_readme_and_the_guide_runs(tmp_path)
     assert len(runnable) >= 8, runnable
     ran = 0
     for page in doc_pages():
+        start = time.perf_counter()
         page_ran, failure = run_page(page, tmp_path, env)
         ran += page_ran
+        print(f"{page.relative_to(ROOT)}: {page_ran} block(s) in {time.perf_counter() - start:.1f} s")
         assert failure is None, failure
     assert ran == len(runnable)
 
