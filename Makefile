@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: train test clean
+.PHONY: train test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -e ".[dev,gym,wandb,ray,mujoco]"
+	$(BIN)/python -m pip install -e ".[dev,gym,wandb,ray,mujoco,docs]"
 	touch $@ $(VENV)/.installed
 
 train: $(VENV)/.installed
@@ -24,5 +24,9 @@ train: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
 
+# The site, warnings as errors (tests/test_docs.py runs the same build): docs/_build/html/index.html.
+docs: $(VENV)/.installed-dev
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache docs/_build

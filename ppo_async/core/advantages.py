@@ -127,7 +127,7 @@ def vtrace(
       bootstrap_value: ``[B]`` V(x_T).
       log_rhos: ``[T, B]`` log pi(a_t|x_t) - log mu(a_t|x_t), target minus
         behaviour log-probability of the taken action.
-      lambda_: mixes in the one-step target (lambda_ = 1 is the paper's V-trace).
+      lambda_: mixes in the one-step target (``lambda_ = 1`` is the paper's V-trace).
       rho_bar: clip on the importance weight inside the TD errors.
       c_bar: clip on the trace-cutting coefficients.
       pg_rho_bar: clip on the weight of the policy-gradient advantage;

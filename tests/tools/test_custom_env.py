@@ -1,7 +1,7 @@
 """The user's own env, end to end, each command in a fresh process as a user types it.
 
-The README's custom-env example (its module ``my_sim.py``, taken from the
-README itself) is trained, evaluated, resumed and watched from the command
+The guide's custom-env example (its module ``my_sim.py``, taken from
+docs/guide/environments.md itself) is trained, evaluated, resumed and watched from the command
 line, each command a new process that knows the env only from the run's
 config.json; and the documented ``gymnasium:MODULE:NAME`` form is built in a
 fresh process. (``plot`` reads config.json as a dict and builds no env.)
@@ -25,8 +25,9 @@ PPO_ASYNC = [sys.executable, "-P", "-c",
 
 
 def readme_module(first_line: str) -> str:
-    """The README's python block that starts with ``first_line``."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    """The environments guide's python block that starts with ``first_line``."""
+    page = ROOT / "docs" / "guide" / "environments.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
     (block,) = [b for b in blocks if b.startswith(first_line)]
     return block
 
@@ -44,7 +45,7 @@ def _ppo_async(cwd: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def test_the_readme_env_trains_evaluates_resumes_and_is_drawn_from_the_command_line(tmp_path):
+def test_the_guide_env_trains_evaluates_resumes_and_is_drawn_from_the_command_line(tmp_path):
     (tmp_path / "my_sim.py").write_text(readme_module("# my_sim.py"))
     tiny = ["--num-actors", "1", "--envs-per-actor", "2", "--num-steps", "16",
             "--num-epochs", "1", "--num-minibatches", "1", "--no-progress"]

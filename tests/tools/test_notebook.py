@@ -40,9 +40,9 @@ def test_the_committed_notebook_holds_no_outputs():
             assert not cell.outputs and cell.execution_count is None, cell.source[:60]
 
 
-def test_the_extra_the_readme_names_for_the_notebook_installs_jupyter_lab():
+def test_the_extra_the_guide_names_for_the_notebook_installs_jupyter_lab():
     root = NOTEBOOKS.parent
-    paragraph = (root / "README.md").read_text().split("**The notebook.**")[1].split("\n\n")[0]
+    paragraph = (root / "docs" / "guide" / "first_run.md").read_text().split("**The notebook.**")[1].split("\n\n")[0]
     (extra,) = re.findall(r"pip install -e '\.\[(\w+)\]'", paragraph)
     assert "jupyter lab notebooks/quickstart.ipynb" in " ".join(paragraph.split())
     extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
