@@ -65,9 +65,11 @@ def specs(args, repeat: int) -> tuple[dict, dict]:
     """The population's table and the sweep's, over the same learning rates and budget."""
     common = {"preset": args.preset, "base": base_fields(args),
               "grid": {"learning_rate": list(args.learning_rates)}}
+    # Member i of population seed r trains with seed 1000 r + i; the sweep's seeds (100 + r)
+    # are none of those, so no run of one method repeats a run of the other.
     pbt = {**common, "seeds": [repeat],
            "pbt": {"population": args.population, "interval_updates": args.interval_updates}}
-    sweep = {**common, "seeds": [1000 + repeat]}
+    sweep = {**common, "seeds": [100 + repeat]}
     return pbt, sweep
 
 
