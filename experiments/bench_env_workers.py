@@ -6,7 +6,7 @@ left out of the rate: the first ``--skip`` updates or chunks are not timed):
 1. **Training** (``train``, the preset's config, ``--seconds`` of steady
    updates per row): lock-step (``exact_policy_lag=0``, envs in the actors'
    threads), thread-stepped envs at the default exact lag 1
-   (``env_workers=0``), env workers (the default layout), and Ray actor
+   (``env_workers=0``, the default), env workers (one per actor, two groups), and Ray actor
    processes (``env_workers=0``). Ratios: each against lock-step, and env
    workers against Ray.
 2. **Collection alone** (no learner, the preset's jitted policy with its
@@ -18,6 +18,7 @@ left out of the rate: the first ``--skip`` updates or chunks are not timed):
 
     python experiments/bench_env_workers.py [--preset hopper] [--seconds 20]
         [--part train collect]
+    python experiments/bench_env_workers.py --preset busy-python   # a Python env, GIL held
 
 Prints each row and the ratios; writes results.json under
 experiments/out/bench_env_workers/ (or ``--out``) with the load average
@@ -39,17 +40,34 @@ import common
 TRAIN_MODES = {  # name -> config fields over the preset
     "lock-step": dict(exact_policy_lag=0, env_workers=0),
     "threads": dict(env_workers=0),
-    "env-workers": dict(),
+    "env-workers": dict(env_workers=1),  # one per actor, two groups
     "ray": dict(actor_backend="ray", env_workers=0),
 }
 COLLECT_MODES = ("env-workers", "threads", "random:EnvWorkers", "random:AsyncVectorEnv",
                  "random:SyncVectorEnv")
 
 
-def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
-    from ppo_async import StopTraining, preset as make_preset, train
+def base_config(preset: str):
+    """The preset's config, or for ``busy-python`` the env of ``bench_backends.py``
+    (0.2 ms of pure Python per env step, the GIL held) with its config there."""
+    from ppo_async import AsyncActorLearnerConfig, preset as make_preset
 
-    config = dataclasses.replace(make_preset(preset), total_env_steps=10**9, seed=0,
+    if preset != "busy-python":
+        return make_preset(preset)
+    from bench_backends import BUSY_ENV, BusyPythonEnv
+
+    from ppo_async.envs.registry import register_host_env
+
+    register_host_env(BUSY_ENV, BusyPythonEnv)
+    return AsyncActorLearnerConfig(
+        env_id=f"host:{BUSY_ENV}", num_actors=2, envs_per_actor=4, num_steps=64, num_epochs=2,
+        num_minibatches=2)
+
+
+def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
+    from ppo_async import StopTraining, train
+
+    config = dataclasses.replace(base_config(preset), total_env_steps=10**9, seed=0,
                                  learner_timeout_s=120.0, **TRAIN_MODES[mode])
     marks: list[tuple[float, int]] = []
 
@@ -68,9 +86,7 @@ def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
 
 
 def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
-    from ppo_async import preset as make_preset
-
-    config = make_preset(preset)
+    config = base_config(preset)
     envs = config.num_actors * config.envs_per_actor
     if mode.startswith("random:"):
         return random_row(config, mode.split(":")[1], envs, seconds)
@@ -78,7 +94,7 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
 
     from ppo_async.envs.host_rollout import HostRollout
 
-    config = dataclasses.replace(config, env_workers=None if mode == "env-workers" else 0)
+    config = dataclasses.replace(config, env_workers=1 if mode == "env-workers" else 0)
     program = HostRollout(config).program()
     device = jax.devices("cpu")[0]
     params = jax.device_put(program.params_template, device)
@@ -122,14 +138,17 @@ def random_row(config, loop: str, envs: int, seconds: float) -> dict:
     from ppo_async.envs.registry import split_env_id
 
     name = split_env_id(config.env_id)[1]
+    if loop != "EnvWorkers" and config.env_id.startswith("host:"):
+        return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": float("nan"),
+                "envs": envs, "skipped": "a host: env has no gymnasium id"}
     if loop == "EnvWorkers":
-        from ppo_async.envs.workers import EnvWorkers
+        from ppo_async.envs.workers import EnvWorkers, portable_factory
 
         probe = make_host_env(config.env_id, 1)
-        workers, groups = config.env_layout()
-        vec = EnvWorkers(config.env_id, envs, workers=workers * config.num_actors, groups=1,
+        vec = EnvWorkers(config.env_id, envs, workers=config.num_actors, groups=1,
                          observation_shape=probe.observation_shape,
-                         action_space=probe.action_space)
+                         action_space=probe.action_space,
+                         factory=portable_factory(config.env_id)[0])
         space = probe.action_space
         vec.reset(0)
         step = vec.step
@@ -142,8 +161,11 @@ def random_row(config, loop: str, envs: int, seconds: float) -> dict:
         vec.reset(seed=0)
         step = vec.step
     rng = np.random.default_rng(0)
-    actions = np.stack([rng.uniform(space.low, space.high).astype(np.float32)
-                        for _ in range(envs)])
+    if hasattr(space, "n"):
+        actions = rng.integers(0, space.n, envs).astype(np.int32)
+    else:
+        actions = np.stack([rng.uniform(space.low, space.high).astype(np.float32)
+                            for _ in range(envs)])
     for _ in range(50):
         step(actions)
     steps, started = 0, time.perf_counter()
@@ -204,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
             ratios[f"train {mode} / lock-step"] = rate["train", mode] / rate["train", "lock-step"]
         ratios["train env-workers / ray"] = rate["train", "env-workers"] / rate["train", "ray"]
     if ("collect", "env-workers") in rate:
-        best = max(rate["collect", m] for m in COLLECT_MODES if m.startswith("random:"))
+        best = max(rate["collect", m] for m in COLLECT_MODES
+                   if m.startswith("random:") and rate["collect", m] == rate["collect", m])
         for mode in ("env-workers", "threads"):
             ratios[f"collect {mode} / the fastest random loop"] = rate["collect", mode] / best
     for name, value in ratios.items():

@@ -77,10 +77,10 @@ class AsyncActorLearnerConfig:
     """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs), or 'ray' processes (host envs written in Python, a hung env that must be killed, several machines; pip install 'ppo-async[ray]')."""
     batch_inference: bool | None = None
     """Thread actors of one device share their jitted calls, made by an inference thread for every actor waiting: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, a gymnax env's actors their chunks (one vmapped rollout). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). None: on for host envs from 16 actors (fewer are as fast or faster calling alone), off for gymnax (the vmapped rollout gains 4-11% on 2 cores and compiles 0.6 s longer); docs/benchmarks.md has the figures. False: every actor calls alone, as Ray actors do."""
-    env_workers: int | None = None
-    """Host envs (gymnasium: and host: ids) of each actor step in this many worker processes that never import JAX, each stepping its share, with observations in shared memory, so env steps run on other cores while the actor's thread computes actions (ppo_async.envs.workers). 0: the actor's thread steps them itself, as envpool: envs always do (envpool has its own threads), and as a host: env does whose factory cannot be sent to a process (a warning says so). None (auto): one worker per core the actors share, at most envs_per_actor / env_groups each."""
+    env_workers: int = 0
+    """Host envs (gymnasium: and host: ids) of each actor step in this many worker processes that never import JAX, each stepping its share, with observations in shared memory (ppo_async.envs.workers). 0 (the default): the actor's thread steps them itself, as envpool: envs always do. On a 2-core machine workers did not beat thread-stepped envs on MuJoCo Hopper and ran 1.08x threads on a Python env holding the GIL, while Ray actor processes ran 1.8x (docs/benchmarks.md); a host: env whose factory cannot be sent to a process steps in the actor's thread, with a warning."""
     env_groups: int | None = None
-    """Double-buffered sampling with env workers: each actor's envs in this many groups; while one group steps, the policy computes the next group's actions. Must divide envs_per_actor with at least one env per worker in each group. The groups change which random numbers an env's actions use, not the envs' seeds. None: 2 with env workers when envs_per_actor is even, else 1."""
+    """Double-buffered sampling with env workers: each actor's envs in this many groups; while one group steps, the policy computes the next group's actions. Must divide envs_per_actor with at least one env per worker in each group. The groups change which random numbers an env's actions use, not the envs' seeds; the number of workers changes nothing of a run. None: 2 with env workers when envs_per_actor is even, else 1."""
     ray_address: str | None = None
     """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
     ray_num_cpus_per_actor: float = 1.0
@@ -290,23 +290,15 @@ class AsyncActorLearnerConfig:
     def env_layout(self) -> tuple[int, int]:
         """``(env workers, env groups)`` of each actor in force for this run's env id.
 
-        ``env_workers`` and ``env_groups`` with None resolved: auto workers for
-        gymnasium: and host: ids (``cores // num_actors``, at least 1, at most
-        one per env of a group), 2 groups beside workers when ``envs_per_actor``
-        is even; ``(0, 1)`` for every other env id.
+        ``env_groups`` with None resolved: 2 beside env workers when
+        ``envs_per_actor`` is even, else 1; ``(0, 1)`` for an env id that is not
+        a gymnasium: or host: one.
         """
-        import os
-
         from ppo_async.envs.registry import GYMNASIUM, HOST, split_env_id
 
         if split_env_id(self.env_id)[0] not in (GYMNASIUM, HOST):
             return 0, 1
         workers = self.env_workers
-        if workers is None:
-            groups = self.env_groups or (2 if self.envs_per_actor % 2 == 0 else 1)
-            cores = os.cpu_count() or 1
-            workers = max(1, min(cores // self.num_actors, self.envs_per_actor // groups))
-            return workers, groups
         return workers, self.env_groups or (2 if workers and self.envs_per_actor % 2 == 0 else 1)
 
     # --- the math's options: built here, the one place fields become them ---
@@ -525,8 +517,8 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
 def _validate_env_layout(cfg: AsyncActorLearnerConfig) -> None:
     from ppo_async.envs.registry import GYMNASIUM, HOST, split_env_id
 
-    _require(cfg.env_workers is None or (_is_int(cfg.env_workers) and cfg.env_workers >= 0),
-             "env_workers", cfg.env_workers, "must be None (auto) or an integer >= 0")
+    _require(_is_int(cfg.env_workers) and cfg.env_workers >= 0,
+             "env_workers", cfg.env_workers, "must be an integer >= 0 (0: the actor's thread)")
     _require(cfg.env_groups is None or (_is_int(cfg.env_groups) and cfg.env_groups >= 1),
              "env_groups", cfg.env_groups, "must be None (auto) or an integer >= 1")
     if split_env_id(cfg.env_id)[0] not in (GYMNASIUM, HOST):

@@ -150,14 +150,15 @@ def test_a_run_is_fixed_by_its_seed_and_groups_not_by_where_its_envs_step():
 
 
 def test_the_layout_defaults_and_bad_layouts():
-    workers, groups = TINY.env_layout()
-    assert groups == 2 and 1 <= workers <= 2
+    assert TINY.env_layout() == (0, 1)  # the actor's thread, one group: the runs of before
+    assert dataclasses.replace(TINY, env_workers=2).env_layout() == (2, 2)
+    assert dataclasses.replace(TINY, env_workers=1, envs_per_actor=3).env_layout() == (1, 1)
+    assert dataclasses.replace(TINY, env_groups=2).env_layout() == (0, 2)
     assert AsyncActorLearnerConfig(env_id="CartPole-v1").env_layout() == (0, 1)
-    assert dataclasses.replace(TINY, env_workers=0).env_layout() == (0, 1)
     with pytest.raises(ConfigError, match="env_workers.*gymnasium: and host: envs only"):
         AsyncActorLearnerConfig(env_id="CartPole-v1", env_workers=2)
     with pytest.raises(ConfigError, match="env_groups.*divisible by 3"):
-        dataclasses.replace(TINY, env_groups=3)
+        dataclasses.replace(TINY, env_groups=3, env_workers=1)
     with pytest.raises(ConfigError, match="at least 4 envs per group"):
         dataclasses.replace(TINY, env_workers=4)
 
@@ -243,7 +244,7 @@ def test_a_factory_that_cannot_travel_steps_in_the_actors_thread():
             return super().step(actions)
 
     register_host_env("locked", Locked)
-    config = dataclasses.replace(TINY, env_id="host:locked")
+    config = dataclasses.replace(TINY, env_id="host:locked", env_workers=1)
     with pytest.warns(EnvWorkersWarning, match="host:locked: its factory .* cannot be sent"):
         rollout = HostRollout(config)
     assert (rollout.workers, rollout.groups) == (0, 1)
