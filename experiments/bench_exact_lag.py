@@ -6,14 +6,16 @@ by seed:
 
 - ``free``: ``exact_policy_lag=None``, actors act with the newest params they
   have, at most two chunks ahead (the valve);
-- ``exact1``: ``exact_policy_lag=1``, every chunk collected with the params of
+- ``exact1``: ``exact_policy_lag=1`` (the default), every chunk collected with the params of
   exactly one update before the one it feeds (the lead is then two chunks too);
+- ``exact0`` / ``exact2``: lock-step, and a lag of exactly two updates (a lead of three
+  chunks): what lag 1 costs against each;
 - ``free-straggler`` / ``exact1-straggler``: the same, with actor 0 sleeping
   ``--straggler-ms`` after every chunk (an actor much slower than the other).
 
 Env steps/s are taken from the first update at or past a quarter of the
 budget to the last one (start-up and compiles excluded). Target: exact1 /
-free >= 0.97. The load average is printed with every row: run it with
+free >= 0.97. By default the four plain modes run (``--modes`` adds the stragglers). The load average is printed with every row: run it with
 nothing else on the machine.
 
     python experiments/bench_exact_lag.py [--seeds 0 1 2] [--total-env-steps 500000]
@@ -28,7 +30,7 @@ import time
 
 import common
 
-MODES = ("free", "exact1", "free-straggler", "exact1-straggler")
+MODES = ("free", "exact0", "exact1", "exact2", "free-straggler", "exact1-straggler")
 
 
 def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dict:
@@ -52,7 +54,7 @@ def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dic
             return program._replace(rollout=rollout)
 
         train_module.make_actor_program = slow_actor_0
-    lag = 1 if mode.startswith("exact1") else None
+    lag = int(mode[len("exact")]) if mode.startswith("exact") else None
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
                                      exact_policy_lag=lag)
     marks = []
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--total-env-steps", type=int, default=500_000)
     parser.add_argument("--straggler-ms", type=float, default=40.0)
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES[:4]))
     parser.add_argument("--one", choices=MODES, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
                      f"{row['final_return']:.1f} (load {row['load_average_1_min']:.1f})"))
     medians = common.median_rate_by_mode(rows, args.modes)
     ratios = {}
-    for exact, free in (("exact1", "free"), ("exact1-straggler", "free-straggler")):
+    for exact, free in (("exact0", "free"), ("exact1", "free"), ("exact2", "free"),
+                        ("exact1-straggler", "free-straggler")):
         if exact in medians and free in medians:
             ratios[exact] = medians[exact] / medians[free]
     print("\nmedian steady-state env steps/s:")
