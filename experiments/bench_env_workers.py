@@ -100,7 +100,9 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
     params = jax.device_put(program.params_template, device)
     counts = [0] * config.num_actors
     stop = threading.Event()
+    started = threading.Event()  # actor 0 has collected its first ``skip`` chunks
     start_at: list[float] = []
+    errors: list[BaseException] = []
 
     def actor(i: int) -> None:
         carry = program.reset(jax.random.key(i), device)
@@ -113,19 +115,28 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
                     counts[i] += config.num_steps * config.envs_per_actor
                 elif chunks == skip and i == 0:
                     start_at.append(time.perf_counter())
+                    started.set()
+        except BaseException as error:  # noqa: BLE001 - raised in the main thread below
+            errors.append(error)
+            started.set()
         finally:
             program.close(carry)
 
     threads = [threading.Thread(target=actor, args=(i,)) for i in range(config.num_actors)]
     for t in threads:
         t.start()
-    while not start_at:
-        time.sleep(0.05)
-    time.sleep(seconds)
-    steps, elapsed = sum(counts), time.perf_counter() - start_at[0]
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        if not started.wait(timeout=300) or errors:
+            raise RuntimeError("the actors did not start collecting") from (
+                errors[0] if errors else None)
+        time.sleep(seconds)
+        steps, elapsed = sum(counts), time.perf_counter() - start_at[0]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    if errors or any(t.is_alive() for t in threads):
+        raise RuntimeError("an actor failed or did not stop") from (errors[0] if errors else None)
     return {"part": "collect", "mode": mode, "env_steps_per_s": steps / elapsed,
             "layout": list(config.env_layout()), "envs": envs, "rss_mb": _rss_mb()}
 

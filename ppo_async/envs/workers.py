@@ -258,7 +258,7 @@ class EnvWorkers:
         """Start group ``group``'s envs stepping with ``actions`` (that group's rows)."""
         lo, hi = self.groups[group]
         self._arrays["actions"][lo:hi] = actions
-        for w in self._workers_of(group):
+        for w in range(len(self._processes)):  # every worker holds a share of every group
             self._send(w, ("step", group))
 
     def step_wait(self, group: int) -> HostStep:
@@ -266,7 +266,7 @@ class EnvWorkers:
 
         The views hold until the group's next ``step_async``; copy what must outlive it.
         """
-        for w in self._workers_of(group):
+        for w in range(len(self._processes)):
             self._wait_reply(w, f"step of group {group}")
         lo, hi = self.groups[group]
         a = self._arrays
@@ -306,9 +306,6 @@ class EnvWorkers:
         return [p.pid for p in self._processes]
 
     # --- the parent's side of the protocol -------------------------------------------
-
-    def _workers_of(self, group: int) -> range:
-        return range(len(self._processes))  # every worker holds a share of every group
 
     def _start(self, w: int, fields, env_modules: Sequence[str], factory: bytes | None) -> None:
         mine, theirs = socket.socketpair()
