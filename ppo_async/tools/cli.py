@@ -366,7 +366,7 @@ def sweep_command(
 
     SWEEP_FILE (TOML, or YAML with pyyaml) holds an optional preset = NAME,
     seeds = [...], [base] fields for every run and [grid] lists whose
-    combinations are the grid points (README: Sweeps). Under --out DIR: a run
+    combinations are the grid points (docs/guide/sweeps.md). Under --out DIR: a run
     directory per (grid point, seed), sweep.toml, runs.csv, summary.csv and
     summary.md (IQM of the final return over seeds, 95% stratified-bootstrap
     interval). The same command again skips finished runs and resumes
@@ -422,7 +422,7 @@ def pbt_command(
 
     PBT_FILE is a sweep file whose [grid] lists are the values each explored
     field may take, plus [pbt] population = N, interval_updates = K and
-    [pbt.ranges] field = [low, high] for continuous fields (README: PBT).
+    [pbt.ranges] field = [low, high] for continuous fields (docs/guide/pbt.md).
     Under --out DIR: a run directory per member (member_<i>, with
     pbt_schedule.jsonl: the fields it trained with over time), summary.csv and
     summary.md (the best member marked), schedules.csv, pbt.png and Tune's

@@ -1,8 +1,8 @@
 """Runs that survive: checkpoints by default, resume that continues the same run,
 faults named within the timeout, safe run directories, one-line CLI errors.
 
-Each test backs one promise of docs/reliability.md (summed up in the README's
-Reliability section).
+Each test backs one promise of docs/reliability.md (summed up in the guide's
+docs/guide/checkpoints.md and docs/guide/troubleshooting.md).
 """
 
 import dataclasses
