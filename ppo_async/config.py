@@ -47,6 +47,8 @@ class AsyncActorLearnerConfig:
     """Python modules imported before the env id is looked up (they register custom envs); recorded in config.json so eval, enjoy, --resume and sweeps rebuild the env."""
     envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
     """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.envs.registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False."""
+    gymnasium_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
+    """gymnasium: ids only: keyword arguments of the env's constructor as (name, value) pairs, given to gymnasium.make_vec for training and evaluation alike, e.g. --gymnasium-kwargs include_cfrc_ext_in_observation False."""
     total_env_steps: int = 500_000
     """Environment steps the learner consumes before the run ends."""
     seed: int = 0
@@ -153,6 +155,8 @@ class AsyncActorLearnerConfig:
     """Policy network: mlp (feed-forward), or lstm / gru (a recurrent cell whose state the actors carry across chunks and the learner re-unrolls from; needs num_minibatches to divide the envs)."""
     rnn_hidden_size: int = 128
     """Features of the LSTM / GRU cell (ignored by mlp)."""
+    init_log_std: float = 0.0
+    """Continuous actions: the initial log-std of the policy's Gaussian (a learned vector, one number per action dimension, independent of the state); 0 is a std of 1, as cleanrl's PPO; lower starts with smaller, cheaper exploratory actions."""
     torso: TorsoName = "auto"
     """What reads the observation before the actor and critic MLPs: none (vectors), minatar (one 3x3 conv, MinAtar's 10x10 images), nature (the Nature-DQN CNN, 84x84 frames scaled by 1/255 inside the network), or auto: nature for envpool: Atari ids, minatar for other images, none for vectors."""
 
@@ -183,7 +187,7 @@ class AsyncActorLearnerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.env_modules, list):  # as config.json and TOML files hold it
             object.__setattr__(self, "env_modules", tuple(self.env_modules))
-        for name in ("ray_actor_resources", "envpool_kwargs"):
+        for name in ("ray_actor_resources", "envpool_kwargs", "gymnasium_kwargs"):
             pairs = getattr(self, name)
             if isinstance(pairs, (list, tuple)) and all(
                 isinstance(pair, (list, tuple)) for pair in pairs
@@ -329,6 +333,10 @@ class AsyncActorLearnerConfig:
         return NormalizationOptions(bool(self.normalize_observations), bool(self.normalize_rewards),
                                     float(self.obs_clip), float(self.reward_clip))
 
+    def env_make_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments `ppo_async.envs.host.make_host_env` gets for this run's envs."""
+        return {"envpool_kwargs": self.envpool_kwargs, "gymnasium_kwargs": self.gymnasium_kwargs}
+
     def make_network(self, observation_shape: Sequence[int],
                      action_space: Any) -> ActorCritic | RecurrentActorCritic:
         """`ppo_async.networks.actor_critic.make_network` with this config's network fields.
@@ -343,7 +351,7 @@ class AsyncActorLearnerConfig:
         try:
             return make_network(observation_shape, action_space, hidden_sizes=self.hidden_sizes,
                                 network=self.network, rnn_hidden_size=self.rnn_hidden_size,
-                                torso=self.network_torso)
+                                torso=self.network_torso, init_log_std=self.init_log_std)
         except ValueError as error:
             if "torso" not in str(error):
                 raise
@@ -438,7 +446,7 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         _require(False, "env_modules", cfg.env_modules, str(error))
     env_problem = env_id_problem(cfg.env_id)
     _require(env_problem is None, "env_id", cfg.env_id, env_problem)
-    _validate_envpool_kwargs(cfg)
+    _validate_make_kwargs(cfg)
     for name in ("num_actors", "envs_per_actor", "num_steps", "broadcast_every",
                  "num_epochs", "num_minibatches", "total_env_steps"):
         value = getattr(cfg, name)
@@ -460,6 +468,8 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     for name in ("learner_timeout_s", "shutdown_timeout_s"):
         value = getattr(cfg, name)
         _require(_is_number(value) and value > 0, name, value, "must be a number > 0")
+    _require(_is_number(cfg.init_log_std) and -10 <= cfg.init_log_std <= 5, "init_log_std",
+             cfg.init_log_std, "must be a number in [-10, 5] (the initial std is its exp)")
     _require(_is_number(cfg.checkpoint_every_s) and cfg.checkpoint_every_s >= 0,
              "checkpoint_every_s", cfg.checkpoint_every_s, "must be a number >= 0 (0: off)")
     for name in ("use_vtrace", "anneal_lr", "normalize_observations", "normalize_rewards",
@@ -566,23 +576,28 @@ def _validate_ppo(cfg: AsyncActorLearnerConfig) -> None:
                  "must be a number in [0, 1]")
 
 
-def _validate_envpool_kwargs(cfg: AsyncActorLearnerConfig) -> None:
-    from ppo_async.envs.registry import envpool_kwargs_problem
+def _validate_make_kwargs(cfg: AsyncActorLearnerConfig) -> None:
+    """``envpool_kwargs`` and ``gymnasium_kwargs``: pairs of settings the env's backend takes."""
+    from ppo_async.envs.registry import envpool_kwargs_problem, gymnasium_kwargs_problem
 
-    pairs = cfg.envpool_kwargs
-    _require(
-        isinstance(pairs, tuple) and all(
-            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
-            and isinstance(pair[1], (bool, int, float)) for pair in pairs
-        ),
-        "envpool_kwargs", pairs,
-        "must be (name, value) pairs with a bool, int or float value, "
-        "e.g. (('episodic_life', False),)",
-    )
-    names = [name for name, _ in pairs]
-    _require(len(set(names)) == len(names), "envpool_kwargs", pairs, "names a setting twice")
-    problem = envpool_kwargs_problem(cfg.env_id, pairs)
-    _require(problem is None, "envpool_kwargs", pairs, problem)
+    for field, example, problem_of in (
+        ("envpool_kwargs", "(('episodic_life', False),)", envpool_kwargs_problem),
+        ("gymnasium_kwargs", "(('include_cfrc_ext_in_observation', False),)",
+         gymnasium_kwargs_problem),
+    ):
+        pairs = getattr(cfg, field)
+        _require(
+            isinstance(pairs, tuple) and all(
+                isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                and isinstance(pair[1], (bool, int, float)) for pair in pairs
+            ),
+            field, pairs, f"must be (name, value) pairs with a bool, int or float value, e.g. "
+            f"{example}",
+        )
+        names = [name for name, _ in pairs]
+        _require(len(set(names)) == len(names), field, pairs, "names a setting twice")
+        problem = problem_of(cfg.env_id, pairs)
+        _require(problem is None, field, pairs, problem)
 
 
 def _validate_network(cfg: AsyncActorLearnerConfig) -> None:

@@ -260,18 +260,26 @@ def register_single_env(name: str, make_env: Callable[..., Any]) -> None:
 
 
 def make_host_env(env_id: str, num_envs: int, *, envpool_kwargs: Any = (),
-                  evaluation: bool = False, render: bool = False) -> HostVectorEnv:
+                  gymnasium_kwargs: Any = (), evaluation: bool = False,
+                  render: bool = False) -> HostVectorEnv:
     """A batch of ``num_envs`` host envs for a ``gymnasium:``, ``envpool:`` or ``host:`` id.
 
     ``envpool:`` envs get `envpool_make_kwargs` (for Atari games the standard
     training settings, or with ``evaluation`` the evaluation ones, then the
-    config's ``envpool_kwargs``). ``render`` makes gymnasium and envpool envs
+    config's ``envpool_kwargs``); ``gymnasium:`` envs get the config's
+    ``gymnasium_kwargs`` (pairs or a mapping). ``render`` makes gymnasium and envpool envs
     with ``render_mode="rgb_array"``, so that their ``render()`` returns frames.
     """
     backend, name = split_env_id(env_id)
     render_kwargs = {"render_mode": "rgb_array"} if render else {}
     if backend == GYMNASIUM:
-        return GymnasiumVectorEnv(name, num_envs, **render_kwargs)
+        try:
+            return GymnasiumVectorEnv(name, num_envs, **dict(gymnasium_kwargs), **render_kwargs)
+        except TypeError as error:  # an argument the env's constructor does not take
+            if not gymnasium_kwargs:
+                raise
+            raise HostEnvError(f"{env_id} with gymnasium_kwargs {tuple(gymnasium_kwargs)!r}: "
+                               f"{error}") from error
     if backend == ENVPOOL:
         make_kwargs = envpool_make_kwargs(env_id, envpool_kwargs, evaluation=evaluation)
         return EnvpoolVectorEnv(name, num_envs, **make_kwargs, **render_kwargs)

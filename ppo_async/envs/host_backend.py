@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -76,17 +77,17 @@ class HostBackend(EnvBackend):
         """envpool Atari games are played with the evaluation settings
         (`ppo_async.envs.registry.ATARI_EVAL_KWARGS`: whole games, unclipped
         score, sticky actions), not the training ones."""
-        return HostEpisodes(config.env_id, num_envs, config.envpool_kwargs)
+        return HostEpisodes(config.env_id, num_envs, config.env_make_kwargs())
 
     def player(self, config, seed: int) -> HostPlayer:
         del seed
-        env_id, envpool_kwargs = config.env_id, config.envpool_kwargs
+        env_id, make_kwargs = config.env_id, config.env_make_kwargs()
         if is_envpool_gym_mujoco(env_id):
             # envpool's MuJoCo renderer makes no OpenGL context of its own without a
             # display, and MuJoCo then ends the process; gymnasium's env of the same id
             # is the same model with the same observations, and renders headless.
-            env_id, envpool_kwargs = f"{GYMNASIUM}:{split_env_id(env_id)[1]}", ()
-        return HostPlayer(config.env_id, env_id, envpool_kwargs)
+            env_id, make_kwargs = f"{GYMNASIUM}:{split_env_id(env_id)[1]}", {}
+        return HostPlayer(config.env_id, env_id, make_kwargs)
 
 
 def backend(prefix: str) -> HostBackend:
@@ -100,10 +101,11 @@ class HostEpisodes:
     so an evaluator holds no simulator between evaluations.
     """
 
-    def __init__(self, env_id: str, num_envs: int, envpool_kwargs: Any = (), *,
-                 render: bool = False):
+    def __init__(self, env_id: str, num_envs: int, make_kwargs: Mapping[str, Any] | None = None,
+                 *, render: bool = False):
+        # make_kwargs: the config's env_make_kwargs() (envpool_kwargs, gymnasium_kwargs)
         self.env_id, self.num_envs = env_id, num_envs
-        self._make_kwargs = dict(envpool_kwargs=envpool_kwargs, evaluation=True, render=render)
+        self._make_kwargs = dict(make_kwargs or {}, evaluation=True, render=render)
         self.envs = self._make()
         self.observation_shape = tuple(int(d) for d in self.envs.observation_shape)
         space = self.action_space = self.envs.action_space
@@ -146,12 +148,12 @@ class HostEpisodes:
 class HostPlayer(HostEpisodes):
     """One host env made to render (``render_mode="rgb_array"``); its frames kept as they come."""
 
-    def __init__(self, run_env_id: str, env_id: str, envpool_kwargs: Any):
+    def __init__(self, run_env_id: str, env_id: str, make_kwargs: Mapping[str, Any]):
         import gymnasium
 
         self.run_env_id = run_env_id
         try:
-            super().__init__(env_id, 1, envpool_kwargs, render=True)
+            super().__init__(env_id, 1, make_kwargs, render=True)
         except gymnasium.error.DependencyNotInstalled as error:
             raise RenderError(f"{run_env_id}: rendering it needs a package "
                               f"({VIDEO_EXTRA}): {error}") from None

@@ -161,7 +161,7 @@ class HostRollout:
     def __init__(self, config: AsyncActorLearnerConfig):
         self.config = config
         self.env_id, self.num_envs = config.env_id, config.envs_per_actor
-        probe = make_host_env(self.env_id, self.num_envs, envpool_kwargs=config.envpool_kwargs)
+        probe = make_host_env(self.env_id, self.num_envs, **config.env_make_kwargs())
         self.observation_shape = tuple(int(d) for d in probe.observation_shape)
         self.action_space = action_space = probe.action_space
         close_envs(probe)
@@ -240,11 +240,10 @@ class HostRollout:
                 self.env_id, self.num_envs, workers=self.workers, groups=self.groups,
                 observation_shape=self.observation_shape, action_space=self.action_space,
                 env_modules=self.config.env_modules, factory=self.factory,
-                owner=threading.current_thread().name.replace("ppo-actor-", "actor "),
+                make_kwargs=self.config.env_make_kwargs(), owner=threading.current_thread().name.replace("ppo-actor-", "actor "),
                 reply_timeout_s=self.config.learner_timeout_s / 2)
         size = self.num_envs // self.groups
-        return EnvGroups([make_host_env(self.env_id, size,
-                                        envpool_kwargs=self.config.envpool_kwargs)
+        return EnvGroups([make_host_env(self.env_id, size, **self.config.env_make_kwargs())
                           for _ in range(self.groups)], size)
 
     def close(self, carry: HostCarry) -> None:

@@ -249,6 +249,40 @@ def envpool_make_kwargs(env_id: str, overrides: Any = (), *, evaluation: bool = 
     return kwargs
 
 
+def gymnasium_kwargs_problem(env_id: str, kwargs: Any) -> str | None:
+    """Why ``kwargs`` cannot be given to ``gymnasium.make_vec`` for ``env_id``, or None.
+
+    Checked by the config: only ``gymnasium:`` ids take them, and an env
+    class whose constructor takes no ``**kwargs`` must name each of them.
+    """
+    if not kwargs:
+        return None
+    backend, name = split_env_id(env_id)
+    if backend != GYMNASIUM:
+        return f"only gymnasium: env ids take gymnasium make() arguments (env_id is {env_id!r})"
+    import inspect
+
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    spec = gymnasium.spec(name)
+    if not isinstance(spec.entry_point, str) and not callable(spec.entry_point):
+        return None
+    creator = (load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str)
+               else spec.entry_point)
+    try:
+        parameters = inspect.signature(creator).parameters
+    except (TypeError, ValueError):  # a signature inspect cannot read: gymnasium decides
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    for key, _ in kwargs:
+        if key not in parameters:
+            return (f"{key!r} is not an argument of {name}'s constructor; choose from "
+                    + ", ".join(sorted(p for p in parameters if p != "self")))
+    return None
+
+
 def envpool_kwargs_problem(env_id: str, overrides: Any) -> str | None:
     """Why ``overrides`` cannot be given to ``envpool.make`` for ``env_id``, or None.
 

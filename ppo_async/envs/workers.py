@@ -194,6 +194,8 @@ class EnvWorkers:
       env_modules: imported by each worker first (they register the env).
       factory: for a ``host:`` id, its factory pickled (``pickle.dumps``); the
         worker registers it under the id's name.
+      make_kwargs: what `ppo_async.envs.host.make_host_env` gets besides the id
+        and size (the config's ``env_make_kwargs()``).
       owner: how errors name the envs' owner (``"actor 3"``).
       reply_timeout_s: a worker that does not answer a command for this long is hung.
     """
@@ -201,13 +203,15 @@ class EnvWorkers:
     def __init__(self, env_id: str, num_envs: int, *, workers: int, groups: int,
                  observation_shape: tuple[int, ...], action_space: Any,
                  env_modules: Sequence[str] = (), factory: bytes | None = None,
-                 owner: str = "actor", reply_timeout_s: float = 30.0,
+                 make_kwargs: dict[str, Any] | None = None, owner: str = "actor",
+                 reply_timeout_s: float = 30.0,
                  start_timeout_s: float = _START_TIMEOUT_S):
         per_group = num_envs // groups if groups else 0
         if groups < 1 or workers < 1 or num_envs % groups or per_group < workers:
             raise ValueError(f"{num_envs} envs cannot be split into {groups} groups of at "
                              f"least {workers} envs (one per worker) each")
         self.env_id, self.num_envs, self.owner = env_id, num_envs, owner
+        self._make_kwargs = dict(make_kwargs or {})  # make_host_env's, in every worker
         self.reply_timeout_s = reply_timeout_s
         self.observation_shape = tuple(observation_shape)
         self.action_space = action_space
@@ -311,7 +315,7 @@ class EnvWorkers:
         mine, theirs = socket.socketpair()
         setup = dict(env_id=self.env_id, held=self._held[w], memory=self._memory.name,
                      fields=fields, env_modules=tuple(env_modules), factory=factory,
-                     parent=os.getpid(), path=list(sys.path))
+                     make_kwargs=self._make_kwargs, parent=os.getpid(), path=list(sys.path))
         try:
             process = subprocess.Popen(
                 [sys.executable, "-c", _BOOTSTRAP, os.path.dirname(os.path.dirname(
@@ -430,7 +434,8 @@ def serve(fd: int, package: Any = None) -> None:
         if setup["factory"] is not None:
             register_host_env(split_env_id(setup["env_id"])[1], pickle.loads(setup["factory"]))
         for group, lo, hi in setup["held"]:
-            envs[group] = (lo, hi, make_host_env(setup["env_id"], hi - lo))
+            envs[group] = (lo, hi, make_host_env(setup["env_id"], hi - lo,
+                                                 **setup["make_kwargs"]))
         connection.send(("ok", None))
     except BaseException as error:  # noqa: BLE001 - reported to the actor, which raises it
         _report(connection, error)

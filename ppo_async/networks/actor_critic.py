@@ -182,6 +182,7 @@ class ActorCritic(nn.Module):
     continuous: bool
     hidden_sizes: Sequence[int] = (64, 64)
     torso: str = "none"
+    init_log_std: float = 0.0  # the Gaussian's initial log-std (continuous actions only)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[Distribution, jax.Array]:
@@ -191,7 +192,8 @@ class ActorCritic(nn.Module):
         value = _dense(1, 1.0)(critic)[..., 0]
         if self.continuous:
             mean = _dense(self.action_dim, 0.01)(actor)
-            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            log_std = self.param("log_std", nn.initializers.constant(self.init_log_std),
+                                 (self.action_dim,))
             return DiagGaussian(mean, log_std), value
         logits = _dense(self.action_dim, 0.01)(actor)
         return Categorical(logits), value
@@ -204,6 +206,7 @@ def make_network(
     network: str = "mlp",
     rnn_hidden_size: int = 128,
     torso: str = "auto",
+    init_log_std: float = 0.0,
 ) -> ActorCritic | RecurrentActorCritic:
     """The actor-critic for one observation shape and action space.
 
@@ -218,10 +221,13 @@ def make_network(
       rnn_hidden_size: features of the recurrent cell (recurrent networks only).
       torso: one of `TORSOS`, or "auto": "none" for a vector, "minatar" for
         an image. A torso that cannot read the observation raises ValueError.
+      init_log_std: the initial log-std of a continuous policy's Gaussian
+        (one learned number per action dimension, state-independent).
     """
     if network != "mlp":
         return _make_recurrent_network(
-            observation_shape, action_space, hidden_sizes, network, rnn_hidden_size, torso
+            observation_shape, action_space, hidden_sizes, network, rnn_hidden_size, torso,
+            init_log_std,
         )
     observation_shape = tuple(observation_shape)
     torso = resolve_torso(torso, observation_shape)
@@ -233,7 +239,7 @@ def make_network(
             f"action space {action_space!r}: expected a discrete space (with n) or a "
             "1-D box"
         )
-    return ActorCritic(shape[0], True, tuple(hidden_sizes), torso)
+    return ActorCritic(shape[0], True, tuple(hidden_sizes), torso, float(init_log_std))
 
 
 def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
@@ -345,6 +351,7 @@ class RecurrentActorCritic(nn.Module):
     torso: str = "none"
     cell: str = "lstm"
     rnn_hidden_size: int = 128
+    init_log_std: float = 0.0
 
     @property
     def state_size(self) -> int:
@@ -376,7 +383,8 @@ class RecurrentActorCritic(nn.Module):
         value = _dense(1, 1.0)(critic)[..., 0]
         if self.continuous:
             mean = _dense(self.action_dim, 0.01)(actor)
-            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            log_std = self.param("log_std", nn.initializers.constant(self.init_log_std),
+                                 (self.action_dim,))
             # Broadcast, so that the distribution stacks along time in `unroll`.
             return hidden, DiagGaussian(mean, jnp.broadcast_to(log_std, mean.shape)), value
         logits = _dense(self.action_dim, 0.01)(actor)
@@ -390,14 +398,15 @@ def is_recurrent(network: Any) -> bool:
 
 def _make_recurrent_network(
     observation_shape, action_space, hidden_sizes, cell: str, rnn_hidden_size: int,
-    torso: str,
+    torso: str, init_log_std: float,
 ) -> RecurrentActorCritic:
     if cell not in RECURRENT_CELLS:
         raise ValueError(f"network {cell!r}: expected 'mlp' or one of {RECURRENT_CELLS}")
-    feed_forward = make_network(observation_shape, action_space, hidden_sizes, torso=torso)
+    feed_forward = make_network(observation_shape, action_space, hidden_sizes, torso=torso,
+                                init_log_std=init_log_std)
     return RecurrentActorCritic(
         feed_forward.action_dim, feed_forward.continuous, feed_forward.hidden_sizes,
-        feed_forward.torso, cell, int(rnn_hidden_size),
+        feed_forward.torso, cell, int(rnn_hidden_size), feed_forward.init_log_std,
     )
 
 

@@ -152,7 +152,8 @@ _MAX_CACHED_EVALUATORS = 8
 
 def _cached_evaluator(config: AsyncActorLearnerConfig, num_episodes: int,
                       greedy: bool) -> Evaluator:
-    cache_key = (config.env_id, config.envpool_kwargs, tuple(config.hidden_sizes),
+    cache_key = (config.env_id, config.envpool_kwargs, config.gymnasium_kwargs,
+                 tuple(config.hidden_sizes), config.init_log_std,
                  config.actor_device,
                  num_episodes, bool(greedy), config.network, config.rnn_hidden_size,
                  config.normalization_options(), config.torso)

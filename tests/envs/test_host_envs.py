@@ -23,10 +23,12 @@ import pytest
 
 from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, train
 from ppo_async.envs.backends import make_actor_program
-from ppo_async.envs.host import HostEnvError, HostStep, HostVectorEnv
+from ppo_async.envs.host import HostEnvError, HostStep, HostVectorEnv, make_host_env
 from ppo_async.envs.host_rollout import make_host_actor_program
+from ppo_async.envs.workers import EnvWorkers
 from ppo_async.envs.registry import (
     UnknownEnvError,
+    env_backend,
     register_host_env,
     registered_host_envs,
     split_env_id,
@@ -369,6 +371,62 @@ def test_envpool_kwargs_are_validated_and_survive_config_json():
         AsyncActorLearnerConfig(env_id="envpool:Pong-v5", envpool_kwargs=(("seed", 1),))
     config = AsyncActorLearnerConfig(env_id="envpool:Pong-v5",
                                      envpool_kwargs=(("reward_clip", False), ("noop_max", 5)))
+    fields = json.loads(json.dumps(config.to_dict()))  # as config.json stores it
+    assert AsyncActorLearnerConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                      for k, v in fields.items()}) == config
+
+
+def _sutton_barto_rewards(envs, steps=60) -> np.ndarray:
+    envs.reset(3)
+    rewards = [envs.step(np.zeros(2, np.int32))[1] for _ in range(steps)]
+    return np.concatenate(rewards)
+
+
+def test_gymnasium_kwargs_reach_the_env_in_training_evaluation_and_workers():
+    # CartPole's sutton_barto_reward=True pays 0 per step and -1 at a fall, not +1.
+    kwargs = (("sutton_barto_reward", True),)
+    config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", gymnasium_kwargs=kwargs)
+    for envs in (make_host_env(config.env_id, 2, **config.env_make_kwargs()),
+                 EnvWorkers(config.env_id, 2, workers=1, groups=1, observation_shape=(4,),
+                            action_space=gymnasium.spaces.Discrete(2),
+                            make_kwargs=config.env_make_kwargs())):
+        try:
+            rewards = _sutton_barto_rewards(envs)
+        finally:
+            envs.close()
+        assert set(np.unique(rewards)) == {0.0, -1.0}  # pushing left always falls in 60 steps
+    plain = make_host_env(config.env_id, 2)
+    try:
+        assert set(np.unique(_sutton_barto_rewards(plain))) == {1.0}
+    finally:
+        plain.close()
+    episodes = env_backend(config.env_id).episode_env(config, 2)
+    try:
+        episodes.reset(0)
+        rewards = [episodes.step(np.zeros(2, np.int32))[1] for _ in range(60)]
+        assert set(np.unique(rewards)) == {0.0, -1.0}
+    finally:
+        episodes.close()
+
+
+def test_gymnasium_kwargs_are_validated_and_survive_config_json():
+    with pytest.raises(ConfigError, match="gymnasium_kwargs=.*only gymnasium: env ids"):
+        AsyncActorLearnerConfig(gymnasium_kwargs=(("sutton_barto_reward", True),))
+    with pytest.raises(ConfigError, match="gymnasium_kwargs=.*bool, int or float"):
+        AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1",
+                                gymnasium_kwargs=(("sutton_barto_reward", "yes"),))
+    with pytest.raises(ConfigError, match="'sutton_barto' is not an argument of CartPole-v1"):
+        AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1",
+                                gymnasium_kwargs=(("sutton_barto", True),))
+    with pytest.raises(ConfigError, match="names a setting twice"):
+        AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", gymnasium_kwargs=(
+            ("sutton_barto_reward", True), ("sutton_barto_reward", False)))
+    # An env whose constructor takes **kwargs: gymnasium itself refuses a wrong name,
+    # and the error names the setting.
+    with pytest.raises(HostEnvError, match="gymnasium_kwargs .*'no_such_setting'"):
+        make_host_env("gymnasium:CartPole-v1", 1, gymnasium_kwargs=(("no_such_setting", 1),))
+    config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1",
+                                     gymnasium_kwargs=(("sutton_barto_reward", True),))
     fields = json.loads(json.dumps(config.to_dict()))  # as config.json stores it
     assert AsyncActorLearnerConfig(**{k: tuple(v) if isinstance(v, list) else v
                                       for k, v in fields.items()}) == config

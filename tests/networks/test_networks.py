@@ -438,3 +438,18 @@ def test_a_torso_the_env_cannot_feed_is_a_config_error():
         make_actor_program(AsyncActorLearnerConfig(env_id="CartPole-v1", torso="nature"))
     with pytest.raises(ConfigError, match="torso='resnet'"):
         AsyncActorLearnerConfig(torso="resnet")
+
+
+@pytest.mark.parametrize("network", ["mlp", "gru"])
+def test_init_log_std_sets_the_gaussians_starting_spread(network):
+    from ppo_async import AsyncActorLearnerConfig, ConfigError
+
+    space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    config = AsyncActorLearnerConfig(env_id="Pendulum-v1", network=network, init_log_std=-1.5)
+    net = config.make_network((5,), space)
+    params = init_params(net, jax.random.key(0), (5,))
+    np.testing.assert_array_equal(params["params"]["log_std"], np.full(3, -1.5, np.float32))
+    default = make_network((5,), space, network=network)
+    assert init_params(default, jax.random.key(0), (5,))["params"]["log_std"].tolist() == [0.0] * 3
+    with pytest.raises(ConfigError, match="init_log_std=nan"):
+        AsyncActorLearnerConfig(init_log_std=float("nan"))
