@@ -14,6 +14,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parent.parent / "experiments"
@@ -453,3 +454,29 @@ def test_pbt_vs_sweep_dry_run_checks_both_specs_at_equal_env_steps(capsys):
     assert pbt["grid"] == sweep["grid"] and pbt["base"] == sweep["base"]
     assert pbt["pbt"]["population"] == len(sweep["grid"]["learning_rate"])
     assert "800000 and 800000 per repeat" in capsys.readouterr().out
+
+
+def test_robustness_reads_purejaxrl_metrics_and_refuses_a_missing_checkout(tmp_path, capsys):
+    robustness = load_script("robustness")
+    # [updates=2, steps=2, envs=2]: episodes end in time order 10, (20, 30), 40.
+    returns = np.array([[[0, 10], [20, 30]], [[0, 0], [40, 0]]], float)
+    ended = returns > 0
+    assert robustness.last_episodes_return_mean(returns, ended) == 25.0
+    assert robustness.last_episodes_return_mean(returns, ended, min_episodes=2) == 35.0
+    assert math.isnan(robustness.last_episodes_return_mean(returns, ended & False))
+    with pytest.raises(ValueError, match="updates, steps, envs"):
+        robustness.last_episodes_return_mean(returns[0], ended[0])
+    stats = robustness.tail_stats([500.0, 480.0, 100.0, float("nan")], threshold=475.0)
+    assert stats["solved_fraction"] == 0.5 and math.isnan(stats["p5"])
+    assert robustness.tail_stats([0.0, 100.0], threshold=1.0)["p5"] == 5.0  # linear
+
+    logits = np.log(np.array([[0.25, 0.75], [0.5, 0.5]]))
+    pi = robustness.StandInCategorical(logits)
+    np.testing.assert_allclose(pi.log_prob(np.array([1, 0])), np.log([0.75, 0.5]), rtol=1e-6)
+    np.testing.assert_allclose(pi.entropy(), [-(0.25 * np.log(0.25) + 0.75 * np.log(0.75)),
+                                             np.log(2)], rtol=1e-6)
+
+    for argv in (["--modes", "purejaxrl"], ["--purejaxrl", str(tmp_path)]):
+        with pytest.raises(SystemExit):
+            robustness.parse_args(argv)
+    assert "no ppo.py" in capsys.readouterr().err
