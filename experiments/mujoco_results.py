@@ -76,7 +76,14 @@ def mode_config(name: str, mode: str, seed: int, total_env_steps: int | None):
     if mode == "ray":
         return dataclasses.replace(config, actor_backend="ray")
     if mode == "envpool":
-        return dataclasses.replace(config, env_id="envpool:" + config.env_id.partition(":")[2])
+        # envpool's name for gymnasium's include_cfrc_ext_in_observation (the ant preset's)
+        kwargs = dict(config.gymnasium_kwargs)
+        envpool_kwargs = (() if kwargs.pop("include_cfrc_ext_in_observation", True) else
+                          (("use_contact_force", False),))
+        if kwargs:
+            raise SystemExit(f"{name}: no envpool twin of gymnasium_kwargs {kwargs}")
+        return dataclasses.replace(config, env_id="envpool:" + config.env_id.partition(":")[2],
+                                   gymnasium_kwargs=(), envpool_kwargs=envpool_kwargs)
     return config
 
 

@@ -62,13 +62,13 @@ def test_a_few_updates_of_hopper_and_walker2d_beat_a_random_policy(runs, name):
 
 
 def test_a_few_updates_of_ant_run_and_count_its_episodes(runs):
-    """Ant's return does not move measurably in 4 updates (training returns of
-    seeds 0 and 1 went -44 -> -53 and -56 -> -50; the episode length of 8
-    evaluation episodes was above or below a random policy's depending on the
-    seed), so here it is only trained and evaluated; whether it learns is the
+    """4 updates say little about Ant, whose preset starts from a small std that
+    already beats N(0, I) actions (its cost), so here it is only trained and
+    evaluated with the preset's 27 observations; whether it learns is the
     1M-step experiment's question (experiments/mujoco_results.py)."""
     config, params, _ = runs("ant")
     chex.assert_tree_all_finite(params)
+    assert params.obs_stats.mean.shape == (27,)  # Ant-v4's observation, contact forces left out
     result = evaluate(config, params, num_episodes=2, greedy=False)
     assert np.all(np.isfinite(result.episode_returns)) and np.all(result.episode_lengths > 0)
 
