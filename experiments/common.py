@@ -60,17 +60,19 @@ SERIAL_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 def avoid_vmapped_qr_deadlock() -> None:
     """Add `SERIAL_SCHEDULER_FLAG` to ``XLA_FLAGS``; call before JAX starts its CPU backend.
 
-    Importing ``ppo_async`` starts it, so an entry point calls this before its
-    JAX imports. Too late (JAX already imported), it warns instead.
+    XLA reads ``XLA_FLAGS`` when the first backend starts (the first array or
+    compile), not when JAX is imported, so importing ``ppo_async`` first is
+    fine. Too late (a backend already started), it warns instead.
     """
     flags = os.environ.get("XLA_FLAGS", "")
     if SERIAL_SCHEDULER_FLAG in flags.split():
         return
-    if "jax" in sys.modules:
+    # jax's private registry of started backends: empty until the first one starts
+    if getattr(sys.modules.get("jax._src.xla_bridge"), "_backends", None):
         import warnings
 
         warnings.warn(
-            f"JAX is already imported, so {SERIAL_SCHEDULER_FLAG} may not apply: a "
+            f"JAX's CPU backend has started, so {SERIAL_SCHEDULER_FLAG} does not apply: a "
             "vmapped synchronous twin can hang on a 2-core CPU (see experiments/common.py)",
             RuntimeWarning, stacklevel=2,
         )
