@@ -240,7 +240,8 @@ class HostRollout:
                 self.env_id, self.num_envs, workers=self.workers, groups=self.groups,
                 observation_shape=self.observation_shape, action_space=self.action_space,
                 env_modules=self.config.env_modules, factory=self.factory,
-                make_kwargs=self.config.env_make_kwargs(), owner=threading.current_thread().name.replace("ppo-actor-", "actor "),
+                make_kwargs=self.config.env_make_kwargs(),
+                owner=threading.current_thread().name.replace("ppo-actor-", "actor "),
                 reply_timeout_s=self.config.learner_timeout_s / 2)
         size = self.num_envs // self.groups
         return EnvGroups([make_host_env(self.env_id, size, **self.config.env_make_kwargs())

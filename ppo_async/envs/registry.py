@@ -265,11 +265,8 @@ def gymnasium_kwargs_problem(env_id: str, kwargs: Any) -> str | None:
     import gymnasium
     from gymnasium.envs.registration import load_env_creator
 
-    spec = gymnasium.spec(name)
-    if not isinstance(spec.entry_point, str) and not callable(spec.entry_point):
-        return None
-    creator = (load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str)
-               else spec.entry_point)
+    entry_point = gymnasium.spec(name).entry_point
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
     try:
         parameters = inspect.signature(creator).parameters
     except (TypeError, ValueError):  # a signature inspect cannot read: gymnasium decides
