@@ -5,8 +5,9 @@ Two parts, one script run (``--parts`` picks):
 - ``actions``: what a policy that has learnt nothing earns on Ant-v5 (27
   observations): 20 episodes of actions drawn from ``N(0, std^2)`` per joint,
   clipped to the action box, for each ``--stds``: the control cost per step
-  (``info["reward_ctrl"]``), the return per step and the episode length. No
-  JAX, seconds.
+  (``info["reward_ctrl"]``), the return per step and the episode length;
+  and how many of Ant-v5's 78 contact-force observations never move in 10
+  episodes of uniformly random actions. No JAX, seconds.
 - ``training``: the ``ant`` preset trained once per variant and seed for its
   budget (1M env steps), each variant changing what the preset observes
   (Ant-v5's default 105 numbers, or Ant-v4's 27: ``gymnasium_kwargs``
@@ -113,6 +114,26 @@ def random_actions(stds: list[float], episodes: int = 20) -> list[dict[str, Any]
     return rows
 
 
+def still_contact_forces(episodes: int = 10) -> tuple[int, int]:
+    """(contact-force observations that never moved, all of them) in Ant-v5's default 105."""
+    import gymnasium
+    import numpy as np
+
+    env = gymnasium.make("Ant-v5")
+    env.action_space.seed(0)
+    observations = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=episode)
+        done = False
+        while not done:
+            observations.append(obs)
+            obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            done = terminated or truncated
+    env.close()
+    forces = np.asarray(observations)[:, 27:]  # after Ant-v4's 27 numbers
+    return int(np.sum(forces.std(axis=0) == 0.0)), forces.shape[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
@@ -136,6 +157,10 @@ def main() -> None:
         rows = random_actions(args.stds)
         common.write_csv(out / "actions.csv", rows, list(rows[0]))
         summary["actions"] = rows
+        still, forces = still_contact_forces()
+        summary["contact_forces_never_moving"] = [still, forces]
+        print(f"   Ant-v5's contact forces that never moved in 10 random episodes: {still} of "
+              f"{forces}", flush=True)
         print(common.markdown_table(
             ["std", "control cost per step", "return per step", "episode length (median)"],
             [[f"{r['std']:.2f}", f"{r['control_cost_per_step']:.2f}",
