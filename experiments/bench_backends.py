@@ -119,7 +119,8 @@ def transport_costs(ray, config) -> dict:
 
     from ppo_async.envs.backends import make_actor_program
     from ppo_async.runtime.messages import Experience
-    from ppo_async.runtime.ray_transport import _actor_env_vars, _ActorProcess
+    from ppo_async.runtime.process_transport import actor_env_vars
+    from ppo_async.runtime.ray_transport import _ActorProcess
 
     program = make_actor_program(config)
     cpu = jax.devices("cpu")[0]
@@ -134,7 +135,7 @@ def transport_costs(ray, config) -> dict:
     from ppo_async.runtime.actor import ActorStart, ActorStats
 
     actor = ray.remote(_ActorProcess).options(
-        num_cpus=0, runtime_env={"env_vars": _actor_env_vars()}, max_concurrency=4,
+        num_cpus=0, runtime_env={"env_vars": actor_env_vars()}, max_concurrency=4,
     ).remote(0, config, None, ActorStart(), ActorStats(0))
     ray.get(actor.where.remote())
     round_trip_s = _median_time(lambda: ray.get(actor.where.remote()), 100)
@@ -174,7 +175,7 @@ def broadcast_costs(ray, config, widths: list[int], repeats: int) -> list[dict]:
 
     from ppo_async.core.update import init_learner_state, make_update_fn
     from ppo_async.runtime.messages import serialize_policy
-    from ppo_async.runtime.ray_transport import _actor_env_vars
+    from ppo_async.runtime.process_transport import actor_env_vars
     from ppo_async.runtime.transport import Publisher
 
     rows = []
@@ -196,7 +197,7 @@ def broadcast_costs(ray, config, widths: list[int], repeats: int) -> list[dict]:
         publisher.stop()
         publisher.thread.join(5)
         timer = ray.remote(_LoadTimer).options(
-            num_cpus=0, runtime_env={"env_vars": _actor_env_vars()}).remote((width, width))
+            num_cpus=0, runtime_env={"env_vars": actor_env_vars()}).remote((width, width))
         load_s = ray.get(timer.time_load.remote([ray.put(payload)], repeats))
         ray.kill(timer)
         rows.append({

@@ -6,9 +6,10 @@ left out of the rate: the first ``--skip`` updates or chunks are not timed):
 1. **Training** (``train``, the preset's config, ``--seconds`` of steady
    updates per row): lock-step (``exact_policy_lag=0``, envs in the actors'
    threads), thread-stepped envs at the default exact lag 1
-   (``env_workers=0``, the default), env workers (one per actor, two groups), and Ray actor
-   processes (``env_workers=0``). Ratios: each against lock-step, and env
-   workers against Ray.
+   (``env_workers=0``, the default), env workers (one per actor, two groups), actor
+   processes (``actor_backend="processes"``) and Ray actor processes (both
+   ``env_workers=0``). Ratios: each against lock-step, and env workers and
+   actor processes against Ray.
 2. **Collection alone** (no learner, the preset's jitted policy with its
    initial params, ``num_actors`` actor threads each running its rollout in a
    loop): env steps/s with env workers and with thread-stepped envs, against
@@ -41,6 +42,7 @@ TRAIN_MODES = {  # name -> config fields over the preset
     "lock-step": dict(exact_policy_lag=0, env_workers=0),
     "threads": dict(env_workers=0),
     "env-workers": dict(env_workers=1),  # one per actor, two groups
+    "processes": dict(actor_backend="processes", env_workers=0),
     "ray": dict(actor_backend="ray", env_workers=0),
 }
 COLLECT_MODES = ("env-workers", "threads", "random:EnvWorkers", "random:AsyncVectorEnv",
@@ -233,9 +235,10 @@ def main(argv: list[str] | None = None) -> dict:
     rate = {(r["part"], r["mode"]): r["env_steps_per_s"] for r in rows}
     ratios = {}
     if ("train", "lock-step") in rate:
-        for mode in ("threads", "env-workers", "ray"):
+        for mode in ("threads", "env-workers", "processes", "ray"):
             ratios[f"train {mode} / lock-step"] = rate["train", mode] / rate["train", "lock-step"]
-        ratios["train env-workers / ray"] = rate["train", "env-workers"] / rate["train", "ray"]
+        for mode in ("env-workers", "processes"):
+            ratios[f"train {mode} / ray"] = rate["train", mode] / rate["train", "ray"]
     if ("collect", "env-workers") in rate:
         best = max(rate["collect", m] for m in COLLECT_MODES
                    if m.startswith("random:") and rate["collect", m] == rate["collect", m])

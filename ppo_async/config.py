@@ -75,8 +75,8 @@ class AsyncActorLearnerConfig:
     """With thread actors: a learner that cannot run for 2 x learner_timeout_s (a thread holds the GIL, as an env stuck in C code does) ends the process with every thread's stack on stderr and in RUN_DIR/error.txt (faulthandler.dump_traceback_later; a process has one such timer: False leaves it to your own)."""
 
     # --- transport ---
-    actor_backend: Literal["threads", "ray"] = "threads"
-    """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs), or 'ray' processes (host envs written in Python, a hung env that must be killed, several machines; pip install 'ppo-async[ray]')."""
+    actor_backend: Literal["threads", "processes", "ray"] = "threads"
+    """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs: their rollouts leave the GIL free), 'processes' of this machine, one per actor (host envs stepped in Python or C, such as MuJoCo: each actor has a core and a GIL of its own; a hung env is killed), or 'ray' processes (the same, past one machine; pip install 'ppo-async[ray]'). Processes take seconds to start (each imports JAX). The MuJoCo presets choose processes."""
     batch_inference: bool | None = None
     """Thread actors of one device share their jitted calls, made by an inference thread for every actor waiting: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, a gymnax env's actors their chunks (one vmapped rollout). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). None: on for host envs from 16 actors (fewer are as fast or faster calling alone), off for gymnax (the vmapped rollout gains 4-11% on 2 cores and compiles 0.6 s longer); docs/benchmarks.md has the figures. False: every actor calls alone, as Ray actors do."""
     env_workers: int = 0
@@ -617,8 +617,8 @@ def _validate_network(cfg: AsyncActorLearnerConfig) -> None:
 
 
 def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
-    _require(cfg.actor_backend in ("threads", "ray"), "actor_backend", cfg.actor_backend,
-             "must be 'threads' or 'ray'")
+    _require(cfg.actor_backend in ("threads", "processes", "ray"), "actor_backend",
+             cfg.actor_backend, "must be 'threads', 'processes' or 'ray'")
     _require(cfg.ray_address is None or (isinstance(cfg.ray_address, str) and cfg.ray_address),
              "ray_address", cfg.ray_address,
              "must be None (a private local Ray instance), 'auto' or 'host:port' of a cluster")
@@ -636,15 +636,18 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
         "must be (name, amount) pairs with a non-empty name and an amount > 0, "
         "e.g. (('actor_node', 1),)",
     )
-    if cfg.actor_backend != "ray":
+    if cfg.actor_backend == "threads":
         return
     from ppo_async.core.devices import parse_device_spec
 
-    _require(importlib.util.find_spec("ray") is not None, "actor_backend", cfg.actor_backend,
-             "Ray is not installed; pip install 'ppo-async[ray]' (or use actor_backend='threads')")
+    if cfg.actor_backend == "ray":
+        _require(importlib.util.find_spec("ray") is not None, "actor_backend", cfg.actor_backend,
+                 "Ray is not installed; pip install 'ppo-async[ray]' (or use "
+                 "actor_backend='processes' on one machine)")
     _require(parse_device_spec(cfg.actor_device) in (("cpu", 0),), "actor_device",
              cfg.actor_device,
-             "with actor_backend='ray' each actor process has one CPU device; use 'cpu'")
+             f"with actor_backend={cfg.actor_backend!r} each actor process has one CPU device; "
+             "use 'cpu'")
 
 
 def check_learner_devices(cfg: AsyncActorLearnerConfig, num_devices: int) -> None:

@@ -46,9 +46,13 @@ from ppo_async.errors import did_you_mean
 # value; no entropy bonus; observations and rewards normalized and clipped at
 # 10. The policy's log-std is a learned vector, independent of the state
 # (networks.actor_critic), as in cleanrl; actions are clipped to the box for
-# the env only.
+# the env only. The actors are processes: each steps its simulator with a GIL
+# of its own (1.6x lock-step on Hopper on 2 cores, where thread actors reach
+# 1.0-1.1x; docs/benchmarks.md), and at the exact lag a run gives the bytes
+# of thread actors, so the results measured with threads hold.
 MUJOCO_FIELDS: dict[str, Any] = dict(
     total_env_steps=1_000_000, num_actors=2, envs_per_actor=4, num_steps=256,
+    actor_backend="processes",
     num_epochs=10, num_minibatches=32, learning_rate=3e-4, anneal_lr=True, gamma=0.99,
     gae_lambda=0.95, clip_eps=0.2, value_clip_eps=0.2, ent_coef=0.0, vf_coef=0.5,
     max_grad_norm=0.5, normalize_observations=True, normalize_rewards=True,

@@ -134,6 +134,10 @@ def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
         from ppo_async.runtime.ray_transport import RayTransport
 
         return RayTransport(config, program)
+    if config.actor_backend == "processes":
+        from ppo_async.runtime.process_transport import ProcessTransport
+
+        return ProcessTransport(config, program)
     return ThreadTransport(config, program, actor_device)
 
 

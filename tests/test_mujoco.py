@@ -35,7 +35,10 @@ def runs(tmp_path_factory):
     def run(name):
         if name not in trained:
             config = preset(name)
-            config = preset(name, total_env_steps=UPDATES * config.batch_size)
+            # Thread actors: the preset's actor processes give the same bytes at its exact
+            # lag (tests/runtime/test_processes.py), and starting them costs seconds a run.
+            config = preset(name, total_env_steps=UPDATES * config.batch_size,
+                            actor_backend="threads")
             run_dir = tmp_path_factory.mktemp(name) / "run"
             result = train(config, run_dir=run_dir, progress=False)
             assert result.report.updates == UPDATES
@@ -97,7 +100,8 @@ def envpool_run(tmp_path_factory):
     if not ENVPOOL_WHEELS:
         pytest.skip("envpool ships wheels for Linux x86_64 only")
     config = preset("hopper", env_id="envpool:Hopper-v4", envs_per_actor=2, num_steps=16,
-                    num_epochs=1, num_minibatches=2, total_env_steps=2 * 64)
+                    num_epochs=1, num_minibatches=2, total_env_steps=2 * 64,
+                    actor_backend="threads")  # envpool steps in its own C++ threads
     run_dir = tmp_path_factory.mktemp("envpool") / "run"
     return train(config, run_dir=run_dir, progress=False), run_dir
 

@@ -59,7 +59,7 @@ def ray_processes() -> list:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from ppo_async.runtime.ray_transport import inherited_cache_env
+    from ppo_async.runtime.process_transport import inherited_cache_env
 
     assert not ray.is_initialized()
     os.environ["RAY_AUTH_MODE"] = "disabled"

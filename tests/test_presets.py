@@ -102,7 +102,8 @@ def test_the_mujoco_presets_are_cleanrls_continuous_ppo_on_gymnasium_v5(name, en
     # (docs/results.md, "Why the ant preset did not walk").
     assert (config.gymnasium_kwargs, config.init_log_std) == (
         ((("include_cfrc_ext_in_observation", False),), -1.0) if name == "ant" else ((), 0.0))
-    assert not config.use_vtrace and config.actor_backend == "threads"
+    # Actor processes: a GIL per simulator (docs/benchmarks.md, "Env workers").
+    assert not config.use_vtrace and config.actor_backend == "processes"
 
 
 def test_preset_overrides_and_unknown_names():

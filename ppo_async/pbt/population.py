@@ -183,7 +183,8 @@ def run_pbt(spec: str | os.PathLike | Mapping[str, Any] | PBTSpec, out: str | os
     except ImportError:
         raise ConfigError("PBT runs on Ray Tune, which is not installed: pip install "
                           "'ppo-async[ray]'") from None
-    from ppo_async.runtime.ray_transport import connect, inherited_cache_env
+    from ppo_async.runtime.process_transport import inherited_cache_env
+    from ppo_async.runtime.ray_transport import connect
 
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / PBT_FILE, pbt.to_toml().encode())

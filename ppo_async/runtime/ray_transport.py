@@ -34,9 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-import pickle
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -46,9 +44,7 @@ from typing import Any, NamedTuple
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs.backends import make_actor_program
-from ppo_async.envs.gymnax_env import EnvCarry
 from ppo_async.envs.program import ActorProgram
-from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
 from ppo_async.runtime.actor import ActorStart, ActorStats, run_actor
 from ppo_async.runtime.learner import LearnerTimeoutError
 from ppo_async.runtime.messages import (
@@ -58,16 +54,17 @@ from ppo_async.runtime.messages import (
     take_all,
     take_newest,
 )
+from ppo_async.runtime.process_transport import (  # shared by every actor process
+    actor_env_vars,
+    host_env_payload,
+    outgoing,
+)
 from ppo_async.runtime.transport import Publisher
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.2  # longest an actor's poll call blocks waiting for experience
 _WAIT_SLICE_S = 0.05  # the learner's receive looks at reported failures this often
-# XLA flags of an actor process, so that N actors fit N cores: the first makes XLA's
-# CPU kernels (Eigen) single-threaded; the second is the companion JAX users set for
-# one-thread CPU runs (without a leading -- XLA's flag parser passes it over: harmless).
-ACTOR_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 PRIVATE_OBJECT_STORE_BYTES = 256 * 1024**2  # weights and chunks are small; keep /dev/shm free
 
 
@@ -108,16 +105,7 @@ class _ProcessEndpoint:
         return PolicyBroadcast(delivery.version, self._ray.get(delivery.refs[0]))
 
     def send(self, item: Experience | ActorFailure) -> None:
-        if isinstance(item, Experience):
-            # A gymnax carry travels as host arrays: unpickling device arrays would cost
-            # the learner's thread time on every chunk. A host-env carry holds live
-            # simulators: it stays here (checkpoints of host-env runs restart their envs).
-            carry = item.env_carry
-            item = item._replace(env_carry=(
-                self._jax.device_get(carry) if isinstance(carry, EnvCarry) else None))
-        if isinstance(item, ActorFailure):
-            item = _picklable_failure(item)
-        self.outbox.put(item)
+        self.outbox.put(outgoing(item, self._jax.device_get))
 
     def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
         newest, taken = take_newest(self.inbox)
@@ -138,16 +126,6 @@ class _ProcessEndpoint:
 
     def stopped(self) -> bool:
         return self.stop.is_set()
-
-
-def _picklable_failure(failure: ActorFailure) -> ActorFailure:
-    """The failure, with its exception replaced by a RuntimeError if it cannot be pickled."""
-    try:
-        pickle.loads(pickle.dumps(failure.error))
-        return failure
-    except Exception:  # noqa: BLE001 - any pickling problem
-        error = RuntimeError(f"{type(failure.error).__name__}: {failure.error}")
-        return failure._replace(error=error)
 
 
 class _ActorProcess:
@@ -215,57 +193,6 @@ class _ActorProcess:
 # --------------------------------------------------------------------------
 # The learner's side.
 # --------------------------------------------------------------------------
-
-
-def _actor_env_vars() -> dict[str, str]:
-    """Environment of an actor process, set before JAX is imported there."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join([*flags, ACTOR_XLA_FLAGS])}
-    env.update(inherited_cache_env())  # the learner's persistent compilation cache, if it has one
-    return env
-
-
-def inherited_cache_env() -> dict[str, str]:
-    """Environment variables that give a child process this process's compilation cache.
-
-    Empty when this process has none (or has not imported JAX). Ray's actor
-    processes and a sweep's workers (`ppo_async.sweep`) set them before JAX
-    starts there.
-    """
-    if "jax" not in sys.modules:
-        return {}
-    import jax
-
-    cache_dir = jax.config.jax_compilation_cache_dir
-    if not cache_dir:
-        return {}
-    return {"JAX_COMPILATION_CACHE_DIR": str(cache_dir),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
-                str(jax.config.jax_persistent_cache_min_compile_time_secs)}
-
-
-def _host_env_payload(ray: Any, env_id: str) -> tuple[str, bytes] | None:
-    """A ``host:NAME`` env's factory, pickled by value so an actor process can register it."""
-    backend, name = split_env_id(env_id)
-    if backend != HOST:
-        return None
-    factory = host_env_factory(name)
-    # register_single_env wraps the user's env factory: its module is the one to look at.
-    module = sys.modules.get(getattr(getattr(factory, "make_env", factory), "__module__", ""), None)
-    by_value = module is not None and module.__name__ != "__main__" and not (
-        module.__name__.startswith("ppo_async")
-        or "site-packages" in str(getattr(module, "__file__", ""))
-    )
-    # A factory defined in a script or test module cannot be imported by name
-    # in another process; its code travels with it.
-    if by_value:
-        ray.cloudpickle.register_pickle_by_value(module)
-    try:
-        return name, ray.cloudpickle.dumps(factory)
-    finally:
-        if by_value:
-            ray.cloudpickle.unregister_pickle_by_value(module)
 
 
 def connect(ray: Any, address: str | None, env_vars: dict[str, str] | None = None) -> bool:
@@ -341,7 +268,7 @@ class RayTransport:
         self._connected_here = connect(ray, config.ray_address)
         try:
             _check_resources(ray, config)
-            self._host_env = _host_env_payload(ray, config.env_id)
+            self._host_env = host_env_payload(ray.cloudpickle, config.env_id)
         except BaseException:
             self._disconnect()
             raise
@@ -402,7 +329,7 @@ class RayTransport:
         options: dict[str, Any] = dict(
             num_cpus=self.config.ray_num_cpus_per_actor,
             resources=dict(self.config.ray_actor_resources),
-            runtime_env={"env_vars": _actor_env_vars()},
+            runtime_env={"env_vars": actor_env_vars()},
             max_concurrency=4,  # deliver, poll and stop beside the loop's own thread
         )
         actor = self._remote.options(**options).remote(

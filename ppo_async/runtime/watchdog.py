@@ -66,8 +66,8 @@ def explanation(timeout_s: float, run_dir: pathlib.Path | None) -> str:
         "thread holds Python's GIL and does not let go (an env stepping in C code that never "
         "returns?), so no Python runs, not even Ctrl-C. Every thread's stack follows, newest "
         "call first: the stuck actor's ends in its env's step (actor threads are named below). "
-        f"The process exits with status 1{kept}. With actor_backend='ray' each actor is a "
-        "process, which is killed and restarted instead."
+        f"The process exits with status 1{kept}. With actor_backend='processes' or 'ray' each "
+        "actor is a process, which is killed and restarted instead."
     )
 
 
@@ -88,12 +88,12 @@ class FreezeWatchdog:
     def for_run(cls, config: AsyncActorLearnerConfig, run_dir: pathlib.Path | None,
                 start_updates: int, error_file: pathlib.Path | None = None
                 ) -> FreezeWatchdog | None:
-        """The armed watchdog of a run with thread actors; None for Ray, when disabled, or taken.
+        """The armed watchdog of a run with thread actors; None for processes, when disabled, or taken.
 
         ``error_file``: where the stacks of a frozen run are written (``RUN_DIR/error.txt``).
         """
         global _owner
-        if config.actor_backend == "ray" or not config.freeze_watchdog:
+        if config.actor_backend != "threads" or not config.freeze_watchdog:
             return None
         timeout_s = 2 * config.learner_timeout_s
         with _owner_lock:

@@ -114,7 +114,7 @@ TWIN_XLA_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 def _worker_env(twin: bool) -> dict[str, str]:
     """A worker's environment: this one's, this process's compilation cache, the twin's flag."""
-    from ppo_async.runtime.ray_transport import inherited_cache_env
+    from ppo_async.runtime.process_transport import inherited_cache_env
 
     env = {**os.environ, **inherited_cache_env()}
     if twin and TWIN_XLA_FLAG not in env.get("XLA_FLAGS", "").split():
@@ -230,7 +230,7 @@ class RayPool:
                                   f"(learner and actors), the Ray cluster has {cpus:g}")
 
     def start(self, job: Job, message: dict[str, Any]) -> None:
-        from ppo_async.runtime.ray_transport import inherited_cache_env
+        from ppo_async.runtime.process_transport import inherited_cache_env
 
         env_vars = inherited_cache_env()
         if job.twin:

@@ -72,7 +72,7 @@ def test_importing_ppo_async_does_not_import_ray():
 
 def test_ray_fields_are_validated():
     with pytest.raises(ConfigError, match="actor_backend"):
-        AsyncActorLearnerConfig(actor_backend="processes")
+        AsyncActorLearnerConfig(actor_backend="forks")
     with pytest.raises(ConfigError, match="ray_num_cpus_per_actor"):
         AsyncActorLearnerConfig(actor_backend="ray", ray_num_cpus_per_actor=-1)
     with pytest.raises(ConfigError, match="ray_actor_resources"):

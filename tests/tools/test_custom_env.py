@@ -33,7 +33,7 @@ def readme_module(first_line: str) -> str:
 
 
 def _child_env() -> dict[str, str]:
-    from ppo_async.runtime.ray_transport import inherited_cache_env
+    from ppo_async.runtime.process_transport import inherited_cache_env
 
     return {**os.environ, **inherited_cache_env(), "PYTHONPATH": str(ROOT)}
 

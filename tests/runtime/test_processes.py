@@ -1,0 +1,145 @@
+"""Actors as processes of this machine (`ppo_async.runtime.process_transport`), without Ray.
+
+Each test starts actor processes, each importing JAX (seconds on 2 cores),
+so the runs are tiny and each test checks several things of one run. The
+host env that misbehaves is defined in this file; its code travels to the
+actor processes by value.
+"""
+
+import dataclasses
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import flax.serialization
+import numpy as np
+import psutil
+import pytest
+
+from ppo_async import AsyncActorLearnerConfig, ConfigError, train
+from ppo_async.envs.host import HostStep
+from ppo_async.envs.registry import register_host_env
+
+TINY = AsyncActorLearnerConfig(
+    env_id="gymnasium:CartPole-v1", num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1,
+    num_minibatches=2, total_env_steps=2 * 2 * 8 * 6, seed=0, exact_policy_lag=1,
+    actor_backend="processes", learner_timeout_s=60.0, shutdown_timeout_s=20.0,
+)
+
+
+def _gone(pids, timeout_s=10.0) -> list[int]:
+    """The pids still alive (and not zombies) after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [pid for pid in pids if psutil.pid_exists(pid)
+                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def test_processes_take_a_cpu_actor_device_only():
+    with pytest.raises(ConfigError, match="each actor process has one CPU device"):
+        dataclasses.replace(TINY, actor_device="cpu:1")
+    with pytest.raises(ConfigError, match="'threads', 'processes' or 'ray'"):
+        dataclasses.replace(TINY, actor_backend="forks")
+
+
+def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors():
+    over_processes = train(TINY, progress=False)
+    pids = [s.pid for s in over_processes.report.actor_stats]
+    assert len(set(pids)) == 2 and os.getpid() not in pids  # two processes of their own
+    assert _gone(pids) == [], "actor processes outlived the run"
+    # One actor per process calls its policy alone, as thread actors do without batching.
+    threads = train(dataclasses.replace(TINY, actor_backend="threads", batch_inference=False),
+                    progress=False)
+    assert (flax.serialization.to_bytes(over_processes.params)
+            == flax.serialization.to_bytes(threads.params))
+    assert over_processes.report.policy_lag_counts == threads.report.policy_lag_counts
+    assert sum(s.env_steps for s in over_processes.report.actor_stats) >= TINY.total_env_steps
+
+
+class _KillsItself:
+    """A pure-Python env: 20-step episodes; once per run (a marker file), one actor's process
+    kills itself with SIGKILL."""
+
+    observation_shape = (2,)
+    marker: str = ""  # set per test: the file whose creation claims the kill
+
+    def __init__(self, num_envs):
+        import gymnasium
+
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.num_envs, self.t, self.steps = num_envs, np.zeros(num_envs), 0
+
+    def reset(self, seed):
+        return np.zeros((self.num_envs, 2), np.float32)
+
+    def step(self, actions):
+        self.steps += 1
+        if self.steps == 40:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                fd = None
+            if fd is not None:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+        self.t += 1
+        done = self.t >= 20
+        self.t[done] = 0
+        obs = np.stack([self.t / 20, actions.astype(np.float64)], -1).astype(np.float32)
+        return HostStep(obs, np.ones(self.num_envs), done, np.zeros(self.num_envs, bool), obs)
+
+
+def test_a_killed_actor_process_is_named_and_restarted(tmp_path: pathlib.Path, caplog):
+    marker = tmp_path / "killed.pid"
+    register_host_env("kills-itself", type("KillsItself", (_KillsItself,),
+                                           {"marker": str(marker)}))
+    config = dataclasses.replace(TINY, env_id="host:kills-itself", max_actor_restarts=1,
+                                 total_env_steps=TINY.batch_size * 12, env_workers=0)
+    with caplog.at_level("WARNING"):
+        report = train(config, progress=False).report
+    killed = int(marker.read_text())
+    assert report.updates == 12 and report.actor_restarts == 1
+    (restarted,) = [s for s in report.actor_stats if s.restarts == 1]
+    assert restarted.pid != killed  # a new process took its place
+    # The supervisor logged the death with the actor, its pid and the signal.
+    assert f"(pid {killed}) ended: killed by signal SIGKILL" in caplog.text
+    assert _gone([s.pid for s in report.actor_stats]) == []
+
+
+_SCRIPT = """
+import sys, psutil
+from ppo_async import AsyncActorLearnerConfig, train
+
+def on_update(metrics):
+    if metrics["update"] == 2:
+        print(" ".join(str(c.pid) for c in psutil.Process().children()), flush=True)
+
+config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", num_actors=2, envs_per_actor=2,
+                                 num_steps=8, num_epochs=1, num_minibatches=2,
+                                 total_env_steps=10**9, actor_backend="processes")
+train(config, progress=False, on_update=on_update)
+"""
+
+
+def test_a_killed_learner_leaves_no_actor_process():
+    learner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_SCRIPT)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        line = learner.stdout.readline()  # written once both actors have sent chunks
+        actor_pids = [int(pid) for pid in line.split()]
+        assert len(actor_pids) == 2, line
+        assert _gone(actor_pids, timeout_s=0.5) == actor_pids  # running
+        learner.send_signal(signal.SIGKILL)
+        learner.wait(10)
+        assert _gone(actor_pids) == [], "actor processes outlived their learner"
+    finally:
+        learner.kill()
+        learner.wait(10)
