@@ -4,20 +4,20 @@ The env (``host:sleepy``, registered here) sleeps ``--step-ms`` per step of a
 batch, releasing the GIL as a simulator in C would, so the ideal rate of
 ``N`` actors of ``E`` envs each is ``N * E / step time``: with nothing else
 to pay, every actor would spend all its time inside its env's step. Each row
-trains `ppo_async.train` (thread actors, or Ray process actors with
-``--backend ray``) in a fresh process and reports the
+trains `ppo_async.train` (thread actors; actor processes with ``--backend
+processes``; Ray process actors with ``--backend ray``) in a fresh process and reports the
 steady rate (the updates after the first ``--skip`` ones, which include the
 compile) and its ratio to the ideal.
 
     python experiments/bench_scaling.py [--actors 1 2 4 8 16 32 64] [--envs-per-actor 1]
-        [--step-ms 2] [--seconds 8] [--backend threads|ray]
+        [--step-ms 2] [--seconds 8] [--backend threads|processes|ray]
         [--inference batched per-actor]
 
 With thread actors each count runs twice by default, in alternation: with
 batched inference (``batch_inference=True``, the default: one policy call
 per env step for every actor waiting) and with a policy call per actor
 (``per-actor``), so the script gives their ratio on the same machine and
-load. Ray actors are processes of one actor each and always call their own.
+load. Actor processes (and Ray's) hold one actor each and always call their own.
 The ratio falls with the number of actors when the runtime's per-actor cost
 (a Python thread, its policy calls, its share of the GIL) and not the env
 sets the pace.
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=8.0,
                         help="steady seconds measured per row")
     parser.add_argument("--skip", type=int, default=3, help="first updates left out (compile)")
-    parser.add_argument("--backend", choices=["threads", "ray"], default="threads",
+    parser.add_argument("--backend", choices=["threads", "processes", "ray"], default="threads",
                         help="actor_backend: thread actors, or Ray processes (a private local "
                              "instance per row)")
     parser.add_argument("--inference", nargs="+", choices=["batched", "per-actor"],

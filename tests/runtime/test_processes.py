@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
-from ppo_async import AsyncActorLearnerConfig, ConfigError, train
+from ppo_async import AsyncActorLearnerConfig, ConfigError, LearnerTimeoutError, train
 from ppo_async.envs.host import HostStep
 from ppo_async.envs.registry import register_host_env
 
@@ -63,12 +63,13 @@ def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors():
     assert sum(s.env_steps for s in over_processes.report.actor_stats) >= TINY.total_env_steps
 
 
-class _KillsItself:
+class _Misbehaves:
     """A pure-Python env: 20-step episodes; once per run (a marker file), one actor's process
-    kills itself with SIGKILL."""
+    kills itself with SIGKILL (``how = "kill"``) or spins forever in its step ("spin")."""
 
     observation_shape = (2,)
-    marker: str = ""  # set per test: the file whose creation claims the kill
+    marker: str = ""  # set per test: the file whose creation claims the misbehaviour
+    how = "kill"
 
     def __init__(self, num_envs):
         import gymnasium
@@ -89,7 +90,10 @@ class _KillsItself:
             if fd is not None:
                 os.write(fd, str(os.getpid()).encode())
                 os.close(fd)
-                os.kill(os.getpid(), signal.SIGKILL)
+                if self.how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                while True:  # a hung env: pure Python that never returns
+                    pass
         self.t += 1
         done = self.t >= 20
         self.t[done] = 0
@@ -97,12 +101,18 @@ class _KillsItself:
         return HostStep(obs, np.ones(self.num_envs), done, np.zeros(self.num_envs, bool), obs)
 
 
+def _misbehaving(tmp_path: pathlib.Path, how: str, **changes) -> tuple[AsyncActorLearnerConfig,
+                                                                     pathlib.Path]:
+    marker = tmp_path / f"{how}.pid"
+    register_host_env(f"misbehaves-{how}", type(f"Misbehaves_{how}", (_Misbehaves,),
+                                                {"marker": str(marker), "how": how}))
+    changes.setdefault("total_env_steps", TINY.batch_size * 12)
+    return dataclasses.replace(TINY, env_id=f"host:misbehaves-{how}", env_workers=0,
+                               **changes), marker
+
+
 def test_a_killed_actor_process_is_named_and_restarted(tmp_path: pathlib.Path, caplog):
-    marker = tmp_path / "killed.pid"
-    register_host_env("kills-itself", type("KillsItself", (_KillsItself,),
-                                           {"marker": str(marker)}))
-    config = dataclasses.replace(TINY, env_id="host:kills-itself", max_actor_restarts=1,
-                                 total_env_steps=TINY.batch_size * 12, env_workers=0)
+    config, marker = _misbehaving(tmp_path, "kill", max_actor_restarts=1)
     with caplog.at_level("WARNING"):
         report = train(config, progress=False).report
     killed = int(marker.read_text())
@@ -112,6 +122,19 @@ def test_a_killed_actor_process_is_named_and_restarted(tmp_path: pathlib.Path, c
     # The supervisor logged the death with the actor, its pid and the signal.
     assert f"(pid {killed}) ended: killed by signal SIGKILL" in caplog.text
     assert _gone([s.pid for s in report.actor_stats]) == []
+
+
+def test_an_actor_process_spinning_forever_is_killed_and_named(tmp_path: pathlib.Path):
+    config, marker = _misbehaving(tmp_path, "spin", learner_timeout_s=6.0,
+                                  total_env_steps=TINY.batch_size * 200)
+    with pytest.raises(LearnerTimeoutError, match="learner_timeout_s=6.0") as info:
+        train(config, progress=False)
+    raised_at = time.time()
+    spinning = int(marker.read_text())
+    assert len(info.value.actor_ids) == 1
+    assert f"killed: actor {info.value.actor_ids[0]}" in "\n".join(info.value.__notes__)
+    assert raised_at - marker.stat().st_mtime < config.learner_timeout_s + 6
+    assert _gone([spinning]) == []  # killed, not left spinning
 
 
 _SCRIPT = """
