@@ -38,10 +38,10 @@ import time
 
 import common
 
-TRAIN_MODES = {  # name -> config fields over the preset
-    "lock-step": dict(exact_policy_lag=0, env_workers=0),
-    "threads": dict(env_workers=0),
-    "env-workers": dict(env_workers=1),  # one per actor, two groups
+TRAIN_MODES = {  # name -> config fields over the preset (whatever actors it chooses)
+    "lock-step": dict(exact_policy_lag=0, actor_backend="threads", env_workers=0),
+    "threads": dict(actor_backend="threads", env_workers=0),
+    "env-workers": dict(actor_backend="threads", env_workers=1),  # one per actor, two groups
     "processes": dict(actor_backend="processes", env_workers=0),
     "ray": dict(actor_backend="ray", env_workers=0),
 }

@@ -18,6 +18,9 @@ alternating seed by seed:
 - ``async-unpipelined``: the same `train()` with the learner's pipelined
   readback off (``learner_loop(pipeline=False)``: every update read back
   before the next is dispatched), to measure what pipelining gives.
+- ``async-processes``: the same `train()` with ``actor_backend="processes"``:
+  each actor in a process of its own (one XLA thread, a GIL of its own),
+  the learner alone in this one. CPU counts the actor processes too.
 
 Target: async / twin >= 1.0. The machine's load average is printed with the
 figures: run it with nothing else on the machine.
@@ -57,12 +60,22 @@ def _twin(total_env_steps: int, seed: int) -> dict:
 
 
 def _cpu_s() -> float:
-    """CPU seconds of this process so far, all threads."""
+    """CPU seconds of this process and its live child processes (actor processes) so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    import psutil
+
+    children = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            children += times.user + times.system
+        except psutil.Error:  # ended meanwhile
+            pass
+    return usage.ru_utime + usage.ru_stime + children
 
 
-def _async(total_env_steps: int, seed: int, pipeline: bool = True) -> dict:
+def _async(total_env_steps: int, seed: int, pipeline: bool = True,
+           actor_backend: str = "threads") -> dict:
     import functools
     import importlib
 
@@ -72,7 +85,8 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True) -> dict:
 
     if not pipeline:  # every update read back before the next is dispatched
         train_module.learner_loop = functools.partial(train_module.learner_loop, pipeline=False)
-    config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
+    config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
+                                     actor_backend=actor_backend)
     marks = []
     start = time.perf_counter()
     report = train(config, progress=False, on_update=lambda m: marks.append(
@@ -87,7 +101,7 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True) -> dict:
 
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
-MODES = ("twin", "async", "async-1t", "async-unpipelined")
+MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes")
 
 
 def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
@@ -104,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--total-env-steps", type=int, default=500_000)
-    parser.add_argument("--one", choices=["twin", "async", "async-unpipelined"], default=None,
+    parser.add_argument("--one", choices=["twin", "async", "async-unpipelined", "async-processes"],
+                        default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", default=None)
@@ -114,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
         if args.one == "twin":
             result = _twin(args.total_env_steps, args.seeds[0])
         else:
-            result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined")
+            result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined",
+                            "processes" if args.one == "async-processes" else "threads")
         print(json.dumps(result))
         return {}
 

@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
@@ -135,9 +136,17 @@ def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
 
         return RayTransport(config, program)
     if config.actor_backend == "processes":
-        from ppo_async.runtime.process_transport import ProcessTransport
+        from ppo_async.runtime.process_transport import (
+            ActorProcessesWarning,
+            ProcessTransport,
+            unportable,
+        )
 
-        return ProcessTransport(config, program)
+        why = unportable(config.env_id)
+        if why is None:
+            return ProcessTransport(config, program)
+        warnings.warn(f"actor_backend='processes': {why}; the actors run as threads of this "
+                      "process instead", ActorProcessesWarning, stacklevel=3)
     return ThreadTransport(config, program, actor_device)
 
 

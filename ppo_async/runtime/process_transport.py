@@ -134,6 +134,26 @@ def host_env_payload(pickler: Any, env_id: str) -> tuple[str, bytes] | None:
             pickler.unregister_pickle_by_value(module)
 
 
+class ActorProcessesWarning(UserWarning):
+    """``actor_backend="processes"`` asked for, but the env cannot leave this process: threads run."""
+
+
+def unportable(env_id: str) -> str | None:
+    """Why the actors of ``env_id`` cannot run in processes (a ``host:`` factory that holds a
+    lock or an open simulator cannot be sent); None when they can."""
+    import cloudpickle  # a gymnasium dependency
+
+    try:
+        payload = host_env_payload(cloudpickle, env_id)
+        if payload is not None:
+            pickle.loads(payload[1])
+    except Exception as error:  # noqa: BLE001 - any failure means: it stays in this process
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        return (f"{env_id}'s factory cannot be sent to another process "
+                f"({type(error).__name__}: {first_line})")
+    return None
+
+
 def picklable_failure(failure: ActorFailure) -> ActorFailure:
     """The failure, with its exception replaced by a RuntimeError if it cannot be pickled."""
     try:

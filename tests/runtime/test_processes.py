@@ -82,7 +82,7 @@ class _Misbehaves:
 
     def step(self, actions):
         self.steps += 1
-        if self.steps == 40:
+        if self.steps == 40 and self.marker:
             try:
                 fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
@@ -166,3 +166,22 @@ def test_a_killed_learner_leaves_no_actor_process():
     finally:
         learner.kill()
         learner.wait(10)
+
+
+def test_an_env_that_cannot_leave_the_process_runs_in_threads_with_one_warning():
+    import threading
+
+    from ppo_async.runtime.process_transport import ActorProcessesWarning
+
+    lock = threading.Lock()  # held by the factory: it cannot be pickled
+
+    def make(num_envs):
+        with lock:
+            return _Misbehaves(num_envs)  # no marker: it never misbehaves
+
+    register_host_env("held-by-a-lock", make)
+    config = dataclasses.replace(TINY, env_id="host:held-by-a-lock", env_workers=0)
+    with pytest.warns(ActorProcessesWarning, match="cannot be sent to another process"):
+        report = train(config, progress=False).report
+    assert report.updates == config.num_updates
+    assert {s.pid for s in report.actor_stats} == {os.getpid()}  # threads of this process
