@@ -1,0 +1,127 @@
+"""CPU time per update: the pieces of the default run alone, against the running system and the twin.
+
+The running system on jitted envs spends several times the twin's CPU per
+env step (``bench_throughput.py``: CPU s per 100k steps). This script says
+where: in one process, on the default config (CartPole-v1, 2 actors x 4
+envs x 64 steps, a batch of 512), it measures wall and CPU milliseconds
+(all threads of the process, ``getrusage``) per call of
+
+- ``train``: the running system, per update, from the first update at or
+  past a quarter of ``--total-env-steps`` to the last one;
+- ``update alone``: the jitted update on one real batch, waited for;
+- ``rollout alone``: one actor's jitted rollout (4 envs x 64 steps) and its
+  copy to the host, as the actor loop does it; an update needs two;
+- ``learner alone``: `learner_loop` on replayed real chunks, no actors
+  (stacking, placing, the update, readback, publishing);
+- ``twin``: the synchronous twin's run phase (``jax.jit(make_train)``,
+  compile excluded), per update.
+
+The pieces alone add up to what the running system's computations cost; the
+rest of its CPU is the runtime between them (threads waking each other,
+queues, the publisher, loading params, XLA's thread pool). Run it on a
+quiet machine; the load average is printed.
+
+    python experiments/cpu_per_update.py [--total-env-steps 300000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+
+import common
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _per_call(fn, calls: int) -> tuple[float, float]:
+    """(wall ms, CPU ms) per call of ``fn`` over ``calls`` calls, after 10 unmeasured."""
+    for _ in range(10):
+        fn()
+    wall, cpu = time.perf_counter(), _cpu_s()
+    for _ in range(calls):
+        fn()
+    return ((time.perf_counter() - wall) / calls * 1e3, (_cpu_s() - cpu) / calls * 1e3)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--total-env-steps", type=int, default=300_000)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
+
+    import jax
+
+    from bench_learner import _learner_alone
+    from ppo_async import AsyncActorLearnerConfig, train
+    from ppo_async.core.update import init_learner_state, make_update_fn
+    from ppo_async.sync import make_train
+
+    config = AsyncActorLearnerConfig(total_env_steps=args.total_env_steps)
+    rows: dict[str, tuple[float, float]] = {}
+
+    marks = []
+    train(config, progress=False,
+          on_update=lambda m: marks.append((time.perf_counter(), _cpu_s(), m["env_steps"])))
+    quarter = next(i for i, m in enumerate(marks) if m[2] >= args.total_env_steps / 4)
+    (t0, c0, _), (t1, c1, _) = marks[quarter], marks[-1]
+    updates = len(marks) - 1 - quarter
+    rows["train (the running system)"] = ((t1 - t0) / updates * 1e3, (c1 - c0) / updates * 1e3)
+
+    program, params, host_batch = common.one_real_batch(config)
+    cpu = jax.devices("cpu")[0]
+    batch = jax.device_put(host_batch)
+    update = make_update_fn(config.update_options(), program.network)
+    state = init_learner_state(config.update_options(), params, jax.random.key(1))
+    rows["update alone"] = _per_call(lambda: jax.block_until_ready(update(state, batch)),
+                                     args.calls)
+
+    carry = [program.reset(jax.random.key(0), cpu)]
+
+    def rollout():
+        carry[0], *chunk = program.rollout(params, carry[0])
+        jax.device_get(chunk)
+
+    rows["rollout alone (one actor's chunk)"] = _per_call(rollout, args.calls)
+
+    experiences = common.real_chunks(config, program, params)
+    _learner_alone(config, program, params, experiences, update, True, 20)  # compiles its calls
+    cpu_start = _cpu_s()
+    learner_s = _learner_alone(config, program, params, experiences, update, True, args.calls)
+    learner_cpu = (_cpu_s() - cpu_start) / (args.calls + 20)  # its 20 warm-up updates count too
+    rows["learner alone (replayed chunks)"] = (learner_s * 1e3, learner_cpu * 1e3)
+
+    compiled = jax.jit(make_train(config)).lower(jax.random.key(0)).compile()
+    wall, cpu_start = time.perf_counter(), _cpu_s()
+    jax.block_until_ready(compiled(jax.random.key(0)))
+    rows["twin (rollout and update in one program)"] = (
+        (time.perf_counter() - wall) / config.num_updates * 1e3,
+        (_cpu_s() - cpu_start) / config.num_updates * 1e3)
+
+    parts = rows["update alone"][1] + config.num_actors * rows["rollout alone (one actor's chunk)"][1]
+    running = rows["train (the running system)"][1]
+    print(f"CartPole-v1 default config ({config.num_actors} actors x {config.envs_per_actor} envs "
+          f"x {config.num_steps} steps), load average {load_before:.2f} before")
+    print("| per update | wall ms | CPU ms |\n| --- | --- | --- |")
+    for name, (wall_ms, cpu_ms) in rows.items():
+        print(f"| {name} | {wall_ms:.2f} | {cpu_ms:.2f} |")
+    print(f"the update and {config.num_actors} rollouts alone: {parts:.2f} CPU ms; the running "
+          f"system: {running:.2f} CPU ms per update ({running / parts:.2f}x); the rest, "
+          f"{running - parts:.2f} CPU ms, is the runtime between the computations")
+    result = {"rows": {k: {"wall_ms": w, "cpu_ms": c} for k, (w, c) in rows.items()},
+              "parts_cpu_ms": parts, "running_cpu_ms": running}
+    common.save_with_load("cpu_per_update", args.out, __file__, argv, result, load_before)
+    return result
+
+
+if __name__ == "__main__":
+    main()
