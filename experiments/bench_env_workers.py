@@ -72,10 +72,12 @@ def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
     config = dataclasses.replace(base_config(preset), total_env_steps=10**9, seed=0,
                                  learner_timeout_s=120.0, **TRAIN_MODES[mode])
     marks: list[tuple[float, int]] = []
+    rss: dict = {}
 
     def on_update(metrics):
         marks.append((time.perf_counter(), int(metrics["env_steps"])))
         if len(marks) > skip and marks[-1][0] - marks[skip][0] >= seconds:
+            rss.update(_rss_mb())  # the learner's process and its actor or worker processes
             raise StopTraining
 
     started = time.perf_counter()
@@ -84,7 +86,7 @@ def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
     return {"part": "train", "mode": mode, "env_steps_per_s": (s1 - s0) / (t1 - t0),
             "updates": len(marks), "wall_s": time.perf_counter() - started,
             "layout": list(config.env_layout()), "num_actors": config.num_actors,
-            "envs_per_actor": config.envs_per_actor}
+            "envs_per_actor": config.envs_per_actor, "rss_mb": rss}
 
 
 def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
@@ -210,6 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip", type=int, default=3)
     parser.add_argument("--part", nargs="+", choices=["train", "collect"],
                         default=["train", "collect"])
+    parser.add_argument("--modes", nargs="+", default=None,
+                        help=f"training modes to run (default all: {', '.join(TRAIN_MODES)})")
     parser.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -223,18 +227,22 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{os.cpu_count()} cores, load average {load_before:.2f}")
     rows = []
     for part in args.part:
-        for mode in (TRAIN_MODES if part == "train" else COLLECT_MODES):
+        for mode in ((args.modes or TRAIN_MODES) if part == "train" else COLLECT_MODES):
             row = common.run_child(
                 [__file__, "--one", part, mode, "--preset", args.preset,
                  "--seconds", str(args.seconds), "--skip", str(args.skip)],
                 f"{part} {mode}", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
                 timeout_s=900)
             rows.append(row)
+            rss = row.get("rss_mb") or {}
             print(f"{part:8s} {mode:24s} {row['env_steps_per_s']:>10,.0f} env steps/s"
-                  + (f"  layout {row['layout']}" if "layout" in row else ""))
+                  + (f"  layout {row['layout']}" if "layout" in row else "")
+                  + (f"  RSS: this process {rss['process']:.0f} MiB, its children "
+                     f"{', '.join(f'{c:.0f}' for c in rss['children']) or 'none'}"
+                     if rss else ""))
     rate = {(r["part"], r["mode"]): r["env_steps_per_s"] for r in rows}
     ratios = {}
-    if ("train", "lock-step") in rate:
+    if all(("train", mode) in rate for mode in TRAIN_MODES):
         for mode in ("threads", "env-workers", "processes", "ray"):
             ratios[f"train {mode} / lock-step"] = rate["train", mode] / rate["train", "lock-step"]
         for mode in ("env-workers", "processes"):

@@ -1,7 +1,14 @@
 """Helpers the tests of several packages share."""
 
 import importlib
+import os
+import pathlib
+import signal
 import threading
+
+import numpy as np
+
+from ppo_async.envs.host import HostStep
 
 
 def interrupt_at(update: int):
@@ -53,3 +60,57 @@ def drawn_figures(monkeypatch):
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
     return figures
+
+
+class MisbehavingEnv:
+    """A pure-Python host env: 20-step episodes; once per run (whoever creates ``marker``
+    first), the actor that gets to env step ``misbehave_after`` kills its own process with
+    SIGKILL (``how = "kill"``) or spins forever in pure Python (``"spin"``). No marker: it
+    behaves. Actor-process tests (Ray's and this package's own) make one per test."""
+
+    observation_shape = (2,)
+    misbehave_after = 40
+    marker: str = ""
+    how = "kill"
+
+    def __init__(self, num_envs):
+        import gymnasium
+
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.num_envs, self.t, self.steps = num_envs, np.zeros(num_envs), 0
+
+    def reset(self, seed):
+        return np.zeros((self.num_envs, 2), np.float32)
+
+    def step(self, actions):
+        self.steps += 1
+        if self.marker and self.steps == self.misbehave_after and self._claim():
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            while True:  # a hung env: pure Python that never returns
+                pass
+        self.t += 1
+        done = self.t >= 20
+        self.t[done] = 0
+        obs = np.stack([self.t / 20, actions.astype(np.float64)], -1).astype(np.float32)
+        return HostStep(obs, np.ones(self.num_envs), done, np.zeros(self.num_envs, bool), obs)
+
+    def _claim(self) -> bool:
+        try:
+            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+
+
+def register_misbehaving_env(tmp_path: pathlib.Path, how: str,
+                             prefix: str) -> tuple[str, pathlib.Path]:
+    """Register a `MisbehavingEnv` that misbehaves ``how``: (its env id, its marker file)."""
+    from ppo_async.envs.registry import register_host_env
+
+    marker = tmp_path / f"{how}.pid"
+    env = type(f"{prefix}_{how}", (MisbehavingEnv,), {"marker": str(marker), "how": how})
+    register_host_env(f"{prefix}-{how}", env)
+    return f"host:{prefix}-{how}", marker

@@ -60,15 +60,9 @@ from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs.gymnax_env import EnvCarry
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
-from ppo_async.runtime.actor import ActorStart, ActorStats, run_actor
+from ppo_async.runtime.actor import ActorStart, ActorStats, QueueEndpoint, run_actor
 from ppo_async.runtime.learner import LearnerTimeoutError
-from ppo_async.runtime.messages import (
-    ActorFailure,
-    Experience,
-    PolicyBroadcast,
-    take_all,
-    take_newest,
-)
+from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast
 from ppo_async.runtime.transport import Publisher
 
 logger = logging.getLogger(__name__)
@@ -180,51 +174,33 @@ def outgoing(item: Experience | ActorFailure, device_get: Any) -> Experience | A
 # --------------------------------------------------------------------------
 
 
-class _SocketEndpoint:
-    """The `ActorEndpoint` of an actor process: an inbox filled by a reader thread, a socket out."""
+class _SocketOutbox:
+    """What an actor process's `QueueEndpoint` puts experience into: the socket to the learner,
+    each item with the actor's live stats."""
 
     def __init__(self, connection: Connection, stats: ActorStats):
         import jax
 
         self._connection, self._stats, self._device_get = connection, stats, jax.device_get
-        self.inbox: queue.Queue = queue.Queue()  # PolicyBroadcast
-        self.stop = threading.Event()
 
-    def send(self, item: Experience | ActorFailure) -> None:
+    def put(self, item: Experience | ActorFailure) -> None:
         self._connection.send(("item", outgoing(item, self._device_get),
                                dataclasses.replace(self._stats)))
 
-    def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
-        return take_newest(self.inbox)
 
-    def take_all(self) -> list[PolicyBroadcast]:
-        return take_all(self.inbox)
-
-    def load(self, item: PolicyBroadcast) -> PolicyBroadcast:
-        return item
-
-    def wait_broadcast(self, timeout_s: float) -> PolicyBroadcast | None:
+def _read_broadcasts(connection: Connection, endpoint: QueueEndpoint) -> None:
+    """The reader thread: broadcasts into the endpoint's inbox until ``stop``; the learner gone
+    ends the process (nobody is left to send to)."""
+    while True:
         try:
-            return self.inbox.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
-
-    def stopped(self) -> bool:
-        return self.stop.is_set()
-
-    def read(self) -> None:
-        """The reader thread: broadcasts into the inbox until ``stop``; the learner gone ends
-        the process (nobody is left to send to)."""
-        while True:
-            try:
-                kind, *detail = self._connection.recv()
-            except (EOFError, OSError):
-                os._exit(1)
-            if kind == "broadcast":
-                self.inbox.put(PolicyBroadcast(*detail))
-            elif kind == "stop":
-                self.stop.set()
-                return
+            kind, *detail = connection.recv()
+        except (EOFError, OSError):
+            os._exit(1)
+        if kind == "broadcast":
+            endpoint.broadcast_queue.put(PolicyBroadcast(*detail))
+        elif kind == "stop":
+            endpoint.stop.set()
+            return
 
 
 def _die_with_parent() -> None:
@@ -253,7 +229,8 @@ def serve(fd: int) -> None:
         from ppo_async.envs.backends import make_actor_program
         from ppo_async.envs.registry import import_env_modules, register_host_env
 
-        endpoint = _SocketEndpoint(connection, stats)
+        # The thread actor's endpoint, with the socket as its experience queue.
+        endpoint = QueueEndpoint(_SocketOutbox(connection, stats), queue.Queue(), threading.Event())
         # The config arrives unvalidated: the modules that register its env are
         # imported here, as its validation imports them in the learner's process.
         import_env_modules(config.env_modules)
@@ -267,7 +244,8 @@ def serve(fd: int) -> None:
             ActorFailure(actor_id, error, traceback.format_exc())), stats))
         return
     connection.send(("started", stats))
-    reader = threading.Thread(target=endpoint.read, name="ppo-actor-inbox", daemon=True)
+    reader = threading.Thread(target=_read_broadcasts, args=(connection, endpoint),
+                              name="ppo-actor-inbox", daemon=True)
     reader.start()
     try:
         run_actor(actor_id, config, program, endpoint, device, stats, start)

@@ -2,8 +2,8 @@
 
 Each test starts actor processes, each importing JAX (seconds on 2 cores),
 so the runs are tiny and each test checks several things of one run. The
-host env that misbehaves is defined in this file; its code travels to the
-actor processes by value.
+host env that misbehaves is run_helpers.py's; its code travels to the actor
+processes by value.
 """
 
 import dataclasses
@@ -16,13 +16,12 @@ import textwrap
 import time
 
 import flax.serialization
-import numpy as np
 import psutil
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, LearnerTimeoutError, train
-from ppo_async.envs.host import HostStep
 from ppo_async.envs.registry import register_host_env
+from run_helpers import MisbehavingEnv, register_misbehaving_env
 
 TINY = AsyncActorLearnerConfig(
     env_id="gymnasium:CartPole-v1", num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1,
@@ -63,52 +62,11 @@ def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors():
     assert sum(s.env_steps for s in over_processes.report.actor_stats) >= TINY.total_env_steps
 
 
-class _Misbehaves:
-    """A pure-Python env: 20-step episodes; once per run (a marker file), one actor's process
-    kills itself with SIGKILL (``how = "kill"``) or spins forever in its step ("spin")."""
-
-    observation_shape = (2,)
-    marker: str = ""  # set per test: the file whose creation claims the misbehaviour
-    how = "kill"
-
-    def __init__(self, num_envs):
-        import gymnasium
-
-        self.action_space = gymnasium.spaces.Discrete(2)
-        self.num_envs, self.t, self.steps = num_envs, np.zeros(num_envs), 0
-
-    def reset(self, seed):
-        return np.zeros((self.num_envs, 2), np.float32)
-
-    def step(self, actions):
-        self.steps += 1
-        if self.steps == 40 and self.marker:
-            try:
-                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                fd = None
-            if fd is not None:
-                os.write(fd, str(os.getpid()).encode())
-                os.close(fd)
-                if self.how == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                while True:  # a hung env: pure Python that never returns
-                    pass
-        self.t += 1
-        done = self.t >= 20
-        self.t[done] = 0
-        obs = np.stack([self.t / 20, actions.astype(np.float64)], -1).astype(np.float32)
-        return HostStep(obs, np.ones(self.num_envs), done, np.zeros(self.num_envs, bool), obs)
-
-
 def _misbehaving(tmp_path: pathlib.Path, how: str, **changes) -> tuple[AsyncActorLearnerConfig,
                                                                      pathlib.Path]:
-    marker = tmp_path / f"{how}.pid"
-    register_host_env(f"misbehaves-{how}", type(f"Misbehaves_{how}", (_Misbehaves,),
-                                                {"marker": str(marker), "how": how}))
+    env_id, marker = register_misbehaving_env(tmp_path, how, "misbehaves")
     changes.setdefault("total_env_steps", TINY.batch_size * 12)
-    return dataclasses.replace(TINY, env_id=f"host:misbehaves-{how}", env_workers=0,
-                               **changes), marker
+    return dataclasses.replace(TINY, env_id=env_id, env_workers=0, **changes), marker
 
 
 def test_a_killed_actor_process_is_named_and_restarted(tmp_path: pathlib.Path, caplog):
@@ -177,7 +135,7 @@ def test_an_env_that_cannot_leave_the_process_runs_in_threads_with_one_warning()
 
     def make(num_envs):
         with lock:
-            return _Misbehaves(num_envs)  # no marker: it never misbehaves
+            return MisbehavingEnv(num_envs)  # no marker: it never misbehaves
 
     register_host_env("held-by-a-lock", make)
     config = dataclasses.replace(TINY, env_id="host:held-by-a-lock", env_workers=0)

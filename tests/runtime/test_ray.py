@@ -3,13 +3,13 @@
 Every Ray process here runs on this machine: a private instance that train()
 starts and stops, a module-scoped local instance shared by most tests, and a
 `ray.cluster_utils.Cluster` of two nodes on this machine. The host envs are
-defined in this file; their code travels to the actor processes by value.
+defined in this file and in run_helpers.py; their code travels to the actor
+processes by value.
 """
 
 import dataclasses
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
@@ -26,9 +26,8 @@ from ppo_async import (
     LearnerTimeoutError,
     train,
 )
-from ppo_async.envs.host import HostStep
-from ppo_async.envs.registry import register_host_env
 
+from run_helpers import register_misbehaving_env
 from timing_cases import RAY_CARTPOLE
 
 ray = pytest.importorskip("ray")
@@ -219,51 +218,8 @@ def test_two_ray_actors_learn_cartpole_with_the_lag_bound(ray_local):
     assert report.episode_return_mean > 100, report.episode_return_mean
 
 
-class _ScriptedEnv:
-    """A pure-Python env: 20-step episodes; once per run (a marker file), one actor misbehaves."""
-
-    observation_shape = (2,)
-    misbehave_after = 40  # env steps before the first actor to get there misbehaves
-    marker: str = ""  # set per test: the file whose creation claims the misbehaviour
-    how = "kill"  # "kill": SIGKILL its own process; "spin": hold the interpreter forever
-
-    def __init__(self, num_envs):
-        import gymnasium
-
-        self.action_space = gymnasium.spaces.Discrete(2)
-        self.num_envs, self.t, self.steps = num_envs, np.zeros(num_envs), 0
-
-    def reset(self, seed):
-        return np.zeros((self.num_envs, 2), np.float32)
-
-    def step(self, actions):
-        self.steps += 1
-        if self.steps == self.misbehave_after and self._claim():
-            if self.how == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            while True:  # a hung env: pure Python that never returns
-                pass
-        self.t += 1
-        done = self.t >= 20
-        self.t[done] = 0
-        obs = np.stack([self.t / 20, actions.astype(np.float64)], -1).astype(np.float32)
-        return HostStep(obs, np.ones(self.num_envs), done, np.zeros(self.num_envs, bool), obs)
-
-    def _claim(self) -> bool:
-        try:
-            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return False
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        return True
-
-
 def _misbehaving_env(tmp_path: pathlib.Path, how: str) -> tuple[str, pathlib.Path]:
-    marker = tmp_path / f"{how}.pid"
-    env = type(f"Scripted_{how}", (_ScriptedEnv,), {"marker": str(marker), "how": how})
-    register_host_env(f"scripted-{how}", env)
-    return f"host:scripted-{how}", marker
+    return register_misbehaving_env(tmp_path, how, "scripted")
 
 
 def _host_config(env_id: str, **changes) -> AsyncActorLearnerConfig:
