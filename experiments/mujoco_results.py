@@ -15,11 +15,12 @@ Two parts, one script run (``--parts`` picks):
 - ``backends``: each preset trained once per mode in a fresh process
   (imports and compiles included, as a user's run pays them) until its
   training return reaches the preset's threshold or the budget ends:
-  ``lockstep`` (``exact_policy_lag=0``: actors wait for every update, the
-  runtime's synchronous baseline), ``threads`` (the preset as it is: actor
-  threads one update ahead), ``ray`` (``actor_backend='ray'``: actor
-  processes) and ``envpool`` (thread actors stepping envpool's C++ twin of
-  the env, ``envpool:NAME-v5``). Env steps/s the learner consumed after
+  ``lockstep`` (``exact_policy_lag=0``, thread actors: actors wait for every
+  update, the runtime's synchronous baseline), ``threads`` (thread actors
+  one update ahead), ``processes`` (the preset as it is: actor processes
+  one update ahead), ``ray`` (``actor_backend='ray'``: Ray actor processes)
+  and ``envpool`` (thread actors stepping envpool's C++ twin of the env,
+  ``envpool:NAME-v5``). Env steps/s the learner consumed after
   ``--warmup`` updates, and wall time to the threshold.
 
 Writes, under ``experiments/out/mujoco_results/`` (or ``--out``): ``sweeps/<preset>/``
@@ -55,7 +56,7 @@ PUBLISHED = {"hopper": (2382.86, 271.74), "walker2d": (2287.95, 571.78), "ant": 
 # Training return at which the backend comparison stops a run's clock: well
 # inside what cleanrl's curves reach by 1M steps.
 THRESHOLDS = {"hopper": 1000.0, "walker2d": 1000.0, "ant": 1000.0}
-MODES = ("lockstep", "threads", "ray", "envpool")
+MODES = ("lockstep", "threads", "processes", "ray", "envpool")
 PARTS = ("learning", "backends")
 LEARNING_FIELDS = ("preset", "env_id", "seed", "env_steps", "training_return", "greedy_return",
                    "greedy_return_std", "eval_episodes", "wall_time_s", "policy_lag_mean")
@@ -72,7 +73,9 @@ def mode_config(name: str, mode: str, seed: int, total_env_steps: int | None):
     if total_env_steps is not None:
         config = dataclasses.replace(config, total_env_steps=total_env_steps)
     if mode == "lockstep":
-        return dataclasses.replace(config, exact_policy_lag=0)
+        return dataclasses.replace(config, exact_policy_lag=0, actor_backend="threads")
+    if mode == "threads":
+        return dataclasses.replace(config, actor_backend="threads")
     if mode == "ray":
         return dataclasses.replace(config, actor_backend="ray")
     if mode == "envpool":
@@ -83,7 +86,8 @@ def mode_config(name: str, mode: str, seed: int, total_env_steps: int | None):
         if kwargs:
             raise SystemExit(f"{name}: no envpool twin of gymnasium_kwargs {kwargs}")
         return dataclasses.replace(config, env_id="envpool:" + config.env_id.partition(":")[2],
-                                   gymnasium_kwargs=(), envpool_kwargs=envpool_kwargs)
+                                   gymnasium_kwargs=(), envpool_kwargs=envpool_kwargs,
+                                   actor_backend="threads")  # envpool steps in C++ threads
     return config
 
 

@@ -431,8 +431,10 @@ def test_mujoco_results_dry_run_builds_every_config_and_its_table_names_the_refe
                              for part in ("learning", "backends")]
     assert planned["hopper learning"] == [f"seed={seed} (fresh): 4 updates of 2048"
                                           for seed in range(3)]
-    lockstep, threads, ray, envpool = planned["ant backends"]
-    assert "exact policy lag 0" in lockstep and "exact policy lag 1" in threads
+    lockstep, threads, processes, ray, envpool = planned["ant backends"]
+    assert "actors threads, exact policy lag 0" in lockstep
+    assert "actors threads, exact policy lag 1" in threads
+    assert "actors processes, exact policy lag 1" in processes  # the preset as it is
     assert "actors ray" in ray and envpool.startswith("envpool: envpool:Ant-v5, actors threads")
     assert list(tmp_path.iterdir()) == []  # nothing trained, nothing written
     rows = [dict(preset=name, env_id=f"gymnasium:{env}-v5", seed=seed, env_steps=8192,
