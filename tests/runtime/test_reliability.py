@@ -790,7 +790,7 @@ def test_an_env_holding_the_gil_ends_the_process_with_the_stuck_threads_stack(tm
     assert run.returncode == 1, run.stderr
     err = run.stderr
     assert "the learner could not run for 10 s (2 x learner_timeout_s)" in err
-    assert "actor_backend='ray'" in err and f"--resume {run_dir}" in err
+    assert "actor_backend='processes' or 'ray'" in err and f"--resume {run_dir}" in err
     # The dump names threads only by id; the line before it says which id is the actor.
     actor_id = err.split("ppo-actor-0 is Thread ")[1].split(",")[0].split()[0]
     blocks = err.split("hread " + actor_id)
@@ -820,8 +820,10 @@ def test_the_watchdog_is_released_on_every_way_out_and_says_nothing_after_a_norm
     assert watchdog._owner is None  # released: the next run (or the program) may arm it
     assert len(relays) == 2 and all(relay.poll() is not None for relay in relays)
     assert not (tmp_path / "run" / ERROR_FILE).exists()
-    # Not armed with Ray actors, when switched off, or while another run holds it.
+    # Not armed with actor processes (a stuck one is killed), when switched off, or while
+    # another run holds it.
     for config in (dataclasses.replace(TINY, actor_backend="ray"),
+                   dataclasses.replace(TINY, actor_backend="processes"),
                    dataclasses.replace(TINY, freeze_watchdog=False)):
         assert watchdog.FreezeWatchdog.for_run(config, None, 0) is None
     held = watchdog.FreezeWatchdog.for_run(TINY, None, 0)
