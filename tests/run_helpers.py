@@ -114,3 +114,24 @@ def register_misbehaving_env(tmp_path: pathlib.Path, how: str,
     env = type(f"{prefix}_{how}", (MisbehavingEnv,), {"marker": str(marker), "how": how})
     register_host_env(f"{prefix}-{how}", env)
     return f"host:{prefix}-{how}", marker
+
+
+def assert_spinning_actor_was_killed(train, config, marker: pathlib.Path, gone) -> None:
+    """Train ``config`` (a `MisbehavingEnv` that spins) and check that the run failed with
+    `LearnerTimeoutError` within the timeout and a few seconds, naming the one actor it killed,
+    and that its process is gone (``gone(pids)``: the pids still alive after a wait)."""
+    import time
+
+    import pytest
+
+    from ppo_async import LearnerTimeoutError
+
+    with pytest.raises(LearnerTimeoutError,
+                       match=f"learner_timeout_s={config.learner_timeout_s}") as info:
+        train(config, progress=False)
+    raised_at = time.time()
+    spinning_pid = int(marker.read_text())
+    assert len(info.value.actor_ids) == 1
+    assert f"killed: actor {info.value.actor_ids[0]}" in "\n".join(info.value.__notes__)
+    assert raised_at - marker.stat().st_mtime < config.learner_timeout_s + 6
+    assert gone([spinning_pid]) == []  # it was killed, not left spinning
