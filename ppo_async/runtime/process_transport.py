@@ -46,6 +46,7 @@ import pickle
 import queue
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -298,8 +299,8 @@ class ProcessTransport:
         n = config.num_actors
         self.actors: list[_Actor | None] = [None] * n
         self._stats = [ActorStats(i) for i in range(n)]
-        self._received: collections.deque = collections.deque()  # items and reported failures
-        self._failures_lock = threading.Lock()
+        # Items and reported failures (the publisher thread appends too: deque appends are atomic).
+        self._received: collections.deque = collections.deque()
         self._every_version = config.exact_lag is not None
         # exact_policy_lag: the versions an actor starting now may still need
         self._recent: dict[int, PolicyBroadcast] = {}
@@ -323,11 +324,14 @@ class ProcessTransport:
 
     @staticmethod
     def _send(actor: _Actor, message: tuple) -> None:
-        """Write to an actor's socket; a dead one is passed over (its end is reported by
-        ``receive``, which reads the closed socket)."""
+        """Write to an actor's socket. A dead one is passed over (its end is reported by
+        ``receive``, which reads the closed socket); one that has not read for
+        ``learner_timeout_s`` (its socket's send timeout) is hung and is killed, the same way."""
         with actor.send_lock:
-            with contextlib.suppress(OSError):
+            try:
                 actor.connection.send(message)
+            except OSError:
+                actor.process.kill()
 
     def publish(self, params: Any, learner_updates: int) -> None:
         self.publisher.publish(params, learner_updates)
@@ -336,6 +340,9 @@ class ProcessTransport:
 
     def start_actor(self, actor_id: int, start: ActorStart) -> None:
         mine, theirs = socket.socketpair()
+        # Every write to the actor returns within the learner's timeout, even if it stops reading.
+        seconds = max(1, int(self.config.learner_timeout_s))
+        mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         try:
             process = subprocess.Popen(
@@ -465,8 +472,7 @@ class ProcessTransport:
         self._received.append(ActorFailure(actor_id, error, f"{error}\n"))
 
     def report_failure(self, failure: ActorFailure) -> None:
-        with self._failures_lock:
-            self._received.append(failure)
+        self._received.append(failure)
 
     def queue_depth(self) -> int:
         return len(self._received)
