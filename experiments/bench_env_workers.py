@@ -77,7 +77,7 @@ def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
     def on_update(metrics):
         marks.append((time.perf_counter(), int(metrics["env_steps"])))
         if len(marks) > skip and marks[-1][0] - marks[skip][0] >= seconds:
-            rss.update(_rss_mb())  # the learner's process and its actor or worker processes
+            rss.update(common.rss_mb())  # the learner's process and its actor or worker processes
             raise StopTraining
 
     started = time.perf_counter()
@@ -142,7 +142,7 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
     if errors or any(t.is_alive() for t in threads):
         raise RuntimeError("an actor failed or did not stop") from (errors[0] if errors else None)
     return {"part": "collect", "mode": mode, "env_steps_per_s": steps / elapsed,
-            "layout": list(config.env_layout()), "envs": envs, "rss_mb": _rss_mb()}
+            "layout": list(config.env_layout()), "envs": envs, "rss_mb": common.rss_mb()}
 
 
 def random_row(config, loop: str, envs: int, seconds: float) -> dict:
@@ -188,20 +188,10 @@ def random_row(config, loop: str, envs: int, seconds: float) -> dict:
         step(actions)
         steps += envs
     rate = steps / (time.perf_counter() - started)
-    rss = _rss_mb()
+    rss = common.rss_mb()
     vec.close()
     return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": rate, "envs": envs,
             "rss_mb": rss}
-
-
-def _rss_mb() -> dict:
-    """RSS of this process and of each of its children (env workers), in MiB."""
-    import psutil
-
-    me = psutil.Process()
-    children = [c.memory_info().rss / 2**20 for c in me.children(recursive=True)
-                if "resource_tracker" not in " ".join(c.cmdline())]
-    return {"process": me.memory_info().rss / 2**20, "children": children}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -17,7 +17,9 @@ With thread actors each count runs twice by default, in alternation: with
 batched inference (``batch_inference=True``, the default: one policy call
 per env step for every actor waiting) and with a policy call per actor
 (``per-actor``), so the script gives their ratio on the same machine and
-load. Actor processes (and Ray's) hold one actor each and always call their own.
+load. Actor processes run one process per core by default (``actors_per_process``), and
+their actors share batched calls within a process as thread actors do; Ray's hold one
+actor each and always call their own.
 The ratio falls with the number of actors when the runtime's per-actor cost
 (a Python thread, its policy calls, its share of the GIL) and not the env
 sets the pace.
@@ -74,7 +76,8 @@ class SleepyEnv:
 
 def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float,
             num_steps: int, skip: int, backend: str = "threads",
-            batch_inference: bool = True, env_workers: int | None = 0) -> dict:
+            batch_inference: bool = True, env_workers: int | None = 0,
+            actors_per_process: int | None = None) -> dict:
     """Steady env steps/s of one `train` with ``num_actors`` actors (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, StopTraining, train
     from ppo_async.envs.registry import register_host_env
@@ -85,16 +88,19 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
         num_steps=num_steps, num_minibatches=1, num_epochs=1,
         total_env_steps=num_actors * envs_per_actor * num_steps * 100_000,
         learner_timeout_s=120.0, actor_backend=backend, batch_inference=batch_inference,
-        env_workers=env_workers,
+        env_workers=env_workers, actors_per_process=actors_per_process,
         # Ray: the actors share the machine's cores (each a process), as threads do.
         ray_num_cpus_per_actor=min(1.0, (os.cpu_count() or 1) / num_actors),
     )
     marks: list[tuple[float, int]] = []
     start = time.perf_counter()
 
+    rss: dict = {}
+
     def on_update(metrics):
         marks.append((time.perf_counter(), int(metrics["env_steps"])))
         if len(marks) > skip and marks[-1][0] - marks[skip][0] >= seconds:
+            rss.update(common.rss_mb())  # the learner's process and its actor processes
             raise StopTraining
 
     report = train(config, progress=False, on_update=on_update).report
@@ -102,10 +108,12 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
     rate = (s1 - s0) / (t1 - t0)
     ideal = num_actors * envs_per_actor / (step_ms / 1e3)
     return {"backend": backend, "batch_inference": batch_inference, "num_actors": num_actors,
+            "actors_per_process": (config.actors_per_process_in_force()
+                                   if backend == "processes" else None),
             "envs_per_actor": envs_per_actor, "env_layout": list(config.env_layout()),
             "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
-            "updates": report.updates, "wall_s": time.perf_counter() - start,
+            "rss_mb": rss, "updates": report.updates, "wall_s": time.perf_counter() - start,
             "policy_lag_mean": report.policy_lag_mean}
 
 
@@ -124,10 +132,13 @@ def main(argv: list[str] | None = None) -> dict:
                              "instance per row)")
     parser.add_argument("--inference", nargs="+", choices=["batched", "per-actor"],
                         default=["batched", "per-actor"],
-                        help="thread actors: batch_inference on, off, or both (alternated)")
+                        help="thread actors, and the actors of one actor process: "
+                             "batch_inference on, off, or both (alternated)")
     parser.add_argument("--env-workers", default="0",
                         help="env_workers: 0 (the envs step in the actors' threads, the "
                              "default here), a number per actor, or auto")
+    parser.add_argument("--actors-per-process", type=int, default=None,
+                        help="actor processes: actors in each (default: a process per core)")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -135,9 +146,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(one_run(args.one, args.envs_per_actor, args.step_ms, args.seconds,
                                  args.num_steps, args.skip, args.backend,
                                  args.inference == ["batched"],
-                                 None if args.env_workers == "auto" else int(args.env_workers))))
+                                 None if args.env_workers == "auto" else int(args.env_workers),
+                                 args.actors_per_process)))
         return {}
-    modes = args.inference if args.backend == "threads" else ["per-actor"]
+    modes = args.inference if args.backend != "ray" else ["per-actor"]
     load_before = os.getloadavg()[0]
     rows = []
     for num_actors in args.actors:
@@ -147,14 +159,20 @@ def main(argv: list[str] | None = None) -> dict:
                  "--step-ms", str(args.step_ms), "--num-steps", str(args.num_steps),
                  "--seconds", str(args.seconds), "--skip", str(args.skip),
                  "--backend", args.backend, "--inference", mode,
-                 "--env-workers", args.env_workers],
+                 "--env-workers", args.env_workers,
+                 *([] if args.actors_per_process is None else
+                   ["--actors-per-process", str(args.actors_per_process)])],
                 f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
                 timeout_s=600)
             rows.append(row)
-            print(f"{args.backend} {mode:>9} env workers {args.env_workers}: "
+            per_process = (f" ({row['actors_per_process']} per process)"
+                           if row.get("actors_per_process") else "")
+            print(f"{args.backend}{per_process} {mode:>9} env workers {args.env_workers}: "
                   f"{num_actors:>3} actors x {args.envs_per_actor} env: "
                   f"{row['env_steps_per_s']:>9,.0f} env steps/s, "
-                  f"ideal {row['ideal_env_steps_per_s']:>9,.0f} -> {row['ratio']:.2f}")
+                  f"ideal {row['ideal_env_steps_per_s']:>9,.0f} -> {row['ratio']:.2f}, "
+                  f"RSS {row['rss_mb']['process'] + sum(row['rss_mb']['children']):,.0f} MiB "
+                  f"({len(row['rss_mb']['children'])} child processes)")
     result = {"rows": rows}
     common.save_with_load("bench_scaling", args.out, __file__, argv, result, load_before)
     return result

@@ -190,6 +190,16 @@ def save_with_load(name: str, out_override: str | os.PathLike | None, script: st
     return save_result(name, out_override, script, argv, result)
 
 
+def rss_mb() -> dict:
+    """RSS of this process and of each of its children (actor or env worker processes), in MiB."""
+    import psutil
+
+    me = psutil.Process()
+    children = [c.memory_info().rss / 2**20 for c in me.children(recursive=True)
+                if "resource_tracker" not in " ".join(c.cmdline())]
+    return {"process": me.memory_info().rss / 2**20, "children": children}
+
+
 def read_csv(path: pathlib.Path) -> list[dict[str, str]]:
     """Rows of a CSV as dicts of strings ([] if the file does not exist)."""
     if not path.is_file():

@@ -9,6 +9,9 @@ envs x 64 steps, a batch of 512), it measures wall and CPU milliseconds
 - ``train``: the running system, per update, from the first update at or
   past a quarter of ``--total-env-steps`` to the last one;
 - ``update alone``: the jitted update on one real batch, waited for;
+- ``update, 10 in one program``: the same update ten times in one
+  ``lax.scan`` (as the twin runs its updates), per update: what a program
+  launched from Python costs beyond its computation;
 - ``rollout alone``: one actor's jitted rollout (4 envs x 64 steps) and its
   copy to the host, as the actor loop does it; an update needs two;
 - ``learner alone``: `learner_loop` on replayed real chunks, no actors
@@ -84,6 +87,14 @@ def main(argv: list[str] | None = None) -> dict:
     state = init_learner_state(config.update_options(), params, jax.random.key(1))
     rows["update alone"] = _per_call(lambda: jax.block_until_ready(update(state, batch)),
                                      args.calls)
+
+    def ten_updates(state, batch):  # the same update, ten times in one program (as the twin runs)
+        return jax.lax.scan(lambda s, _: (update(s, batch)[0], None), state, None, length=10)[0]
+
+    ten = jax.jit(ten_updates)
+    wall_ms, cpu_ms = _per_call(lambda: jax.block_until_ready(ten(state, batch)),
+                                max(1, args.calls // 10))
+    rows["update, 10 in one program (per update)"] = (wall_ms / 10, cpu_ms / 10)
 
     carry = [program.reset(jax.random.key(0), cpu)]
 

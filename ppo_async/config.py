@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -76,7 +77,9 @@ class AsyncActorLearnerConfig:
 
     # --- transport ---
     actor_backend: Literal["threads", "processes", "ray"] = "threads"
-    """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs: their rollouts leave the GIL free), 'processes' of this machine, one per actor (host envs stepped in Python or C, such as MuJoCo: each actor has a core and a GIL of its own; a hung env is killed), or 'ray' processes (the same, past one machine; pip install 'ppo-async[ray]'). Processes take seconds to start (each imports JAX); a host: env whose factory cannot be sent to another process runs in threads, with one warning. The MuJoCo presets choose processes."""
+    """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs: their rollouts leave the GIL free), 'processes' of this machine, one per core by default (actors_per_process; host envs stepped in Python or C, such as MuJoCo: each process has a core and a GIL of its own; a hung env is killed), or 'ray' processes (the same, past one machine; pip install 'ppo-async[ray]'). Processes take seconds to start (each imports JAX); a host: env whose factory cannot be sent to another process runs in threads, with one warning. The MuJoCo presets choose processes."""
+    actors_per_process: int | None = None
+    """With actor_backend='processes': how many actors each process runs, as threads sharing its JAX, its load of each params version and (as batch_inference says, counting the process's actors) its policy calls. None: one process per core, ceil(num_actors / cores), so 64 actors on 2 cores are 2 processes, not 64 (a process imports JAX: about 300 MiB and seconds each). Set it to fix the layout, and so a run's bits, across machines."""
     batch_inference: bool | None = None
     """Thread actors of one device share their jitted calls, made by an inference thread for every actor waiting: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, a gymnax env's actors their chunks (one vmapped rollout). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). None: on for host envs from 16 actors (fewer are as fast or faster calling alone), off for gymnax (the vmapped rollout gains 4-11% on 2 cores and compiles 0.6 s longer); docs/benchmarks.md has the figures. False: every actor calls alone, as Ray actors do."""
     env_workers: int = 0
@@ -304,6 +307,12 @@ class AsyncActorLearnerConfig:
             return 0, 1
         workers = self.env_workers
         return workers, self.env_groups or (2 if workers and self.envs_per_actor % 2 == 0 else 1)
+
+    def actors_per_process_in_force(self) -> int:
+        """``actors_per_process`` with None resolved: ``ceil(num_actors / cores)`` of this machine."""
+        if self.actors_per_process is not None:
+            return min(self.actors_per_process, self.num_actors)
+        return -(-self.num_actors // (os.cpu_count() or 1))
 
     # --- the math's options: built here, the one place fields become them ---
     # Each imports its module when called, so importing the config imports no jax.
@@ -636,6 +645,13 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
         "must be (name, amount) pairs with a non-empty name and an amount > 0, "
         "e.g. (('actor_node', 1),)",
     )
+    _require(cfg.actors_per_process is None or (
+        _is_int(cfg.actors_per_process) and cfg.actors_per_process >= 1),
+        "actors_per_process", cfg.actors_per_process, "must be None (a process per core) or an "
+        "integer >= 1")
+    _require(cfg.actors_per_process is None or cfg.actor_backend == "processes",
+             "actors_per_process", cfg.actors_per_process,
+             f"applies to actor_backend='processes' only (this run's is {cfg.actor_backend!r})")
     if cfg.actor_backend == "threads":
         return
     from ppo_async.core.devices import parse_device_spec

@@ -65,8 +65,9 @@ def drawn_figures(monkeypatch):
 class MisbehavingEnv:
     """A pure-Python host env: 20-step episodes; once per run (whoever creates ``marker``
     first), the actor that gets to env step ``misbehave_after`` kills its own process with
-    SIGKILL (``how = "kill"``) or spins forever in pure Python (``"spin"``). No marker: it
-    behaves. Actor-process tests (Ray's and this package's own) make one per test."""
+    SIGKILL (``how = "kill"``), spins forever in pure Python (``"spin"``) or raises
+    (``"raise"``). No marker: it behaves. Actor-process tests (Ray's and this package's own)
+    make one per test."""
 
     observation_shape = (2,)
     misbehave_after = 40
@@ -87,6 +88,8 @@ class MisbehavingEnv:
         if self.marker and self.steps == self.misbehave_after and self._claim():
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.how == "raise":
+                raise RuntimeError("the env failed on purpose")
             while True:  # a hung env: pure Python that never returns
                 pass
         self.t += 1

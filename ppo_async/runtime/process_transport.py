@@ -176,37 +176,113 @@ def outgoing(item: Experience | ActorFailure, device_get: Any) -> Experience | A
 
 
 class _SocketOutbox:
-    """What an actor process's `QueueEndpoint` puts experience into: the socket to the learner,
-    each item with the actor's live stats."""
+    """What an actor's `QueueEndpoint` in an actor process puts experience into: the socket to
+    the learner, each item with the actor's live stats (``lock``: the process's actors share
+    the socket)."""
 
-    def __init__(self, connection: Connection, stats: ActorStats):
+    def __init__(self, connection: Connection, stats: ActorStats, lock: threading.Lock):
         import jax
 
-        self._connection, self._stats, self._device_get = connection, stats, jax.device_get
+        self._connection, self._stats, self._lock = connection, stats, lock
+        self._device_get = jax.device_get
 
     def put(self, item: Experience | ActorFailure) -> None:
-        self._connection.send(("item", outgoing(item, self._device_get),
-                               dataclasses.replace(self._stats)))
+        message = ("item", outgoing(item, self._device_get), dataclasses.replace(self._stats))
+        with self._lock:
+            self._connection.send(message)
 
 
-def _read_broadcasts(connection: Connection, endpoint: QueueEndpoint) -> None:
-    """The reader thread: broadcasts into the endpoint's inbox until ``stop``; the learner gone
-    ends the process (nobody is left to send to)."""
-    while True:
-        try:
-            kind, *detail = connection.recv()
-        except (EOFError, OSError):
-            os._exit(1)
-        if kind == "broadcast":
-            endpoint.broadcast_queue.put(PolicyBroadcast(*detail))
-        elif kind == "stop":
-            endpoint.stop.set()
+class _ActorHost:
+    """The actors of one actor process: threads sharing its JAX, its loads of each params
+    version and, from enough actors (`shares_calls`), its policy calls.
+
+    The process's main thread reads the learner's messages (`serve_messages`): ``start``
+    runs an actor (again, after a failure), ``broadcast`` feeds the inbox of every actor
+    (or of one, replaying the versions a restarted actor needs), ``stop`` ends the run.
+    """
+
+    def __init__(self, connection: Connection, config: AsyncActorLearnerConfig, first_id: int,
+                 size: int, setup_failure: ActorFailure | None = None):
+        self.connection, self.config, self.first_id = connection, config, first_id
+        self.lock = threading.Lock()  # one writer at a time on the socket
+        self.stop = threading.Event()
+        self.inboxes: dict[int, queue.Queue] = {}
+        self.threads: dict[int, threading.Thread] = {}
+        self.setup_failure = setup_failure
+        if setup_failure is not None:
             return
+        try:
+            import jax
+
+            from ppo_async.envs.backends import make_actor_program
+            from ppo_async.runtime.inference import InferenceServer, SharedParams
+            from ppo_async.runtime.transport import shares_calls
+
+            self.program = program = make_actor_program(config)
+            self.device = jax.devices("cpu")[0]
+            self.load_params = SharedParams(program.params_template, self.device)
+            self.inference = None
+            if shares_calls(config, program, size):
+                self.inference = InferenceServer(program.inference.fn, size, self.stop.is_set,
+                                                 program.inference.gather_s).start()
+        except BaseException as error:  # noqa: BLE001 - each actor started here reports it
+            self.setup_failure = ActorFailure(-1, error, traceback.format_exc())
+
+    def send(self, message: tuple) -> None:
+        with self.lock:
+            self.connection.send(message)
+
+    def start(self, actor_id: int, start: ActorStart, stats: ActorStats) -> None:
+        stats.pid, stats.node_id = os.getpid(), ""
+        if self.setup_failure is not None:  # the envs or the program could not be built here
+            self.send(("item", picklable_failure(self.setup_failure._replace(actor_id=actor_id)),
+                       stats))
+            return
+        inbox = self.inboxes[actor_id] = queue.Queue()  # a restarted actor gets a fresh one
+        endpoint = QueueEndpoint(_SocketOutbox(self.connection, stats, self.lock), inbox, self.stop)
+        policy = None if self.inference is None else self.inference.client(actor_id - self.first_id)
+        thread = threading.Thread(target=self._run, args=(actor_id, start, stats, endpoint, policy),
+                                  name=f"ppo-actor-{actor_id}", daemon=True)
+        self.threads[actor_id] = thread
+        self.send(("started", stats))
+        thread.start()
+
+    def _run(self, actor_id: int, start: ActorStart, stats: ActorStats, endpoint: QueueEndpoint,
+             policy: Any) -> None:
+        try:
+            run_actor(actor_id, self.config, self.program, endpoint, self.device, stats, start,
+                      self.load_params, policy)
+        except BaseException as error:  # noqa: BLE001 - reported, never swallowed
+            endpoint.send(ActorFailure(actor_id, error, traceback.format_exc()))
+        else:
+            self.send(("stopped", stats))
+
+    def serve_messages(self) -> None:
+        """Read the learner's messages until ``stop``; the learner gone ends the process."""
+        while True:
+            try:
+                kind, *detail = self.connection.recv()
+            except (EOFError, OSError):
+                os._exit(1)  # nobody is left to send to
+            if kind == "broadcast":
+                version, payload, target = detail
+                message = PolicyBroadcast(version, payload)
+                for actor_id, inbox in self.inboxes.items():
+                    if target is None or target == actor_id:
+                        inbox.put(message)
+            elif kind == "start":
+                self.start(*detail)
+            elif kind == "stop":
+                self.stop.set()
+                break
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        for thread in self.threads.values():  # their last messages; the learner kills laggards
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _die_with_parent() -> None:
     """Linux: the kernel kills this process when the learner's process dies, even while
-    this one is stuck in C code (its reader thread would never see the socket close)."""
+    this one is stuck in C code (its reader would never see the socket close)."""
     with contextlib.suppress(Exception):
         import ctypes
 
@@ -214,7 +290,7 @@ def _die_with_parent() -> None:
 
 
 def serve(fd: int) -> None:
-    """An actor process: set up from the first message, then run the actor loop until stopped."""
+    """An actor process: set up from the first message, then run actors until stopped."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle
     _die_with_parent()
     connection = Connection(fd)
@@ -222,37 +298,21 @@ def serve(fd: int) -> None:
     sys.path[:] = setup["path"]  # where the learner finds the modules that register envs
     if os.getppid() != setup["parent"]:
         os._exit(1)  # the learner died before the prctl took hold
-    actor_id, config, start, stats = (setup[k] for k in ("actor_id", "config", "start", "stats"))
-    stats.pid, stats.node_id = os.getpid(), ""
+    config = setup["config"]
     try:
-        import jax
-
-        from ppo_async.envs.backends import make_actor_program
         from ppo_async.envs.registry import import_env_modules, register_host_env
 
-        # The thread actor's endpoint, with the socket as its experience queue.
-        endpoint = QueueEndpoint(_SocketOutbox(connection, stats), queue.Queue(), threading.Event())
         # The config arrives unvalidated: the modules that register its env are
         # imported here, as its validation imports them in the learner's process.
         import_env_modules(config.env_modules)
         if setup["host_env"] is not None:  # the learner's registry does not exist here
             name, factory = setup["host_env"]
             register_host_env(name, pickle.loads(factory))
-        program = make_actor_program(config)
-        device = jax.devices("cpu")[0]
-    except BaseException as error:  # noqa: BLE001 - reported, never swallowed
-        connection.send(("item", picklable_failure(
-            ActorFailure(actor_id, error, traceback.format_exc())), stats))
-        return
-    connection.send(("started", stats))
-    reader = threading.Thread(target=_read_broadcasts, args=(connection, endpoint),
-                              name="ppo-actor-inbox", daemon=True)
-    reader.start()
-    try:
-        run_actor(actor_id, config, program, endpoint, device, stats, start)
-    except BaseException as error:  # noqa: BLE001 - reported, never swallowed
-        endpoint.send(ActorFailure(actor_id, error, traceback.format_exc()))
-    connection.send(("stopped", stats))
+    except BaseException as error:  # noqa: BLE001 - reported by _ActorHost to each actor
+        host_error = ActorFailure(-1, error, traceback.format_exc())
+    else:
+        host_error = None
+    _ActorHost(connection, config, setup["first_id"], setup["size"], host_error).serve_messages()
 
 
 # The process's entry: the package importable, then `serve` (JAX's flags are in its environment).
@@ -278,18 +338,30 @@ def _kill_all() -> None:
 
 
 @dataclasses.dataclass
-class _Actor:
-    """One actor process, as the learner sees it."""
+class _Member:
+    """One actor of an actor process, as the learner sees it."""
+
+    started: bool = False
+    ended: bool = False  # its loop ended (a failure, or stopped): a restart runs it again here
+
+
+@dataclasses.dataclass
+class _Process:
+    """One actor process and the actors it runs, as the learner sees them."""
 
     process: subprocess.Popen
     connection: Connection
+    members: dict[int, _Member] = dataclasses.field(default_factory=dict)
     send_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    started: bool = False
     expected_end: bool = False  # asked to stop, or killed here: its end is no failure
 
 
 class ProcessTransport:
-    """Actors as processes of this machine; the `LearnerTransport` the learner and supervisor use."""
+    """Actors as processes of this machine; the `LearnerTransport` the learner and supervisor use.
+
+    Actor ``i`` runs in process ``i // actors_per_process`` (the config's, resolved by
+    `AsyncActorLearnerConfig.actors_per_process_in_force`).
+    """
 
     def __init__(self, config: AsyncActorLearnerConfig, program: ActorProgram):
         import cloudpickle  # a gymnasium dependency
@@ -297,7 +369,8 @@ class ProcessTransport:
         self.config = config
         self._host_env = host_env_payload(cloudpickle, config.env_id)
         n = config.num_actors
-        self.actors: list[_Actor | None] = [None] * n
+        self.per_process = config.actors_per_process_in_force()
+        self.processes: list[_Process | None] = [None] * -(-n // self.per_process)
         self._stats = [ActorStats(i) for i in range(n)]
         # Items and reported failures (the publisher thread appends too: deque appends are atomic).
         self._received: collections.deque = collections.deque()
@@ -310,65 +383,88 @@ class ProcessTransport:
                                    every_version=self._every_version)
         _LIVE.add(self)
 
+    def _process_of(self, actor_id: int) -> _Process | None:
+        return self.processes[actor_id // self.per_process]
+
     # --- weights out --------------------------------------------------------
 
     def _deliver(self, message: PolicyBroadcast) -> None:
-        """Publisher thread, under its lock: the same bytes to every live actor."""
+        """Publisher thread, under its lock: the same bytes once to every live process."""
         if self._every_version:
             self._recent[message.version] = message
             for old in sorted(self._recent)[:-self._keep]:
                 del self._recent[old]
-        for actor in self.actors:
-            if actor is not None:
-                self._send(actor, ("broadcast", message.version, message.payload))
+        for process in self.processes:
+            if process is not None:
+                self._send(process, ("broadcast", message.version, message.payload, None))
 
     @staticmethod
-    def _send(actor: _Actor, message: tuple) -> None:
-        """Write to an actor's socket. A dead one is passed over (its end is reported by
-        ``receive``, which reads the closed socket); one that has not read for
+    def _send(process: _Process, message: tuple) -> None:
+        """Write to an actor process's socket. A dead one is passed over (its end is reported
+        by ``receive``, which reads the closed socket); one that has not read for
         ``learner_timeout_s`` (its socket's send timeout) is hung and is killed, the same way."""
-        with actor.send_lock:
+        with process.send_lock:
             try:
-                actor.connection.send(message)
+                process.connection.send(message)
             except OSError:
-                actor.process.kill()
+                process.process.kill()
 
     def publish(self, params: Any, learner_updates: int) -> None:
         self.publisher.publish(params, learner_updates)
 
     # --- actors -------------------------------------------------------------
 
-    def start_actor(self, actor_id: int, start: ActorStart) -> None:
+    def _spawn(self, slot: int) -> _Process:
+        """A new actor process for slot ``slot`` (no actor runs in it yet)."""
         mine, theirs = socket.socketpair()
-        # Every write to the actor returns within the learner's timeout, even if it stops reading.
+        # Every write to the process returns within the learner's timeout, even if it stops reading.
         seconds = max(1, int(self.config.learner_timeout_s))
         mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         try:
-            process = subprocess.Popen(
+            popen = subprocess.Popen(
                 [sys.executable, "-c", _BOOTSTRAP, root, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=self._env)
         finally:
             theirs.close()
-        actor = _Actor(process, Connection(mine.detach()))
-        self._stats[actor_id].pid = process.pid
-        setup = dict(actor_id=actor_id, config=self.config, start=start, parent=os.getpid(),
-                     stats=self._stats[actor_id], host_env=self._host_env, path=list(sys.path))
-        self._send(actor, ("setup", setup))
+        process = _Process(popen, Connection(mine.detach()))
+        first = slot * self.per_process
+        setup = dict(config=self.config, first_id=first, parent=os.getpid(),
+                     size=min(self.per_process, self.config.num_actors - first),
+                     host_env=self._host_env, path=list(sys.path))
+        self._send(process, ("setup", setup))
+        return process
+
+    def start_actor(self, actor_id: int, start: ActorStart) -> None:
+        """Run actor ``actor_id`` in its process, started first if it is not running."""
+        slot = actor_id // self.per_process
         with self.publisher.lock:
-            self.actors[actor_id] = actor
+            process = self.processes[slot]
+        if process is None:
+            process = self._spawn(slot)
+        stats = self._stats[actor_id]
+        stats.pid = process.process.pid
+        with self.publisher.lock:
+            self.processes[slot] = process
+            process.members[actor_id] = _Member()
+            self._send(process, ("start", actor_id, start, stats))
             if self._every_version:
                 replay = [self._recent[v] for v in sorted(self._recent) if v >= start.first_version]
             else:
                 replay = [self.publisher.latest] if self.publisher.latest is not None else []
             for message in replay:
-                self._send(actor, ("broadcast", message.version, message.payload))
+                self._send(process, ("broadcast", message.version, message.payload, actor_id))
 
     def restart_actor(self, actor_id: int, start: ActorStart) -> None:
-        """Kill the old process, start a new one, and wait (up to `START_TIMEOUT_S`) until it
-        is up: a process start and JAX's import take seconds, which the learner's hang clock,
-        restarted when this returns, should not count."""
-        self.kill_actor(actor_id)
+        """Run the actor again and wait (up to `START_TIMEOUT_S`) until it is up: in its
+        process if its loop ended there (it raised), else in a new process (the old one died,
+        or is killed here with the other actors it ran). A process start and JAX's import
+        take seconds, which the learner's hang clock, restarted when this returns, should
+        not count."""
+        process = self._process_of(actor_id)
+        member = None if process is None else process.members.get(actor_id)
+        if member is not None and not member.ended:  # it may still run: its process goes
+            self.kill_actor(actor_id)
         with self.publisher.lock:  # with exact_policy_lag, the oldest version it will have
             if self.publisher.latest is not None:
                 start = start._replace(first_version=self.publisher.latest.version)
@@ -376,15 +472,16 @@ class ProcessTransport:
         self.wait_started([actor_id])
 
     def wait_started(self, actor_ids: Sequence[int] | None = None) -> None:
-        """Wait until every actor's process is up (JAX imported, envs built).
+        """Wait until every actor is up (its process has imported JAX and built the envs).
 
         An actor that failed to start counts as up: its failure is received.
         Raises `LearnerTimeoutError` naming the actors not up after `START_TIMEOUT_S`.
         """
-        ids = list(range(len(self.actors)) if actor_ids is None else actor_ids)
+        ids = list(range(len(self._stats)) if actor_ids is None else actor_ids)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            waiting = [i for i in ids if self.actors[i] is not None and not self.actors[i].started]
+            waiting = [i for i in ids if (member := self._member(i)) is not None
+                       and not member.started and not member.ended]
             if not waiting:
                 return
             if time.monotonic() > deadline:
@@ -394,25 +491,50 @@ class ProcessTransport:
                     waiting)
             self._read_ready(_WAIT_SLICE_S)
 
-    def kill_actor(self, actor_id: int) -> bool:
-        actor = self.actors[actor_id]
-        if actor is not None:
-            actor.expected_end = True
-            actor.process.kill()
-            with self.publisher.lock:
-                self.actors[actor_id] = None
-            self._reap(actor, 5.0)
+    def _member(self, actor_id: int) -> _Member | None:
+        process = self._process_of(actor_id)
+        return None if process is None else process.members.get(actor_id)
+
+    def kill_actor(self, actor_id: int, report_others: bool = True) -> bool:
+        """Kill the actor's process. The other actors it ran are reported failed (the
+        supervisor restarts them), unless they are being killed themselves."""
+        slot = actor_id // self.per_process
+        process = self.processes[slot]
+        if process is None:
+            self._drop_failures(actor_id)  # reported when a sibling was killed: this kill explains it
+            return True
+        self._kill(slot, process)
+        for other, member in process.members.items():
+            if report_others and other != actor_id and not member.ended:
+                error = RuntimeError(
+                    f"actor {other}'s process (pid {process.process.pid}) was killed with "
+                    f"actor {actor_id}, which it also ran")
+                self._received.append(ActorFailure(other, error, f"{error}\n"))
         return True
 
+    def _kill(self, slot: int, process: _Process) -> None:
+        process.expected_end = True
+        process.process.kill()
+        with self.publisher.lock:
+            self.processes[slot] = None
+        self._reap(process, 5.0)
+
+    def _drop_failures(self, actor_id: int) -> None:
+        kept = [item for item in self._received
+                if not (isinstance(item, ActorFailure) and item.actor_id == actor_id)]
+        self._received.clear()
+        self._received.extend(kept)
+
     def kill_all(self) -> None:
-        for actor_id in range(len(self.actors)):
-            self.kill_actor(actor_id)
+        for slot, process in enumerate(self.processes):
+            if process is not None:
+                self._kill(slot, process)
 
     @staticmethod
-    def _reap(actor: _Actor, timeout_s: float) -> None:
+    def _reap(process: _Process, timeout_s: float) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            actor.process.wait(timeout_s)
-        actor.connection.close()
+            process.process.wait(timeout_s)
+        process.connection.close()
 
     # --- experience in ------------------------------------------------------
 
@@ -429,9 +551,9 @@ class ProcessTransport:
                 self._read_ready(min(remaining, _WAIT_SLICE_S))
 
     def _read_ready(self, timeout_s: float) -> bool:
-        """Read every message ready on the actors' sockets, waiting up to ``timeout_s`` for
+        """Read every message ready on the processes' sockets, waiting up to ``timeout_s`` for
         one; True if any was read."""
-        live = {a.connection: i for i, a in enumerate(self.actors) if a is not None}
+        live = {p.connection: slot for slot, p in enumerate(self.processes) if p is not None}
         if not live:
             time.sleep(timeout_s)
             return False
@@ -440,36 +562,44 @@ class ProcessTransport:
             self._read_one(live[connection])
         return bool(ready)
 
-    def _read_one(self, actor_id: int) -> None:
-        actor = self.actors[actor_id]
+    def _read_one(self, slot: int) -> None:
+        process = self.processes[slot]
+        if process is None:  # killed while its message waited
+            return
         try:
-            kind, *detail = actor.connection.recv()
+            kind, *detail = process.connection.recv()
         except (EOFError, OSError):
-            self._ended(actor_id, actor)
+            self._ended(slot, process)
             return
         if kind == "item":
             item, stats = detail
             self._received.append(item)
         else:  # "started" or "stopped"
             (stats,) = detail
-            actor.started = True
-        # After its failure or its last message the process ends: that end is explained.
-        actor.expected_end |= kind == "stopped" or isinstance(detail[0], ActorFailure)
-        self._stats[actor_id].__dict__.update(stats.__dict__)
+        member = process.members.get(stats.actor_id)
+        if member is not None:
+            member.started |= kind == "started"
+            # After its failure or its last message the actor's loop has ended.
+            member.ended |= kind == "stopped" or isinstance(detail[0], ActorFailure)
+        self._stats[stats.actor_id].__dict__.update(stats.__dict__)
 
-    def _ended(self, actor_id: int, actor: _Actor) -> None:
-        """Its socket closed: the process ended. Unless asked to, that is the actor's failure."""
+    def _ended(self, slot: int, process: _Process) -> None:
+        """Its socket closed: the process ended. Unless asked to, that is the failure of every
+        actor still running in it."""
         with self.publisher.lock:
-            self.actors[actor_id] = None
-        self._reap(actor, 1.0)
-        if actor.expected_end:
+            self.processes[slot] = None
+        self._reap(process, 1.0)
+        if process.expected_end:
             return
-        code = actor.process.poll()
+        code = process.process.poll()
         status = ("it is still running" if code is None else
                   f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                   f"exit code {code}")
-        error = RuntimeError(f"actor {actor_id}'s process (pid {actor.process.pid}) ended: {status}")
-        self._received.append(ActorFailure(actor_id, error, f"{error}\n"))
+        for actor_id, member in process.members.items():
+            if not member.ended:
+                error = RuntimeError(
+                    f"actor {actor_id}'s process (pid {process.process.pid}) ended: {status}")
+                self._received.append(ActorFailure(actor_id, error, f"{error}\n"))
 
     def report_failure(self, failure: ActorFailure) -> None:
         self._received.append(failure)
@@ -485,27 +615,27 @@ class ProcessTransport:
     def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
         """Stop the publisher and every actor, then kill any actor process still running.
 
-        An actor that does not stop in time is killed like the rest, so no
+        A process that does not stop in time is killed like the rest, so no
         process outlives the run; nothing is left to name but the publisher.
         """
         deadline = time.monotonic() + timeout_s
         self.publisher.stop()
-        for actor_id, actor in enumerate(self.actors):
-            if actor is not None:
-                actor.expected_end = True
-                if actor_id in known_stuck:
-                    self.kill_actor(actor_id)
-                else:
-                    self._send(actor, ("stop",))
+        for actor_id in known_stuck:
+            self.kill_actor(actor_id, report_others=False)
+        for process in self.processes:
+            if process is not None:
+                process.expected_end = True
+                self._send(process, ("stop",))
         # Read on while they stop: their last messages (stats, failures) must not fill
         # a socket nobody reads.
-        while any(a is not None and a.process.poll() is None for a in self.actors):
+        while any(p is not None and p.process.poll() is None for p in self.processes):
             if time.monotonic() > deadline:
                 break
             self._read_ready(_WAIT_SLICE_S)
-        for actor_id, actor in enumerate(self.actors):
-            if actor is not None and actor.process.poll() is None:
-                logger.warning("actor %d did not stop by itself; killing it", actor_id)
+        for process in self.processes:
+            if process is not None and process.process.poll() is None:
+                logger.warning("actor process %d (actors %s) did not stop by itself; killing it",
+                               process.process.pid, sorted(process.members))
         self.kill_all()
         _LIVE.discard(self)
         self.publisher.thread.join(max(0.0, deadline - time.monotonic()))
@@ -515,4 +645,3 @@ class ProcessTransport:
         failures = [item for item in self._received if isinstance(item, ActorFailure)]
         self._received.clear()
         return failures
-

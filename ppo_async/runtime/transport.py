@@ -166,14 +166,17 @@ class Publisher:
         self._stop.set()
 
 
-def shares_calls(config: AsyncActorLearnerConfig, program: ActorProgram) -> bool:
-    """Whether thread actors of ``program`` share their jitted calls (`InferenceServer`)."""
+def shares_calls(config: AsyncActorLearnerConfig, program: ActorProgram,
+                 num_actors: int | None = None) -> bool:
+    """Whether ``num_actors`` thread actors of ``program`` in one process (default: all of
+    the run's) share their jitted calls (`InferenceServer`)."""
     shared = program.inference
-    if shared is None or config.num_actors == 1 or config.batch_inference is False:
+    num_actors = config.num_actors if num_actors is None else num_actors
+    if shared is None or num_actors == 1 or config.batch_inference is False:
         return False
     if config.batch_inference is None:
         return (shared.default_from_actors is not None
-                and config.num_actors >= shared.default_from_actors)
+                and num_actors >= shared.default_from_actors)
     return True
 
 

@@ -50,6 +50,11 @@ def test_processes_take_a_cpu_actor_device_only():
         dataclasses.replace(TINY, actor_device="cpu:1")
     with pytest.raises(ConfigError, match="'threads', 'processes' or 'ray'"):
         dataclasses.replace(TINY, actor_backend="forks")
+    with pytest.raises(ConfigError, match="actors_per_process=0: must be None"):
+        dataclasses.replace(TINY, actors_per_process=0)
+    with pytest.raises(ConfigError, match="applies to actor_backend='processes' only"):
+        dataclasses.replace(TINY, actor_backend="threads", actors_per_process=2)
+    assert dataclasses.replace(TINY, actors_per_process=5).actors_per_process_in_force() == 2
 
 
 def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors():
@@ -64,6 +69,11 @@ def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors():
             == flax.serialization.to_bytes(threads.params))
     assert over_processes.report.policy_lag_counts == threads.report.policy_lag_counts
     assert sum(s.env_steps for s in over_processes.report.actor_stats) >= TINY.total_env_steps
+    # Both actors as threads of one process: the same bytes again.
+    shared = train(dataclasses.replace(TINY, actors_per_process=2), progress=False)
+    assert len({s.pid for s in shared.report.actor_stats}) == 1
+    assert (flax.serialization.to_bytes(shared.params)
+            == flax.serialization.to_bytes(threads.params))
 
 
 def _misbehaving(tmp_path: pathlib.Path, how: str, **changes) -> tuple[AsyncActorLearnerConfig,
@@ -90,6 +100,31 @@ def test_an_actor_process_spinning_forever_is_killed_and_named(tmp_path: pathlib
     config, marker = _misbehaving(tmp_path, "spin", learner_timeout_s=6.0,
                                   total_env_steps=TINY.batch_size * 200)
     assert_spinning_actor_was_killed(train, config, marker, _gone)
+
+
+def test_an_actor_that_raises_is_restarted_in_its_process(tmp_path: pathlib.Path, caplog):
+    config, marker = _misbehaving(tmp_path, "raise", actors_per_process=2, max_actor_restarts=1)
+    with caplog.at_level("WARNING"):
+        report = train(config, progress=False).report
+    assert report.updates == 12 and report.actor_restarts == 1
+    # The process that ran both actors runs the restarted one too.
+    assert {s.pid for s in report.actor_stats} == {int(marker.read_text())}
+    assert "RuntimeError: the env failed on purpose" in caplog.text
+
+
+def test_a_spinning_actor_takes_the_actors_of_its_process_along(tmp_path: pathlib.Path, caplog):
+    config, marker = _misbehaving(tmp_path, "spin", actors_per_process=2, max_actor_restarts=1,
+                                  learner_timeout_s=6.0)
+    with caplog.at_level("WARNING"):
+        report = train(config, progress=False).report
+    spinning_pid = int(marker.read_text())
+    assert report.updates == 12
+    # The hung actor was killed with its process; the other actor it ran was reported
+    # failed, naming the one it went with, and both run again in one new process.
+    assert [s.restarts for s in report.actor_stats] == [1, 1]
+    (new_pid,) = {s.pid for s in report.actor_stats}
+    assert new_pid != spinning_pid and _gone([spinning_pid, new_pid]) == []
+    assert f"(pid {spinning_pid}) was killed with actor" in caplog.text
 
 
 _SCRIPT = """
