@@ -374,6 +374,10 @@ class ProcessTransport:
         self._stats = [ActorStats(i) for i in range(n)]
         # Items and reported failures (the publisher thread appends too: deque appends are atomic).
         self._received: collections.deque = collections.deque()
+        # The failure reported for an actor killed with another one, until it is received,
+        # and those voided (the actor was found stuck itself: its kill explains its end).
+        self._killed_along: dict[int, ActorFailure] = {}
+        self._void: set[int] = set()  # ids of voided failures, skipped when received
         self._every_version = config.exact_lag is not None
         # exact_policy_lag: the versions an actor starting now may still need
         self._recent: dict[int, PolicyBroadcast] = {}
@@ -501,7 +505,9 @@ class ProcessTransport:
         slot = actor_id // self.per_process
         process = self.processes[slot]
         if process is None:
-            self._drop_failures(actor_id)  # reported when a sibling was killed: this kill explains it
+            failure = self._killed_along.pop(actor_id, None)
+            if failure is not None:  # killed with another actor already: no second restart
+                self._void.add(id(failure))
             return True
         self._kill(slot, process)
         for other, member in process.members.items():
@@ -509,7 +515,8 @@ class ProcessTransport:
                 error = RuntimeError(
                     f"actor {other}'s process (pid {process.process.pid}) was killed with "
                     f"actor {actor_id}, which it also ran")
-                self._received.append(ActorFailure(other, error, f"{error}\n"))
+                failure = self._killed_along[other] = ActorFailure(other, error, f"{error}\n")
+                self._received.append(failure)
         return True
 
     def _kill(self, slot: int, process: _Process) -> None:
@@ -518,12 +525,6 @@ class ProcessTransport:
         with self.publisher.lock:
             self.processes[slot] = None
         self._reap(process, 5.0)
-
-    def _drop_failures(self, actor_id: int) -> None:
-        kept = [item for item in self._received
-                if not (isinstance(item, ActorFailure) and item.actor_id == actor_id)]
-        self._received.clear()
-        self._received.extend(kept)
 
     def kill_all(self) -> None:
         for slot, process in enumerate(self.processes):
@@ -542,8 +543,14 @@ class ProcessTransport:
         # timeout_s=0 still looks once at the sockets: what has arrived is taken.
         deadline = time.monotonic() + timeout_s
         while True:
-            if self._received:
-                return self._received.popleft()
+            while self._received:
+                item = self._received.popleft()
+                if id(item) in self._void:
+                    self._void.discard(id(item))
+                    continue
+                if isinstance(item, ActorFailure) and self._killed_along.get(item.actor_id) is item:
+                    del self._killed_along[item.actor_id]
+                return item
             remaining = deadline - time.monotonic()
             if remaining <= 0 and not self._read_ready(0.0):
                 return None
@@ -642,6 +649,7 @@ class ProcessTransport:
         return ["ppo-publisher"] if self.publisher.thread.is_alive() else []
 
     def late_failures(self) -> list[ActorFailure]:
-        failures = [item for item in self._received if isinstance(item, ActorFailure)]
+        failures = [item for item in self._received
+                    if isinstance(item, ActorFailure) and id(item) not in self._void]
         self._received.clear()
         return failures

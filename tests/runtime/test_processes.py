@@ -127,6 +127,43 @@ def test_a_spinning_actor_takes_the_actors_of_its_process_along(tmp_path: pathli
     assert f"(pid {spinning_pid}) was killed with actor" in caplog.text
 
 
+def test_actors_of_one_process_found_stuck_together_are_restarted_once_each():
+    """Two hung actors of one process: killing the first takes the second along and reports
+    it; the supervisor then kills the second itself, which voids that report (else the
+    second would be restarted twice, the second time killing the first's new process)."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from ppo_async.runtime.process_transport import ProcessTransport, _Member, _Process
+
+    transport = ProcessTransport(dataclasses.replace(TINY, actors_per_process=2), None)
+    try:
+        mine, theirs = socket.socketpair()
+        theirs.close()
+
+        def hung_process():
+            process = _Process(subprocess.Popen([sys.executable, "-c", "import time; "
+                                                 "time.sleep(60)"]),
+                               Connection(os.dup(mine.fileno())))
+            process.members = {0: _Member(started=True), 1: _Member(started=True)}
+            return process
+
+        transport.processes[0] = first = hung_process()
+        assert transport.kill_actor(0) and transport.kill_actor(1)
+        assert first.process.wait(5) == -signal.SIGKILL
+        assert transport.receive(0.0) is None and transport.late_failures() == []
+        # Actor 0 alone hung: actor 1 is reported, naming the actor it went with.
+        transport.processes[0] = second = hung_process()
+        transport.kill_actor(0)
+        failure = transport.receive(0.0)
+        assert failure.actor_id == 1
+        assert f"(pid {second.process.pid}) was killed with actor 0" in str(failure.error)
+        assert transport.receive(0.0) is None
+    finally:
+        transport.stop(1.0)
+        mine.close()
+
+
 _SCRIPT = """
 import sys, psutil
 from ppo_async import AsyncActorLearnerConfig, train
