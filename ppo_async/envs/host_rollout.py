@@ -40,7 +40,13 @@ from ppo_async.envs.host import (
     close_envs,
     make_host_env,
 )
-from ppo_async.envs.workers import EnvGroups, EnvWorkers, EnvWorkersWarning, portable_factory
+from ppo_async.envs.workers import (
+    EnvGroups,
+    EnvWorkers,
+    EnvWorkersWarning,
+    portable_factory,
+    spin_seconds,
+)
 from ppo_async.envs.program import ActorProgram, BatchedInference, reattached, unattached
 from ppo_async.networks.actor_critic import (
     is_recurrent,
@@ -242,7 +248,8 @@ class HostRollout:
                 env_modules=self.config.env_modules, factory=self.factory,
                 make_kwargs=self.config.env_make_kwargs(),
                 owner=threading.current_thread().name.replace("ppo-actor-", "actor "),
-                reply_timeout_s=self.config.learner_timeout_s / 2)
+                reply_timeout_s=self.config.learner_timeout_s / 2,
+                spin_s=spin_seconds(self.config.num_actors * self.workers))
         size = self.num_envs // self.groups
         return EnvGroups([make_host_env(self.env_id, size, **self.config.env_make_kwargs())
                           for _ in range(self.groups)], size)

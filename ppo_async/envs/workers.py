@@ -58,7 +58,13 @@ from ppo_async.envs.host import HostEnvError, HostStep, close_envs, make_host_en
 # How often a waiting actor looks at its worker's health, and an idle worker at its parent.
 _POLL_S = 0.05
 _PARENT_POLL_S = 0.5
-_SPIN_S = 0.002  # how long an idle worker waits awake for its next command
+_SPIN_S = 0.002  # how long an idle worker waits awake for its next command (a core each)
+
+
+def spin_seconds(workers_in_run: int) -> float:
+    """How long an idle worker spins before it sleeps: `_SPIN_S` while the run's workers
+    have a core each, else 0 (spinning workers would take the cores the actors need)."""
+    return _SPIN_S if workers_in_run <= (os.cpu_count() or 1) else 0.0
 _START_TIMEOUT_S = 120.0  # a worker imports the simulator (MuJoCo: about a second)
 _CLOSE_TIMEOUT_S = 2.0  # a worker closes its envs in milliseconds; a hung one is killed
 
@@ -198,6 +204,8 @@ class EnvWorkers:
         and size (the config's ``env_make_kwargs()``).
       owner: how errors name the envs' owner (``"actor 3"``).
       reply_timeout_s: a worker that does not answer a command for this long is hung.
+      spin_s: how long an idle worker waits awake for its next command before it sleeps
+        (`spin_seconds`: 0 when the run has more workers than the machine has cores).
     """
 
     def __init__(self, env_id: str, num_envs: int, *, workers: int, groups: int,
@@ -205,14 +213,14 @@ class EnvWorkers:
                  env_modules: Sequence[str] = (), factory: bytes | None = None,
                  make_kwargs: dict[str, Any] | None = None, owner: str = "actor",
                  reply_timeout_s: float = 30.0,
-                 start_timeout_s: float = _START_TIMEOUT_S):
+                 start_timeout_s: float = _START_TIMEOUT_S, spin_s: float = _SPIN_S):
         per_group = num_envs // groups if groups else 0
         if groups < 1 or workers < 1 or num_envs % groups or per_group < workers:
             raise ValueError(f"{num_envs} envs cannot be split into {groups} groups of at "
                              f"least {workers} envs (one per worker) each")
         self.env_id, self.num_envs, self.owner = env_id, num_envs, owner
         self._make_kwargs = dict(make_kwargs or {})  # make_host_env's, in every worker
-        self.reply_timeout_s = reply_timeout_s
+        self.reply_timeout_s, self.spin_s = reply_timeout_s, spin_s
         self.observation_shape = tuple(observation_shape)
         self.action_space = action_space
         continuous = not hasattr(action_space, "n")
@@ -315,7 +323,8 @@ class EnvWorkers:
         mine, theirs = socket.socketpair()
         setup = dict(env_id=self.env_id, held=self._held[w], memory=self._memory.name,
                      fields=fields, env_modules=tuple(env_modules), factory=factory,
-                     make_kwargs=self._make_kwargs, parent=os.getpid(), path=list(sys.path))
+                     make_kwargs=self._make_kwargs, parent=os.getpid(), path=list(sys.path),
+                     spin_s=self.spin_s)
         try:
             process = subprocess.Popen(
                 [sys.executable, "-c", _BOOTSTRAP, os.path.dirname(os.path.dirname(
@@ -457,7 +466,7 @@ def _answer(connection: Connection, setup: dict, envs: dict, arrays: dict) -> No
     while True:
         # The next command comes within a policy call or two: waiting for it awake
         # spares the wake-up of a sleeping process (tens to hundreds of microseconds).
-        spin_until = time.perf_counter() + _SPIN_S
+        spin_until = time.perf_counter() + setup["spin_s"]
         while not connection.poll(0) and time.perf_counter() < spin_until:
             pass
         if not connection.poll(_PARENT_POLL_S):

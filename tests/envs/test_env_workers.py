@@ -255,3 +255,10 @@ def test_a_factory_that_cannot_travel_steps_in_the_actors_thread():
         assert program.rollout(params, carry)[1].reward.shape == (TINY.num_steps, 4)
     finally:
         program.close(carry)
+
+
+def test_idle_workers_spin_only_while_the_run_has_a_core_for_each():
+    from ppo_async.envs.workers import _SPIN_S, spin_seconds
+
+    assert spin_seconds(1) == _SPIN_S > 0
+    assert spin_seconds((os.cpu_count() or 1) + 1) == 0.0  # more workers than cores: they sleep
