@@ -312,7 +312,7 @@ class AsyncActorLearnerConfig:
         """``actors_per_process`` with None resolved: ``ceil(num_actors / cores)`` of this machine."""
         if self.actors_per_process is not None:
             return min(self.actors_per_process, self.num_actors)
-        return -(-self.num_actors // (os.cpu_count() or 1))
+        return math.ceil(self.num_actors / (os.cpu_count() or 1))
 
     # --- the math's options: built here, the one place fields become them ---
     # Each imports its module when called, so importing the config imports no jax.

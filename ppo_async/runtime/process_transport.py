@@ -1,22 +1,28 @@
 """Actors as processes of this machine, without Ray: past the GIL for host envs.
 
-Each actor is one child process (``actor_backend="processes"``) that runs the
-same actor loop as a thread (`ppo_async.runtime.actor.run_actor`) behind an
-`ActorEndpoint` over one socket to the learner's process:
+With ``actor_backend="processes"`` actors run in child processes,
+``actors_per_process`` each (by default one process per core). Within a
+process they are threads running the same actor loop as thread actors
+(`ppo_async.runtime.actor.spawn_actor`), sharing its JAX, its load of each
+params version and (`shares_calls`) its policy calls, each behind an
+`ActorEndpoint` over the process's one socket to the learner:
 
 - weights: the `Publisher` thread serializes the params once and writes the
-  same bytes to every actor's socket; a reader thread in the actor process
-  puts them in its inbox, where the loop finds them as a thread actor finds
+  same bytes once to every process's socket; the process's main thread puts
+  them in the inbox of each of its actors (or of one: the versions a
+  restarted actor needs), where the loop finds them as a thread actor finds
   its queue (the newest version free-running; with ``exact_policy_lag`` the
   version each chunk needs).
-- experience: the actor writes each `Experience` (numpy) with its live
-  `ActorStats`; the learner's ``receive`` waits on every actor's socket at
+- experience: each actor writes each `Experience` (numpy) with its live
+  `ActorStats`; the learner's ``receive`` waits on every process's socket at
   once and reads what is ready, so one actor's chunks arrive in order.
-- failures: an exception in the loop comes back as an `ActorFailure`; a
-  process that dies (killed, segfault, out of memory) closes its socket,
-  which becomes an `ActorFailure` naming the actor and its pid; a process
-  that stops producing is found by the learner's ``learner_timeout_s`` and
-  killed (`kill_actor`), then the supervisor restarts or reports it.
+- failures: an exception in the loop comes back as an `ActorFailure` and the
+  actor is restarted in its process; a process that dies (killed, segfault,
+  out of memory) closes its socket, which becomes an `ActorFailure` for each
+  actor it ran, naming its pid; an actor that stops producing is found by the
+  learner's ``learner_timeout_s`` and killed with its process
+  (`kill_actor`), whose other actors are reported failed; the supervisor
+  restarts or reports each.
 - cleanup: an actor process ignores Ctrl-C (the learner stops it), exits
   when its socket to the learner closes, and on Linux is killed with its
   parent (``PR_SET_PDEATHSIG``), so no actor outlives the learner's process.
@@ -41,6 +47,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import pickle
 import queue
@@ -61,7 +68,13 @@ from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs.gymnax_env import EnvCarry
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
-from ppo_async.runtime.actor import ActorStart, ActorStats, QueueEndpoint, run_actor
+from ppo_async.runtime.actor import (
+    ActorHandle,
+    ActorStart,
+    ActorStats,
+    QueueEndpoint,
+    spawn_actor,
+)
 from ppo_async.runtime.learner import LearnerTimeoutError
 from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast
 from ppo_async.runtime.transport import Publisher
@@ -207,7 +220,8 @@ class _ActorHost:
         self.lock = threading.Lock()  # one writer at a time on the socket
         self.stop = threading.Event()
         self.inboxes: dict[int, queue.Queue] = {}
-        self.threads: dict[int, threading.Thread] = {}
+        self.handles: dict[int, ActorHandle] = {}
+        self.inference = None
         self.setup_failure = setup_failure
         if setup_failure is not None:
             return
@@ -221,7 +235,6 @@ class _ActorHost:
             self.program = program = make_actor_program(config)
             self.device = jax.devices("cpu")[0]
             self.load_params = SharedParams(program.params_template, self.device)
-            self.inference = None
             if shares_calls(config, program, size):
                 self.inference = InferenceServer(program.inference.fn, size, self.stop.is_set,
                                                  program.inference.gather_s).start()
@@ -241,21 +254,10 @@ class _ActorHost:
         inbox = self.inboxes[actor_id] = queue.Queue()  # a restarted actor gets a fresh one
         endpoint = QueueEndpoint(_SocketOutbox(self.connection, stats, self.lock), inbox, self.stop)
         policy = None if self.inference is None else self.inference.client(actor_id - self.first_id)
-        thread = threading.Thread(target=self._run, args=(actor_id, start, stats, endpoint, policy),
-                                  name=f"ppo-actor-{actor_id}", daemon=True)
-        self.threads[actor_id] = thread
-        self.send(("started", stats))
-        thread.start()
-
-    def _run(self, actor_id: int, start: ActorStart, stats: ActorStats, endpoint: QueueEndpoint,
-             policy: Any) -> None:
-        try:
-            run_actor(actor_id, self.config, self.program, endpoint, self.device, stats, start,
-                      self.load_params, policy)
-        except BaseException as error:  # noqa: BLE001 - reported, never swallowed
-            endpoint.send(ActorFailure(actor_id, error, traceback.format_exc()))
-        else:
-            self.send(("stopped", stats))
+        self.send(("started", stats))  # before anything the actor sends
+        # Its failure, if it fails, goes out through the endpoint as a thread actor's does.
+        self.handles[actor_id] = spawn_actor(actor_id, self.config, self.program, endpoint,
+                                             self.device, stats, start, self.load_params, policy)
 
     def serve_messages(self) -> None:
         """Read the learner's messages until ``stop``; the learner gone ends the process."""
@@ -275,9 +277,16 @@ class _ActorHost:
             elif kind == "stop":
                 self.stop.set()
                 break
+        # The learner kills a process whose actors do not stop within its own timeout.
         deadline = time.monotonic() + self.config.shutdown_timeout_s
-        for thread in self.threads.values():  # their last messages; the learner kills laggards
+        threads = [h.thread for h in self.handles.values()]
+        if self.inference is not None:
+            threads.append(self.inference.thread)
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        for handle in self.handles.values():  # their last stats (a failure was their last word)
+            if not handle.thread.is_alive() and handle.error is None:
+                self.send(("stopped", handle.stats))
 
 
 def _die_with_parent() -> None:
@@ -370,7 +379,7 @@ class ProcessTransport:
         self._host_env = host_env_payload(cloudpickle, config.env_id)
         n = config.num_actors
         self.per_process = config.actors_per_process_in_force()
-        self.processes: list[_Process | None] = [None] * -(-n // self.per_process)
+        self.processes: list[_Process | None] = [None] * math.ceil(n / self.per_process)
         self._stats = [ActorStats(i) for i in range(n)]
         # Items and reported failures (the publisher thread appends too: deque appends are atomic).
         self._received: collections.deque = collections.deque()
@@ -465,8 +474,7 @@ class ProcessTransport:
         or is killed here with the other actors it ran). A process start and JAX's import
         take seconds, which the learner's hang clock, restarted when this returns, should
         not count."""
-        process = self._process_of(actor_id)
-        member = None if process is None else process.members.get(actor_id)
+        member = self._member(actor_id)
         if member is not None and not member.ended:  # it may still run: its process goes
             self.kill_actor(actor_id)
         with self.publisher.lock:  # with exact_policy_lag, the oldest version it will have
