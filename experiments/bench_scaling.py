@@ -77,7 +77,7 @@ class SleepyEnv:
 def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float,
             num_steps: int, skip: int, backend: str = "threads",
             batch_inference: bool = True, env_workers: int | None = 0,
-            actors_per_process: int | None = None) -> dict:
+            actors_per_process: int | None = None, sampler: str | None = None) -> dict:
     """Steady env steps/s of one `train` with ``num_actors`` actors (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, StopTraining, train
     from ppo_async.envs.registry import register_host_env
@@ -88,7 +88,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
         num_steps=num_steps, num_minibatches=1, num_epochs=1,
         total_env_steps=num_actors * envs_per_actor * num_steps * 100_000,
         learner_timeout_s=120.0, actor_backend=backend, batch_inference=batch_inference,
-        env_workers=env_workers, actors_per_process=actors_per_process,
+        env_workers=env_workers, actors_per_process=actors_per_process, sampler=sampler,
         # Ray: the actors share the machine's cores (each a process), as threads do.
         ray_num_cpus_per_actor=min(1.0, (os.cpu_count() or 1) / num_actors),
     )
@@ -111,6 +111,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
             "actors_per_process": (config.actors_per_process_in_force()
                                    if backend == "processes" else None),
             "envs_per_actor": envs_per_actor, "env_layout": list(config.env_layout()),
+            "sampler": sampler,
             "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
             "rss_mb": rss, "updates": report.updates, "wall_s": time.perf_counter() - start,
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> dict:
                              "default here), a number per actor, or auto")
     parser.add_argument("--actors-per-process", type=int, default=None,
                         help="actor processes: actors in each (default: a process per core)")
+    parser.add_argument("--sampler", choices=["auto", "actors", "shared"], default="auto",
+                        help="sampler: each actor steps its envs, one sampler thread per "
+                             "process steps them all, or the config's default (auto)")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -147,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  args.num_steps, args.skip, args.backend,
                                  args.inference == ["batched"],
                                  None if args.env_workers == "auto" else int(args.env_workers),
-                                 args.actors_per_process)))
+                                 args.actors_per_process,
+                                 None if args.sampler == "auto" else args.sampler)))
         return {}
     modes = args.inference if args.backend != "ray" else ["per-actor"]
     load_before = os.getloadavg()[0]
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "--step-ms", str(args.step_ms), "--num-steps", str(args.num_steps),
                  "--seconds", str(args.seconds), "--skip", str(args.skip),
                  "--backend", args.backend, "--inference", mode,
-                 "--env-workers", args.env_workers,
+                 "--env-workers", args.env_workers, "--sampler", args.sampler,
                  *([] if args.actors_per_process is None else
                    ["--actors-per-process", str(args.actors_per_process)])],
                 f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(row)
             per_process = (f" ({row['actors_per_process']} per process)"
                            if row.get("actors_per_process") else "")
-            print(f"{args.backend}{per_process} {mode:>9} env workers {args.env_workers}: "
+            print(f"{args.backend}{per_process} {mode:>9} sampler {args.sampler} "
+                  f"env workers {args.env_workers}: "
                   f"{num_actors:>3} actors x {args.envs_per_actor} env: "
                   f"{row['env_steps_per_s']:>9,.0f} env steps/s, "
                   f"ideal {row['ideal_env_steps_per_s']:>9,.0f} -> {row['ratio']:.2f}, "

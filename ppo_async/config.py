@@ -32,6 +32,8 @@ PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.
 # The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.actor_critic.TORSOS.
 TorsoName = Literal["auto", "none", "minatar", "nature"]
 TORSOS = get_args(TorsoName)
+SamplerName = Literal["actors", "shared"]
+SAMPLERS = get_args(SamplerName)  # the values of AsyncActorLearnerConfig.sampler
 
 
 DEFAULT_EXACT_LAG = 1  # what exact_policy_lag="auto" is without a max_lead_steps
@@ -82,6 +84,8 @@ class AsyncActorLearnerConfig:
     """With actor_backend='processes': how many actors each process runs, as threads sharing its JAX, its load of each params version and (as batch_inference says, counting the process's actors) its policy calls. None: one process per core, ceil(num_actors / cores), so 64 actors on 2 cores are 2 processes, not 64 (a process imports JAX: about 300 MiB and seconds each). Set it to fix the layout, and so a run's bits, across machines."""
     batch_inference: bool | None = None
     """Thread actors of one device share their jitted calls, made by an inference thread for every actor waiting: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, a gymnax env's actors their chunks (one vmapped rollout). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). None: on for host envs from 16 actors (fewer are as fast or faster calling alone), off for gymnax (the vmapped rollout gains 4-11% on 2 cores and compiles 0.6 s longer); docs/benchmarks.md has the figures. False: every actor calls alone, as Ray actors do."""
+    sampler: SamplerName | None = None
+    """Host envs (gymnasium:, envpool:, host:): who steps each actor's envs. 'actors': each actor's thread steps its own and calls the policy (alone, or shared per env step as batch_inference says). 'shared': one sampler thread per process steps the envs of all its actors in lock-step, one policy call per env step for all, in two cohorts so that one cohort's envs step while the other's actions are computed; each env batch steps in a thread of its own (or in its env workers), and the actor threads wake once per chunk. Exact-lag runs give the same bits as batched per-step calls. None: 'actors' (on the 2 ms sleep env at 64 x 1 on 2 cores 'shared' ran 0.25-0.33 of ideal against 0.25-0.34 for 'actors', within the spread: docs/benchmarks.md). Not for gymnax envs (their actors already share whole chunks)."""
     env_workers: int = 0
     """Host envs (gymnasium: and host: ids) of each actor step in this many worker processes that never import JAX, each stepping its share, with observations in shared memory (ppo_async.envs.workers). 0 (the default): the actor's thread steps them itself, as envpool: envs always do. On a 2-core machine workers did not beat thread-stepped envs on MuJoCo Hopper and ran 1.08x threads on a Python env holding the GIL, while Ray actor processes ran 1.8x (docs/benchmarks.md); an idle worker waits for its next command awake only while the run's workers (num_actors x env_workers) have a core each, else it sleeps; a host: env whose factory cannot be sent to a process steps in the actor's thread, with a warning."""
     env_groups: int | None = None
@@ -534,7 +538,11 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
 
 
 def _validate_env_layout(cfg: AsyncActorLearnerConfig) -> None:
-    from ppo_async.envs.registry import GYMNASIUM, HOST, split_env_id
+    from ppo_async.envs.registry import GYMNASIUM, GYMNAX, HOST, split_env_id
+
+    _require(cfg.sampler != "shared" or split_env_id(cfg.env_id)[0] != GYMNAX,
+             "sampler", cfg.sampler, f"applies to host envs only ({cfg.env_id} is a gymnax "
+             "env: its actors share whole chunks, one vmapped rollout); leave it None")
 
     _require(_is_int(cfg.env_workers) and cfg.env_workers >= 0,
              "env_workers", cfg.env_workers, "must be an integer >= 0 (0: the actor's thread)")
@@ -649,6 +657,11 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
         _is_int(cfg.actors_per_process) and cfg.actors_per_process >= 1),
         "actors_per_process", cfg.actors_per_process, "must be None (a process per core) or an "
         "integer >= 1")
+    _require(cfg.sampler is None or cfg.sampler in SAMPLERS, "sampler", cfg.sampler,
+             f"must be None or one of {SAMPLERS}")
+    _require(cfg.sampler != "shared" or cfg.actor_backend != "ray", "sampler", cfg.sampler,
+             "'shared' needs several actors in a process: actor_backend 'threads' or "
+             "'processes' (a Ray actor process runs one actor)")
     _require(cfg.actors_per_process is None or cfg.actor_backend == "processes",
              "actors_per_process", cfg.actors_per_process,
              f"applies to actor_backend='processes' only (this run's is {cfg.actor_backend!r})")

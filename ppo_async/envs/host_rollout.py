@@ -47,7 +47,13 @@ from ppo_async.envs.workers import (
     portable_factory,
     spin_seconds,
 )
-from ppo_async.envs.program import ActorProgram, BatchedInference, reattached, unattached
+from ppo_async.envs.program import (
+    ActorProgram,
+    BatchedInference,
+    ChunkClient,
+    reattached,
+    unattached,
+)
 from ppo_async.networks.actor_critic import (
     is_recurrent,
     params_template,
@@ -209,7 +215,7 @@ class HostRollout:
         return ActorProgram(self.observation_shape, self.network, template, self.reset,
                             self.rollout, close=self.close,
                             inference=BatchedInference(self.policy.act_batched,
-                                                       default_from_actors=16))
+                                                       default_from_actors=16, lockstep=True))
 
     def reset(self, key: jax.Array, device: jax.Device) -> HostCarry:
         """This actor's own ``envs_per_actor`` envs, made and seeded from ``key``.
@@ -272,10 +278,34 @@ class HostRollout:
         actions and starts its envs, then waits for group ``g + 1``'s previous
         step and does the same: while env workers step one group, the policy
         computes the next one's actions. One group is the plain loop.
+
+        The steps are a generator (`chunk_steps`); a `ChunkClient` (a lock-step
+        sampler shared by the actors of a process) drives it among other
+        actors' chunks, else this thread drives it alone.
         """
         carry, client = unattached(carry)
+        if isinstance(client, ChunkClient):
+            carry.envs.step_in_threads()  # the sampler's thread must never block on one env
+            carry, *chunk = client.drive(params, self.chunk_steps(params, carry))
+        else:
+            act = client or self.policy.act_alone
+            steps = self.chunk_steps(params, carry)
+            request = next(steps)
+            try:
+                while True:
+                    request = steps.send(None if request is None else act(params, *request))
+            except StopIteration as finished:
+                carry, *chunk = finished.value
+        return reattached(carry, client), *chunk
+
+    def chunk_steps(self, params, carry: HostCarry):
+        """`rollout`'s steps as a generator: it yields ``(hidden, obs, reset, key)`` for each
+        policy call and takes back that call's `HostPolicy.act` row, and yields None once a
+        group's envs were started (its driver may let other actors' envs start before this
+        one waits for them); it returns ``(carry, trajectory, bootstrap_obs,
+        bootstrap_value)``."""
         envs, obs, _, episode_length, keys = carry[:5]
-        keys, act = np.array(keys), client or self.policy.act_alone
+        keys = np.array(keys)
         steps = self.config.num_steps
         trajectory = self._empty_trajectory()  # fresh every chunk: the learner keeps the last
         packed_outputs = np.empty((steps, self.num_envs, self.policy.columns), np.float32)
@@ -292,9 +322,9 @@ class HostRollout:
                                      next_obs, hidden, reset, bonus)
                 if t == steps:
                     continue
-                packed, keys[g] = self.policy.split(act(
-                    params, None if hidden is None else hidden[lo:hi], trajectory.obs[t, lo:hi],
-                    None if reset is None else reset[lo:hi], keys[g]))
+                packed, keys[g] = self.policy.split((yield (
+                    None if hidden is None else hidden[lo:hi], trajectory.obs[t, lo:hi],
+                    None if reset is None else reset[lo:hi], keys[g])))
                 packed_outputs[t, lo:hi] = packed
                 if self.recurrent:
                     hidden[lo:hi] = packed[:, self.policy.next_hidden_columns]
@@ -302,9 +332,9 @@ class HostRollout:
                 if self.policy.continuous:
                     np.clip(action, self.low, self.high, out=action)
                 envs.step_async(action, g)
-        carry, *chunk = self._finish_chunk(params, carry, trajectory, packed_outputs, bonus,
-                                           first_reset, next_obs, keys, hidden)
-        return reattached(carry, client), *chunk
+                yield None
+        return self._finish_chunk(params, carry, trajectory, packed_outputs, bonus,
+                                  first_reset, next_obs, keys, hidden)
 
     def _store_step(self, params, step: Any, t: int, lo: int, hi: int, trajectory: Trajectory,
                     next_obs: np.ndarray, hidden: np.ndarray | None, reset: np.ndarray | None,

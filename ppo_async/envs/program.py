@@ -69,6 +69,9 @@ class BatchedInference(NamedTuple):
     # With batch_inference=None, the actors of a run share the call from this many
     # actors on (None: never); fewer are as fast calling alone (docs/benchmarks.md).
     default_from_actors: int | None = None
+    # The program's rollout is a generator of these calls (host envs) that a
+    # `ChunkClient` may drive among other actors' (sampler="shared").
+    lockstep: bool = False
 
 
 class AttachedCarry(NamedTuple):
@@ -76,6 +79,18 @@ class AttachedCarry(NamedTuple):
 
     carry: Any
     act: Callable[..., Any]
+
+
+class ChunkClient(NamedTuple):
+    """An actor's client of a lock-step sampler (`ppo_async.runtime.inference.LockstepSampler`).
+
+    ``drive(params, steps)`` runs a chunk's generator of policy calls (a
+    rollout's steps, `ppo_async.envs.host_rollout.HostRollout.chunk_steps`)
+    beside the chunks of the other actors it serves, one policy call per env
+    step for all of them, and returns what the generator returns.
+    """
+
+    drive: Callable[[Any, Any], Any]
 
 
 def unattached(carry: Any) -> tuple[Any, Callable[..., Any] | None]:

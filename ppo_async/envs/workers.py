@@ -137,19 +137,80 @@ def portable_factory(env_id: str) -> tuple[bytes | None, str | None]:
     return data, None
 
 
+class _Stepper:
+    """A thread ("ppo-env-stepper") that steps one vector env when told: `EnvGroups.step_in_threads`.
+
+    C-level locks only, as `ppo_async.runtime.inference.InferenceServer`'s:
+    a step costs the stepper one wake-up and its caller none until it waits.
+    """
+
+    def __init__(self, batch: Any, name: str):
+        self.batch, self.closed = batch, False
+        self._go, self._done = threading.Lock(), threading.Lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._actions: Any = None
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            if self.closed:
+                return
+            try:
+                self._result = self.batch.step(self._actions)
+            except BaseException as error:  # noqa: BLE001 - raised again by `wait`
+                self._error = error
+            self._done.release()
+
+    def start(self, actions: np.ndarray) -> None:
+        self._actions = actions
+        self._go.release()
+
+    def wait(self) -> Any:
+        """The step's result; the env's own exception (raised in the caller's thread) if it raised."""
+        while not self._done.acquire(timeout=_POLL_S):
+            if not self.thread.is_alive():
+                raise HostEnvError(f"{self.thread.name} ended while a step was waited for")
+        result, error, self._result, self._error = self._result, self._error, None, None
+        if error is not None:
+            raise error
+        return result
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """End the thread (unless it is stuck inside the env's step: it is a daemon)."""
+        self.closed = True
+        self._go.release()
+        self.thread.join(timeout_s)
+
+
 class EnvGroups:
     """The in-process counterpart of `EnvWorkers`: ``G`` vector envs stepped by the actor's thread.
 
     ``step_async`` steps at once; ``step_wait`` hands the result over. Group
     ``g`` is reset with ``seed + lo`` (its first env's index), as a worker's share is.
+    After `step_in_threads` each group steps in a thread of its own instead,
+    so that ``step_async`` returns at once (a lock-step sampler drives many
+    actors' envs from one thread).
     """
 
     def __init__(self, batches: Sequence[Any], size: int):
         self.batches = list(batches)  # each a HostVectorEnv of ``size`` envs
         self.groups = [(g * size, (g + 1) * size) for g in range(len(self.batches))]
         self._pending: list[Any] = [None] * len(self.batches)
+        self._steppers: list[_Stepper] = []
         self.observation_shape = tuple(self.batches[0].observation_shape)
         self.action_space = self.batches[0].action_space
+
+    def step_in_threads(self) -> None:
+        """From now on each group steps in its own stepper thread (once; later calls do nothing)."""
+        if not self._steppers:
+            owner = threading.current_thread().name.replace("ppo-actor-", "")
+            self._steppers = [_Stepper(batch, f"ppo-env-stepper-{owner}-{g}")
+                              for g, batch in enumerate(self.batches)]
 
     def reset(self, seed: int) -> np.ndarray:
         if len(self.batches) == 1:
@@ -166,13 +227,20 @@ class EnvGroups:
         return HostStep(*(np.concatenate([np.asarray(s[i]) for s in steps]) for i in range(5)))
 
     def step_async(self, actions: np.ndarray, group: int) -> None:
-        self._pending[group] = self.batches[group].step(actions)
+        if self._steppers:
+            self._steppers[group].start(actions)
+        else:
+            self._pending[group] = self.batches[group].step(actions)
 
     def step_wait(self, group: int) -> Any:
+        if self._steppers:
+            return self._steppers[group].wait()
         step, self._pending[group] = self._pending[group], None
         return step
 
     def close(self) -> None:
+        for stepper in self._steppers:
+            stepper.close()
         for batch in self.batches:
             close_envs(batch)
 
@@ -265,6 +333,9 @@ class EnvWorkers:
         a = self._arrays
         return HostStep(a["obs"].copy(), a["reward"].copy(), a["terminated"].copy(),
                         a["truncated"].copy(), a["final_obs"].copy())
+
+    def step_in_threads(self) -> None:
+        """Nothing to do: ``step_async`` already returns at once (the workers step)."""
 
     def step_async(self, actions: np.ndarray, group: int) -> None:
         """Start group ``group``'s envs stepping with ``actions`` (that group's rows)."""

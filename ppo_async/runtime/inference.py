@@ -30,9 +30,10 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
+from ppo_async.envs.program import ChunkClient
 from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
 
 # How often a waiting actor (or the idle server) looks at the stop signal.
@@ -145,12 +146,144 @@ class InferenceServer:
                     self._ready[actor_id].release()
 
 
-def _by_params(pending: list[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
+def _by_params(pending: list[tuple]) -> list[list[tuple]]:
     """``pending`` grouped by params object (first seen first), each group in actor order."""
     groups: dict[int, list[tuple[int, Any]]] = {}
     for request in pending:
         groups.setdefault(id(request[1]), []).append(request)
     return [sorted(group, key=lambda r: r[0]) for group in groups.values()]
+
+
+class _Chunk:
+    """One actor's chunk in a `LockstepSampler`: its generator and where it stands."""
+
+    __slots__ = ("index", "params", "steps", "request", "result", "error", "done")
+
+    def __init__(self, index: int, params: Any, steps: Generator):
+        self.index, self.params, self.steps = index, params, steps
+        self.request: tuple | None = None  # its next policy call's inputs; None: envs stepping
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Lock()  # released once result or error is set
+        self.done.acquire()
+
+
+class LockstepSampler:
+    """One thread ("ppo-sampler") that steps the envs of ``num_actors`` actor threads.
+
+    An actor hands its chunk over as a generator (``drive(params, steps)``,
+    through its `ChunkClient`; `ppo_async.envs.host_rollout.HostRollout.chunk_steps`):
+    it yields the inputs of each policy call, takes back its row, starts its
+    envs (which step in threads or processes of their own) and yields None.
+    The sampler runs every chunk handed over, one env step at a time: for a
+    cohort of chunks it waits for each one's envs, makes ONE call of ``fn``
+    for all of them (one per params object, as `InferenceServer`), and
+    starts their envs again. Chunks are split into two cohorts, so that one
+    cohort's envs step while the other's actions are computed (double
+    buffering across actors). An actor arriving mid-chunk joins at the next
+    step. The actor threads wake once per chunk, not once per env step.
+
+    Rows: as `InferenceServer`, each call has all ``num_actors`` rows (an actor
+    not in it gives the inputs it last sent), so an actor's actions do not
+    depend on which actors shared its call, and equal those of a run with
+    batched per-step calls bit for bit. A chunk whose env raises ends with
+    that error in its own actor's thread; the others go on.
+    """
+
+    def __init__(self, fn: Callable[..., Any], num_actors: int, stopped: Callable[[], bool],
+                 name: str = "ppo-sampler"):
+        self.fn, self.num_actors, self.stopped = fn, num_actors, stopped
+        self.calls = 0  # batched calls made
+        self.requests = 0  # chunk steps served
+        self._arrivals: queue.SimpleQueue[_Chunk] = queue.SimpleQueue()
+        self._cohorts: list[list[_Chunk]] = [[], []]
+        self._inputs: list[tuple | None] = [None] * num_actors  # each actor's latest
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> LockstepSampler:
+        self.thread.start()
+        return self
+
+    def client(self, index: int) -> ChunkClient:
+        """Actor ``index``'s (its row in every call) `ChunkClient`."""
+        return ChunkClient(lambda params, steps: self.drive(index, params, steps))
+
+    def drive(self, index: int, params: Any, steps: Generator) -> Any:
+        """What the generator ``steps`` returns, run among the other actors' chunks; blocks.
+
+        Raises what the chunk raised, `RolloutStopped` once the run stops, and
+        `InferenceError` if a policy call raised.
+        """
+        chunk = _Chunk(index, params, steps)
+        self._arrivals.put(chunk)
+        while not chunk.done.acquire(timeout=_POLL_S):
+            if self.stopped():
+                raise RolloutStopped
+            if not self.thread.is_alive():
+                raise InferenceError(f"{self.thread.name} ended while "
+                                     f"{threading.current_thread().name} waited")
+        if chunk.error is not None:
+            raise chunk.error
+        return chunk.result
+
+    def _run(self) -> None:
+        while not self.stopped():
+            self._admit(wait=not any(self._cohorts))
+            for cohort in self._cohorts:
+                if cohort:
+                    self._advance(cohort)
+
+    def _admit(self, wait: bool) -> None:
+        """Chunks handed over since the last step, each into the smaller cohort."""
+        try:
+            chunk = self._arrivals.get(timeout=_POLL_S) if wait else self._arrivals.get_nowait()
+            while True:
+                if self._resume(chunk, None):  # runs it to its first policy call
+                    min(self._cohorts, key=len).append(chunk)
+                chunk = self._arrivals.get_nowait()
+        except queue.Empty:
+            return
+
+    def _resume(self, chunk: _Chunk, value: Any) -> bool:
+        """Send ``value`` into the chunk's generator; False once it returned or raised."""
+        try:
+            chunk.request = chunk.steps.send(value)
+            return True
+        except StopIteration as finished:
+            chunk.result = finished.value
+        except BaseException as error:  # noqa: BLE001 - raised in the actor's thread
+            chunk.error = error
+        chunk.done.release()
+        return False
+
+    def _advance(self, cohort: list[_Chunk]) -> None:
+        """One step of every chunk of ``cohort``: its envs waited for, one call, started again."""
+        cohort[:] = [c for c in cohort if c.request is not None or self._resume(c, None)]
+        if not cohort:
+            return
+        for chunk in cohort:
+            self._inputs[chunk.index] = chunk.request
+        sent = next(x for x in self._inputs if x is not None)
+        inputs = [sent if x is None else x for x in self._inputs]
+        finished = []
+        for group in _by_params([(c.index, c.params, c) for c in cohort]):
+            try:
+                out = self.fn(group[0][1], inputs)
+            except BaseException as error:  # noqa: BLE001 - each of the group's actors raises it
+                for *_, chunk in group:
+                    chunk.error = InferenceError(
+                        f"the batched policy call of actor row {chunk.index} failed")
+                    chunk.error.__cause__ = error
+                    chunk.done.release()
+                    finished.append(chunk)
+                continue
+            self.calls += 1
+            self.requests += len(group)
+            for index, _, chunk in group:
+                if not self._resume(chunk, out[index]):
+                    finished.append(chunk)
+        if finished:
+            cohort[:] = [c for c in cohort if c not in finished]
 
 
 class SharedParams:

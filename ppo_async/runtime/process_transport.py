@@ -229,15 +229,15 @@ class _ActorHost:
             import jax
 
             from ppo_async.envs.backends import make_actor_program
-            from ppo_async.runtime.inference import InferenceServer, SharedParams
-            from ppo_async.runtime.transport import shares_calls
+            from ppo_async.runtime.inference import SharedParams
+            from ppo_async.runtime.transport import shared_caller
 
             self.program = program = make_actor_program(config)
             self.device = jax.devices("cpu")[0]
             self.load_params = SharedParams(program.params_template, self.device)
-            if shares_calls(config, program, size):
-                self.inference = InferenceServer(program.inference.fn, size, self.stop.is_set,
-                                                 program.inference.gather_s).start()
+            self.inference = shared_caller(config, program, size, self.stop.is_set)
+            if self.inference is not None:
+                self.inference.start()
         except BaseException as error:  # noqa: BLE001 - each actor started here reports it
             self.setup_failure = ActorFailure(-1, error, traceback.format_exc())
 

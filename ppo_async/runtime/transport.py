@@ -43,7 +43,7 @@ from ppo_async.runtime.actor import (
     QueueEndpoint,
     spawn_actor,
 )
-from ppo_async.runtime.inference import InferenceServer, SharedParams
+from ppo_async.runtime.inference import InferenceServer, LockstepSampler, SharedParams
 from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast, serialize_policy
 
 __all__ = ["ActorEndpoint", "LearnerTransport", "Publisher", "ThreadTransport",
@@ -180,6 +180,20 @@ def shares_calls(config: AsyncActorLearnerConfig, program: ActorProgram,
     return True
 
 
+def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_actors: int,
+                  stopped: Callable[[], bool]) -> InferenceServer | LockstepSampler | None:
+    """What ``num_actors`` thread actors of one process share, unstarted: a `LockstepSampler`
+    (``config.sampler``), an `InferenceServer` (`shares_calls`), or None: each calls alone."""
+    shared = program.inference
+    if shared is None:
+        return None
+    if shared.lockstep and config.sampler == "shared":
+        return LockstepSampler(shared.fn, num_actors, stopped)
+    if shares_calls(config, program, num_actors):
+        return InferenceServer(shared.fn, num_actors, stopped, shared.gather_s)
+    return None
+
+
 class ThreadTransport:
     """Actors as threads of this process (`spawn_actor`); queues carry the messages."""
 
@@ -194,10 +208,8 @@ class ThreadTransport:
                                    every_version=config.exact_lag is not None)
         # One load of each version for all actors (they then share batched calls).
         self.load_params = SharedParams(program.params_template, device)
-        self.inference: InferenceServer | None = None
-        if shares_calls(config, program):
-            self.inference = InferenceServer(program.inference.fn, config.num_actors,
-                                             self.stop_event.is_set, program.inference.gather_s)
+        self.inference = shared_caller(config, program, config.num_actors,
+                                       self.stop_event.is_set)
 
     def _deliver(self, message: PolicyBroadcast) -> None:
         for broadcast_queue in self.broadcast_queues:

@@ -13,6 +13,7 @@ from ppo_async import AsyncActorLearnerConfig, PolicyBroadcast, train
 from ppo_async.envs.host_rollout import HostRollout, episode_statistics
 from ppo_async.envs.registry import register_host_env
 from ppo_async.runtime.inference import (
+    LockstepSampler,
     InferenceError,
     InferenceServer,
     RolloutStopped,
@@ -256,3 +257,41 @@ def test_batched_actors_at_an_exact_lag_give_the_same_bytes_twice(monkeypatch, e
     # ...and another seed gives other bytes: the check can fail.
     other = train(dataclasses.replace(config, seed=1), progress=False)
     assert as_bytes(other.params) != as_bytes(first.params)
+
+
+def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch):
+    """sampler='shared' (one thread drives every actor's chunk, envs in stepper threads) is
+    the same run, bit for bit, as thread actors sharing each env step's call; both groups
+    of each actor step in their own thread, and the sampler made fewer calls than steps."""
+    samplers = []
+    original_init = LockstepSampler.__init__
+
+    def recorded_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        samplers.append(self)
+
+    monkeypatch.setattr(LockstepSampler, "__init__", recorded_init)
+    config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", num_actors=3,
+                                     envs_per_actor=2, env_groups=2, num_steps=8,
+                                     num_minibatches=2, num_epochs=1, hidden_sizes=(16,),
+                                     total_env_steps=3 * 2 * 8 * 4, batch_inference=True)
+    batched = train(config, progress=False)
+    shared = train(dataclasses.replace(config, sampler="shared"), progress=False)
+    as_bytes = flax.serialization.to_bytes
+    assert as_bytes(shared.params) == as_bytes(batched.params)
+    assert shared.report.policy_lag_counts == batched.report.policy_lag_counts
+    (sampler,) = samplers
+    assert sampler.requests >= 3 * 4 * 8 * 2 and sampler.calls < sampler.requests
+    assert not any(t.name.startswith("ppo-env-stepper") for t in threading.enumerate())
+
+
+def test_a_shared_sampler_is_for_host_envs_with_several_actors_in_a_process():
+    from ppo_async.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sampler='threads': must be None or one of"):
+        AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", sampler="threads")
+    with pytest.raises(ConfigError, match="applies to host envs only"):
+        AsyncActorLearnerConfig(env_id="CartPole-v1", sampler="shared")
+    with pytest.raises(ConfigError, match="a Ray actor process runs one actor"):
+        AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", sampler="shared",
+                                actor_backend="ray")
