@@ -63,9 +63,12 @@ class SleepyEnv:
         return self._obs()
 
     def step(self, actions):
+        time.sleep(self.step_s)
+        return self._stepped(actions)
+
+    def _stepped(self, actions):
         import numpy as np
 
-        time.sleep(self.step_s)
         self.t += 1
         truncated = self.t >= EPISODE_STEPS
         self.t[truncated] = 0
@@ -74,15 +77,31 @@ class SleepyEnv:
         return obs, reward, np.zeros(self.num_envs, bool), truncated, obs
 
 
+class SleepyAsyncEnv(SleepyEnv):
+    """`SleepyEnv` as a simulator that steps elsewhere (a process, a socket): ``step_async``
+    starts the clock and returns, ``step_wait`` waits for what is left of the step time."""
+
+    def step_async(self, actions):
+        self.actions, self.due = actions, time.perf_counter() + self.step_s
+
+    def step_wait(self):
+        left = self.due - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return self._stepped(self.actions)
+
+
 def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float,
             num_steps: int, skip: int, backend: str = "threads",
             batch_inference: bool = True, env_workers: int | None = 0,
-            actors_per_process: int | None = None, sampler: str | None = None) -> dict:
+            actors_per_process: int | None = None, sampler: str | None = None,
+            env_async: bool = False) -> dict:
     """Steady env steps/s of one `train` with ``num_actors`` actors (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, StopTraining, train
     from ppo_async.envs.registry import register_host_env
 
-    register_host_env("sleepy", lambda n: SleepyEnv(n, step_ms / 1e3))
+    env_class = SleepyAsyncEnv if env_async else SleepyEnv
+    register_host_env("sleepy", lambda n: env_class(n, step_ms / 1e3))
     config = AsyncActorLearnerConfig(
         env_id="host:sleepy", num_actors=num_actors, envs_per_actor=envs_per_actor,
         num_steps=num_steps, num_minibatches=1, num_epochs=1,
@@ -111,7 +130,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
             "actors_per_process": (config.actors_per_process_in_force()
                                    if backend == "processes" else None),
             "envs_per_actor": envs_per_actor, "env_layout": list(config.env_layout()),
-            "sampler": sampler,
+            "sampler": sampler, "env_async": env_async,
             "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
             "rss_mb": rss, "updates": report.updates, "wall_s": time.perf_counter() - start,
@@ -143,6 +162,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sampler", choices=["auto", "actors", "shared"], default="auto",
                         help="sampler: each actor steps its envs, one sampler thread per "
                              "process steps them all, or the config's default (auto)")
+    parser.add_argument("--env-async", action="store_true",
+                        help="the env has its own step_async / step_wait (a simulator that "
+                             "steps elsewhere): no thread blocks in its step")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -152,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  args.inference == ["batched"],
                                  None if args.env_workers == "auto" else int(args.env_workers),
                                  args.actors_per_process,
-                                 None if args.sampler == "auto" else args.sampler)))
+                                 None if args.sampler == "auto" else args.sampler,
+                                 args.env_async)))
         return {}
     modes = args.inference if args.backend != "ray" else ["per-actor"]
     load_before = os.getloadavg()[0]
@@ -165,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "--seconds", str(args.seconds), "--skip", str(args.skip),
                  "--backend", args.backend, "--inference", mode,
                  "--env-workers", args.env_workers, "--sampler", args.sampler,
+                 *(["--env-async"] if args.env_async else []),
                  *([] if args.actors_per_process is None else
                    ["--actors-per-process", str(args.actors_per_process)])],
                 f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
@@ -173,6 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
             per_process = (f" ({row['actors_per_process']} per process)"
                            if row.get("actors_per_process") else "")
             print(f"{args.backend}{per_process} {mode:>9} sampler {args.sampler} "
+                  f"{'async env ' if args.env_async else ''}"
                   f"env workers {args.env_workers}: "
                   f"{num_actors:>3} actors x {args.envs_per_actor} env: "
                   f"{row['env_steps_per_s']:>9,.0f} env steps/s, "

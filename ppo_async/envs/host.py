@@ -120,6 +120,21 @@ class HostVectorEnv(Protocol):
         ...
 
 
+def steps_natively_async(envs: Any) -> bool:
+    """Whether ``envs`` has its own ``step_async(actions)`` / ``step_wait()`` pair.
+
+    Optional in the `HostVectorEnv` contract, for a simulator that steps
+    elsewhere (its own threads, a process, a socket): ``step_async`` starts
+    a step and returns at once, ``step_wait`` returns what ``step`` would
+    have. With the pair, a lock-step sampler (``sampler="shared"``) starts
+    and waits for the envs from its own thread, with no stepper thread per
+    batch, and env groups of one actor step while the policy computes the
+    next group's actions. envpool ids have it (envpool's ``send`` / ``recv``).
+    """
+    return callable(getattr(envs, "step_async", None)) and callable(
+        getattr(envs, "step_wait", None))
+
+
 # --------------------------------------------------------------------------
 # Backends.
 # --------------------------------------------------------------------------
@@ -181,6 +196,8 @@ class EnvpoolVectorEnv:
     on a reset. Image observations come channels-first ``[C, H, W]``
     (Atari's frame stack); they are handed on channels-last ``[H, W, C]``,
     the layout of `ppo_async.networks.actor_critic`' conv torso.
+    ``step_async`` / ``step_wait`` are envpool's ``send`` / ``recv``
+    (`steps_natively_async`).
     """
 
     def __init__(self, name: str, num_envs: int, **make_kwargs: Any):
@@ -209,7 +226,15 @@ class EnvpoolVectorEnv:
         return self._layout(obs)
 
     def step(self, actions: np.ndarray) -> HostStep:
-        final_obs, reward, terminated, truncated, _ = self.env.step(actions)
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Start a step in envpool's threads (``send``); `step_wait` collects it."""
+        self.env.send(actions)
+
+    def step_wait(self) -> HostStep:
+        final_obs, reward, terminated, truncated, _ = self.env.recv()
         obs = final_obs
         ended = np.flatnonzero(np.logical_or(terminated, truncated))
         if ended.size:

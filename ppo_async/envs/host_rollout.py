@@ -17,6 +17,7 @@ shapes and dtypes.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from typing import Any, NamedTuple
@@ -286,7 +287,7 @@ class HostRollout:
         carry, client = unattached(carry)
         if isinstance(client, ChunkClient):
             carry.envs.step_in_threads()  # the sampler's thread must never block on one env
-            carry, *chunk = client.drive(params, self.chunk_steps(params, carry))
+            carry, *chunk = client.drive(params, self.chunk_steps(params, carry))()
         else:
             act = client or self.policy.act_alone
             steps = self.chunk_steps(params, carry)
@@ -295,15 +296,18 @@ class HostRollout:
                 while True:
                     request = steps.send(None if request is None else act(params, *request))
             except StopIteration as finished:
-                carry, *chunk = finished.value
+                carry, *chunk = finished.value()
         return reattached(carry, client), *chunk
 
     def chunk_steps(self, params, carry: HostCarry):
         """`rollout`'s steps as a generator: it yields ``(hidden, obs, reset, key)`` for each
         policy call and takes back that call's `HostPolicy.act` row, and yields None once a
         group's envs were started (its driver may let other actors' envs start before this
-        one waits for them); it returns ``(carry, trajectory, bootstrap_obs,
-        bootstrap_value)``."""
+        one waits for them). It returns a function of no arguments that finishes the chunk
+        (`_finish_chunk`: its once-per-chunk work, the bootstrap value's policy call
+        among it) and returns ``(carry, trajectory, bootstrap_obs, bootstrap_value)``:
+        called by the actor's own thread, it keeps a shared sampler's thread free to step
+        the other actors."""
         envs, obs, _, episode_length, keys = carry[:5]
         keys = np.array(keys)
         steps = self.config.num_steps
@@ -333,8 +337,8 @@ class HostRollout:
                     np.clip(action, self.low, self.high, out=action)
                 envs.step_async(action, g)
                 yield None
-        return self._finish_chunk(params, carry, trajectory, packed_outputs, bonus,
-                                  first_reset, next_obs, keys, hidden)
+        return functools.partial(self._finish_chunk, params, carry, trajectory, packed_outputs,
+                                 bonus, first_reset, next_obs, keys, hidden)
 
     def _store_step(self, params, step: Any, t: int, lo: int, hi: int, trajectory: Trajectory,
                     next_obs: np.ndarray, hidden: np.ndarray | None, reset: np.ndarray | None,

@@ -53,7 +53,13 @@ from typing import Any
 
 import numpy as np
 
-from ppo_async.envs.host import HostEnvError, HostStep, close_envs, make_host_env
+from ppo_async.envs.host import (
+    HostEnvError,
+    HostStep,
+    close_envs,
+    make_host_env,
+    steps_natively_async,
+)
 
 # How often a waiting actor looks at its worker's health, and an idle worker at its parent.
 _POLL_S = 0.05
@@ -190,27 +196,33 @@ class _Stepper:
 class EnvGroups:
     """The in-process counterpart of `EnvWorkers`: ``G`` vector envs stepped by the actor's thread.
 
-    ``step_async`` steps at once; ``step_wait`` hands the result over. Group
-    ``g`` is reset with ``seed + lo`` (its first env's index), as a worker's share is.
-    After `step_in_threads` each group steps in a thread of its own instead,
-    so that ``step_async`` returns at once (a lock-step sampler drives many
-    actors' envs from one thread).
+    ``step_async`` starts a group's step and ``step_wait`` hands its result
+    over. A batch with its own ``step_async`` / ``step_wait``
+    (`ppo_async.envs.host.steps_natively_async`: envpool, or a simulator
+    that steps elsewhere) steps on its own, so its groups overlap with the
+    policy calls; any other batch steps inside ``step_async``. Group ``g``
+    is reset with ``seed + lo`` (its first env's index), as a worker's share
+    is. After `step_in_threads` each group that cannot step on its own steps
+    in a thread of its own instead, so that ``step_async`` returns at once
+    (a lock-step sampler drives many actors' envs from one thread).
     """
 
     def __init__(self, batches: Sequence[Any], size: int):
         self.batches = list(batches)  # each a HostVectorEnv of ``size`` envs
         self.groups = [(g * size, (g + 1) * size) for g in range(len(self.batches))]
+        self.native = [steps_natively_async(batch) for batch in self.batches]
         self._pending: list[Any] = [None] * len(self.batches)
-        self._steppers: list[_Stepper] = []
+        self._steppers: list[_Stepper | None] = []
         self.observation_shape = tuple(self.batches[0].observation_shape)
         self.action_space = self.batches[0].action_space
 
     def step_in_threads(self) -> None:
-        """From now on each group steps in its own stepper thread (once; later calls do nothing)."""
+        """From now on each group that cannot step on its own steps in a stepper thread (once)."""
         if not self._steppers:
             owner = threading.current_thread().name.replace("ppo-actor-", "")
-            self._steppers = [_Stepper(batch, f"ppo-env-stepper-{owner}-{g}")
-                              for g, batch in enumerate(self.batches)]
+            self._steppers = [None if native else _Stepper(batch, f"ppo-env-stepper-{owner}-{g}")
+                              for g, (batch, native)
+                              in enumerate(zip(self.batches, self.native))]
 
     def reset(self, seed: int) -> np.ndarray:
         if len(self.batches) == 1:
@@ -227,12 +239,16 @@ class EnvGroups:
         return HostStep(*(np.concatenate([np.asarray(s[i]) for s in steps]) for i in range(5)))
 
     def step_async(self, actions: np.ndarray, group: int) -> None:
-        if self._steppers:
+        if self.native[group]:
+            self.batches[group].step_async(actions)
+        elif self._steppers:
             self._steppers[group].start(actions)
         else:
             self._pending[group] = self.batches[group].step(actions)
 
     def step_wait(self, group: int) -> Any:
+        if self.native[group]:
+            return self.batches[group].step_wait()
         if self._steppers:
             return self._steppers[group].wait()
         step, self._pending[group] = self._pending[group], None
@@ -240,7 +256,8 @@ class EnvGroups:
 
     def close(self) -> None:
         for stepper in self._steppers:
-            stepper.close()
+            if stepper is not None:
+                stepper.close()
         for batch in self.batches:
             close_envs(batch)
 

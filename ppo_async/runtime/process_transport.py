@@ -232,6 +232,10 @@ class _ActorHost:
             from ppo_async.runtime.inference import SharedParams
             from ppo_async.runtime.transport import shared_caller
 
+            # An actor process runs small programs (policy calls, rollouts) and waits for
+            # each: run them in the calling thread (it releases the GIL there) rather than
+            # hand each to XLA's dispatch thread and wake up again for its result.
+            jax.config.update("jax_cpu_enable_async_dispatch", False)
             self.program = program = make_actor_program(config)
             self.device = jax.devices("cpu")[0]
             self.load_params = SharedParams(program.params_template, self.device)

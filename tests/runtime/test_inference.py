@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig, PolicyBroadcast, train
+from ppo_async.envs import workers
 from ppo_async.envs.host_rollout import HostRollout, episode_statistics
 from ppo_async.envs.registry import register_host_env
 from ppo_async.runtime.inference import (
@@ -259,11 +260,37 @@ def test_batched_actors_at_an_exact_lag_give_the_same_bytes_twice(monkeypatch, e
     assert as_bytes(other.params) != as_bytes(first.params)
 
 
+class AsyncCartPoles:
+    """gymnasium's CartPole with its own ``step_async`` / ``step_wait``: the step runs in
+    ``step_wait``, whose threads are recorded."""
+
+    waited_in: set = set()
+
+    def __init__(self, num_envs):
+        from ppo_async.envs.host import GymnasiumVectorEnv
+
+        self.envs = GymnasiumVectorEnv("CartPole-v1", num_envs)
+        self.observation_shape, self.action_space = self.envs.observation_shape, self.envs.action_space
+        self.reset, self.close = self.envs.reset, self.envs.close
+
+    def step(self, actions):
+        raise AssertionError("step_async / step_wait are used when an env has them")
+
+    def step_async(self, actions):
+        self.actions = actions
+
+    def step_wait(self):
+        self.waited_in.add(threading.current_thread().name)
+        return self.envs.step(self.actions)
+
+
 def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch):
     """sampler='shared' (one thread drives every actor's chunk, envs in stepper threads) is
     the same run, bit for bit, as thread actors sharing each env step's call; both groups
-    of each actor step in their own thread, and the sampler made fewer calls than steps."""
-    samplers = []
+    of each actor step in their own thread, and the sampler made fewer calls than steps.
+    An env with its own step_async / step_wait gives the same run again, started and
+    waited for by the sampler's thread itself: no stepper thread."""
+    samplers, steppers = [], []
     original_init = LockstepSampler.__init__
 
     def recorded_init(self, *args, **kwargs):
@@ -271,6 +298,13 @@ def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch)
         samplers.append(self)
 
     monkeypatch.setattr(LockstepSampler, "__init__", recorded_init)
+    original_stepper = workers._Stepper.__init__
+
+    def recorded_stepper(self, *args, **kwargs):
+        original_stepper(self, *args, **kwargs)
+        steppers.append(self)
+
+    monkeypatch.setattr(workers._Stepper, "__init__", recorded_stepper)
     config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", num_actors=3,
                                      envs_per_actor=2, env_groups=2, num_steps=8,
                                      num_minibatches=2, num_epochs=1, hidden_sizes=(16,),
@@ -282,7 +316,14 @@ def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch)
     assert shared.report.policy_lag_counts == batched.report.policy_lag_counts
     (sampler,) = samplers
     assert sampler.requests >= 3 * 4 * 8 * 2 and sampler.calls < sampler.requests
+    assert len(steppers) == 3 * 2
     assert not any(t.name.startswith("ppo-env-stepper") for t in threading.enumerate())
+
+    register_host_env("async-cartpole", AsyncCartPoles)
+    native = train(dataclasses.replace(config, env_id="host:async-cartpole", sampler="shared"),
+                   progress=False)
+    assert as_bytes(native.params) == as_bytes(batched.params)
+    assert len(steppers) == 3 * 2 and AsyncCartPoles.waited_in == {"ppo-sampler"}
 
 
 def test_a_shared_sampler_is_for_host_envs_with_several_actors_in_a_process():
