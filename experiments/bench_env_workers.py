@@ -12,14 +12,19 @@ left out of the rate: the first ``--skip`` updates or chunks are not timed):
    actor processes against Ray.
 2. **Collection alone** (no learner, the preset's jitted policy with its
    initial params, ``num_actors`` actor threads each running its rollout in a
-   loop): env steps/s with env workers and with thread-stepped envs, against
-   the env library's own loops with random actions over the same envs:
-   gymnasium's ``AsyncVectorEnv`` (one process per env, shared memory) and
-   ``SyncVectorEnv`` (one thread), and this package's ``EnvWorkers`` alone.
+   loop): env steps/s with env workers, with thread-stepped envs and with the
+   shared sampler (``sampler="shared"``: one thread steps every actor's envs),
+   against the env library's own loops with random actions over the same
+   envs: for gymnasium ids gymnasium's ``AsyncVectorEnv`` (one process per
+   env, shared memory) and ``SyncVectorEnv`` (one thread), and this package's
+   ``EnvWorkers`` alone; for envpool ids envpool's synchronous loop (``step``
+   on all envs) and its asynchronous one (twice the envs, ``recv`` returning
+   the first half ready, ``send`` to those).
 
     python experiments/bench_env_workers.py [--preset hopper] [--seconds 20]
         [--part train collect]
     python experiments/bench_env_workers.py --preset busy-python   # a Python env, GIL held
+    python experiments/bench_env_workers.py --preset atari-pong --part collect
 
 Prints each row and the ratios; writes results.json under
 experiments/out/bench_env_workers/ (or ``--out``) with the load average
@@ -45,8 +50,16 @@ TRAIN_MODES = {  # name -> config fields over the preset (whatever actors it cho
     "processes": dict(actor_backend="processes", env_workers=0),
     "ray": dict(actor_backend="ray", env_workers=0),
 }
-COLLECT_MODES = ("env-workers", "threads", "random:EnvWorkers", "random:AsyncVectorEnv",
-                 "random:SyncVectorEnv")
+COLLECT_MODES = ("env-workers", "threads", "shared", "random:EnvWorkers",
+                 "random:AsyncVectorEnv", "random:SyncVectorEnv")
+ENVPOOL_COLLECT_MODES = ("threads", "shared", "random:envpool", "random:envpool-async")
+
+
+def collect_modes(preset: str) -> tuple[str, ...]:
+    """The collection rows for the preset's env: envpool ids have no env workers and no
+    gymnasium loops, but envpool's own."""
+    return ENVPOOL_COLLECT_MODES if base_config(preset).env_id.startswith("envpool:") \
+        else COLLECT_MODES
 
 
 def base_config(preset: str):
@@ -98,18 +111,26 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
 
     from ppo_async.envs.host_rollout import HostRollout
 
-    config = dataclasses.replace(config, env_workers=1 if mode == "env-workers" else 0)
+    from ppo_async.envs.program import AttachedCarry
+    from ppo_async.runtime.transport import shared_caller
+
+    config = dataclasses.replace(config, env_workers=1 if mode == "env-workers" else 0,
+                                 sampler="shared" if mode == "shared" else "actors")
     program = HostRollout(config).program()
     device = jax.devices("cpu")[0]
     params = jax.device_put(program.params_template, device)
     counts = [0] * config.num_actors
     stop = threading.Event()
+    sampler = (shared_caller(config, program, config.num_actors, stop.is_set).start()
+               if mode == "shared" else None)
     started = threading.Event()  # actor 0 has collected its first ``skip`` chunks
     start_at: list[float] = []
     errors: list[BaseException] = []
 
     def actor(i: int) -> None:
         carry = program.reset(jax.random.key(i), device)
+        if sampler is not None:
+            carry = AttachedCarry(carry, sampler.client(i))
         try:
             chunks = 0
             while not stop.is_set():
@@ -121,7 +142,8 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
                     start_at.append(time.perf_counter())
                     started.set()
         except BaseException as error:  # noqa: BLE001 - raised in the main thread below
-            errors.append(error)
+            if not stop.is_set():  # a sampler's actor ends its chunk with RolloutStopped
+                errors.append(error)
             started.set()
         finally:
             program.close(carry)
@@ -153,6 +175,8 @@ def random_row(config, loop: str, envs: int, seconds: float) -> dict:
     from ppo_async.envs.registry import split_env_id
 
     name = split_env_id(config.env_id)[1]
+    if loop.startswith("envpool"):
+        return envpool_row(config, loop, envs, seconds)
     if loop != "EnvWorkers" and config.env_id.startswith("host:"):
         return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": float("nan"),
                 "envs": envs, "skipped": "a host: env has no gymnasium id"}
@@ -194,6 +218,44 @@ def random_row(config, loop: str, envs: int, seconds: float) -> dict:
             "rss_mb": rss}
 
 
+def envpool_row(config, loop: str, envs: int, seconds: float) -> dict:
+    """envpool's own loop with random actions: ``step`` on all ``envs`` (``envpool``), or
+    ``2 x envs`` envs with ``recv`` returning the first ``envs`` ready (``envpool-async``)."""
+    import numpy as np
+
+    from ppo_async.envs.registry import envpool_make_kwargs, import_envpool, split_env_id
+
+    envpool = import_envpool()
+    pool_size = envs * (2 if loop == "envpool-async" else 1)
+    vec = envpool.make(split_env_id(config.env_id)[1], env_type="gymnasium", num_envs=pool_size,
+                       batch_size=envs, seed=0,
+                       **envpool_make_kwargs(config.env_id, config.envpool_kwargs))
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, vec.action_space.n, envs).astype(np.int32)
+    if loop == "envpool-async":
+        vec.async_reset()
+
+        def step():
+            *_, info = vec.recv()
+            vec.send(actions, info["env_id"])
+    else:
+        vec.reset()
+
+        def step():
+            vec.step(actions)
+    for _ in range(50):
+        step()
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        step()
+        steps += envs
+    rate = steps / (time.perf_counter() - started)
+    rss = common.rss_mb()
+    vec.close()
+    return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": rate, "envs": envs,
+            "pool_size": pool_size, "rss_mb": rss}
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -217,7 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{os.cpu_count()} cores, load average {load_before:.2f}")
     rows = []
     for part in args.part:
-        for mode in ((args.modes or TRAIN_MODES) if part == "train" else COLLECT_MODES):
+        for mode in ((args.modes or TRAIN_MODES) if part == "train"
+                     else collect_modes(args.preset)):
             row = common.run_child(
                 [__file__, "--one", part, mode, "--preset", args.preset,
                  "--seconds", str(args.seconds), "--skip", str(args.skip)],
@@ -237,11 +300,12 @@ def main(argv: list[str] | None = None) -> dict:
             ratios[f"train {mode} / lock-step"] = rate["train", mode] / rate["train", "lock-step"]
         for mode in ("env-workers", "processes"):
             ratios[f"train {mode} / ray"] = rate["train", mode] / rate["train", "ray"]
-    if ("collect", "env-workers") in rate:
-        best = max(rate["collect", m] for m in COLLECT_MODES
-                   if m.startswith("random:") and rate["collect", m] == rate["collect", m])
-        for mode in ("env-workers", "threads"):
-            ratios[f"collect {mode} / the fastest random loop"] = rate["collect", mode] / best
+    random_rates = [r for (part, m), r in rate.items()
+                    if part == "collect" and m.startswith("random:") and r == r]  # not NaN
+    if random_rates:
+        for (part, mode), value in rate.items():
+            if part == "collect" and not mode.startswith("random:"):
+                ratios[f"collect {mode} / the fastest random loop"] = value / max(random_rates)
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x")
     result = {"preset": args.preset, "rows": rows, "ratios": ratios}

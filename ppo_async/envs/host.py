@@ -106,6 +106,9 @@ class HostVectorEnv(Protocol):
       action_space: a discrete space with ``n`` (actions arrive as int32
         ``[E]``) or a 1-D box with ``shape`` (actions arrive as float32
         ``[E, action_dim]``, clipped to ``low``/``high`` when the space has them).
+
+    Optional: ``step_async(actions)`` and ``step_wait()``, a step started and
+    collected apart (`steps_natively_async`), for a simulator that steps elsewhere.
     """
 
     observation_shape: tuple[int, ...]

@@ -180,14 +180,29 @@ def shares_calls(config: AsyncActorLearnerConfig, program: ActorProgram,
     return True
 
 
+def uses_shared_sampler(config: AsyncActorLearnerConfig, program: ActorProgram,
+                        num_actors: int) -> bool:
+    """Whether ``num_actors`` actors of one process have a `LockstepSampler`: ``sampler=
+    'shared'``, or None where they share each env step's call by default (batched
+    inference left None, from ``default_from_actors``): the sampler makes the same calls,
+    so the run's bits are the same either way."""
+    shared = program.inference
+    if shared is None or not shared.lockstep or config.sampler == "actors":
+        return False
+    if config.sampler == "shared":
+        return True
+    return config.batch_inference is None and shares_calls(config, program, num_actors)
+
+
 def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_actors: int,
                   stopped: Callable[[], bool]) -> InferenceServer | LockstepSampler | None:
     """What ``num_actors`` thread actors of one process share, unstarted: a `LockstepSampler`
-    (``config.sampler``), an `InferenceServer` (`shares_calls`), or None: each calls alone."""
+    (``config.sampler``; for None, where they share calls by default, `uses_shared_sampler`),
+    an `InferenceServer` (`shares_calls`), or None: each calls alone."""
     shared = program.inference
     if shared is None:
         return None
-    if shared.lockstep and config.sampler == "shared":
+    if uses_shared_sampler(config, program, num_actors):
         return LockstepSampler(shared.fn, num_actors, stopped)
     if shares_calls(config, program, num_actors):
         return InferenceServer(shared.fn, num_actors, stopped, shared.gather_s)

@@ -326,6 +326,24 @@ def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch)
     assert len(steppers) == 3 * 2 and AsyncCartPoles.waited_in == {"ppo-sampler"}
 
 
+def test_the_shared_sampler_is_the_default_where_batched_calls_are():
+    """sampler=None: the shared sampler for a process of 16 host-env actors or more with
+    batch_inference left None (the same calls, so the same bits), else each actor steps."""
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.transport import uses_shared_sampler
+
+    config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", num_actors=16)
+    program = make_actor_program(config)
+    assert uses_shared_sampler(config, program, 16)
+    assert not uses_shared_sampler(config, program, 15)
+    for changed in ({"sampler": "actors"}, {"batch_inference": False},
+                    {"batch_inference": True}):
+        assert not uses_shared_sampler(dataclasses.replace(config, **changed), program, 16)
+    assert uses_shared_sampler(dataclasses.replace(config, sampler="shared"), program, 2)
+    gymnax = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=16)
+    assert not uses_shared_sampler(gymnax, make_actor_program(gymnax), 16)
+
+
 def test_a_shared_sampler_is_for_host_envs_with_several_actors_in_a_process():
     from ppo_async.errors import ConfigError
 
