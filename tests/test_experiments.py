@@ -356,12 +356,13 @@ def test_bench_scaling_rates_each_actor_count_against_its_ideal(tmp_path):
     completed = subprocess.run(
         [sys.executable, str(EXPERIMENTS / "bench_scaling.py"), "--actors", "2",
          "--step-ms", "1", "--num-steps", "8", "--seconds", "0.5", "--skip", "1",
-         "--inference", "batched", "per-actor", "--out", str(tmp_path)],
+         "--inference", "batched", "per-actor", "--env-async", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [(row["num_actors"], row["batch_inference"]) for row in rows] == [(2, True), (2, False)]
+    assert all(row["env_async"] for row in rows)  # the env with its own step_async / step_wait
     # 1 ms a step: two envs' ideal is 2,000 env steps/s, and no run beats its ideal by much.
     assert [row["ideal_env_steps_per_s"] for row in rows] == [2000.0, 2000.0]
     assert all(0 < row["ratio"] <= 1.1 for row in rows)
