@@ -71,7 +71,9 @@ class ActorStats:
     restarts: int = 0  # times the supervisor restarted this actor (after it raised, died or hung)
     active_s: float = 0.0  # time spent collecting (rollout and sending), first chunk excluded
     first_chunk_s: float = 0.0  # the first chunk's time, which includes compiling the rollout
-    cpu_s: float = 0.0  # CPU time of the actor's thread while collecting (the GIL caps threads' sum)
+    # CPU time of the actor's thread while collecting (the GIL caps threads' sum); a shared
+    # sampler's thread and its env steppers are not counted.
+    cpu_s: float = 0.0
     pid: int = 0  # the process the actor runs in (the learner's, for threads)
     node_id: str = ""  # the Ray node it runs on; "" for threads
 
