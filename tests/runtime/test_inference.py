@@ -2,6 +2,7 @@
 
 import dataclasses
 import threading
+import traceback
 
 import flax.serialization
 import gymnasium
@@ -324,6 +325,71 @@ def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch)
                    progress=False)
     assert as_bytes(native.params) == as_bytes(batched.params)
     assert len(steppers) == 3 * 2 and AsyncCartPoles.waited_in == {"ppo-sampler"}
+
+
+def _steps(index: int, steps: int, fail_at: int | None = None):
+    """A chunk's generator as `HostRollout.chunk_steps` drives it: one policy call and one
+    env start per step; its env raises at step ``fail_at``."""
+    rows = []
+    for t in range(steps):
+        if t == fail_at:
+            raise ValueError(f"env of actor {index} broke at step {t}")
+        rows.append((yield (index, t)))
+        yield None  # its envs were started
+    return rows
+
+
+def _drive_all(sampler: LockstepSampler, chunks: dict) -> dict:
+    """``{actor: what its drive returned or raised}`` for chunks driven from their own threads."""
+    outcomes = {}
+
+    def drive(index, steps):
+        try:
+            outcomes[index] = sampler.drive(index, "params", steps)
+        except BaseException as error:  # noqa: BLE001 - what the test looks at
+            outcomes[index] = error
+
+    threads = [threading.Thread(target=drive, args=item) for item in chunks.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return outcomes
+
+
+def test_a_shared_sampler_fails_only_the_chunk_whose_env_raised_and_ends_on_a_stop():
+    """An env that raises ends its own actor's chunk with its error (traceback kept); the
+    other actors' chunks finish, each with its own rows. A failing policy call fails the
+    actors of that call; a stop ends every wait."""
+    stop = threading.Event()
+    calls = []
+
+    def fn(params, inputs):
+        calls.append(list(inputs))
+        return [f"row {i} step {t}" for i, t in inputs]
+
+    sampler = LockstepSampler(fn, 3, stop.is_set).start()
+    outcomes = _drive_all(sampler, {0: _steps(0, 4), 1: _steps(1, 4, fail_at=2),
+                                    2: _steps(2, 4)})
+    assert outcomes[0] == [f"row 0 step {t}" for t in range(4)]
+    assert outcomes[2] == [f"row 2 step {t}" for t in range(4)]
+    assert isinstance(outcomes[1], ValueError) and "broke at step 2" in str(outcomes[1])
+    assert "_steps" in "".join(traceback.format_tb(outcomes[1].__traceback__))
+    assert all(len(inputs) == 3 for inputs in calls)  # every call has every actor's row
+
+    def broken(params, inputs):
+        raise RuntimeError("broken policy")
+
+    failing = LockstepSampler(broken, 2, stop.is_set).start()
+    outcomes = _drive_all(failing, {0: _steps(0, 3), 1: _steps(1, 3)})
+    assert all(isinstance(e, InferenceError) and isinstance(e.__cause__, RuntimeError)
+               for e in outcomes.values())
+    stop.set()
+    with pytest.raises(RolloutStopped):
+        sampler.drive(0, "params", _steps(0, 3))
+    for s in (sampler, failing):
+        s.thread.join(5)
+        assert not s.thread.is_alive()
 
 
 def test_the_shared_sampler_is_the_default_where_batched_calls_are():
