@@ -183,15 +183,16 @@ def shares_calls(config: AsyncActorLearnerConfig, program: ActorProgram,
 def uses_shared_sampler(config: AsyncActorLearnerConfig, program: ActorProgram,
                         num_actors: int) -> bool:
     """Whether ``num_actors`` actors of one process have a `LockstepSampler`: ``sampler=
-    'shared'``, or None where they share each env step's call by default (batched
-    inference left None, from ``default_from_actors``): the sampler makes the same calls,
+    'shared'``, or None from ``default_from_actors`` actors whose calls are shared
+    (`shares_calls`: ``batch_inference`` not False): the sampler makes the same calls,
     so the run's bits are the same either way."""
     shared = program.inference
     if shared is None or not shared.lockstep or config.sampler == "actors":
         return False
     if config.sampler == "shared":
         return True
-    return config.batch_inference is None and shares_calls(config, program, num_actors)
+    return (shared.default_from_actors is not None and num_actors >= shared.default_from_actors
+            and shares_calls(config, program, num_actors))
 
 
 def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_actors: int,

@@ -393,8 +393,9 @@ def test_a_shared_sampler_fails_only_the_chunk_whose_env_raised_and_ends_on_a_st
 
 
 def test_the_shared_sampler_is_the_default_where_batched_calls_are():
-    """sampler=None: the shared sampler for a process of 16 host-env actors or more with
-    batch_inference left None (the same calls, so the same bits), else each actor steps."""
+    """sampler=None: the shared sampler for a process of 16 host-env actors or more whose
+    calls are shared (batch_inference not False: the same calls, so the same bits), else
+    each actor steps."""
     from ppo_async.envs.backends import make_actor_program
     from ppo_async.runtime.transport import uses_shared_sampler
 
@@ -402,9 +403,11 @@ def test_the_shared_sampler_is_the_default_where_batched_calls_are():
     program = make_actor_program(config)
     assert uses_shared_sampler(config, program, 16)
     assert not uses_shared_sampler(config, program, 15)
-    for changed in ({"sampler": "actors"}, {"batch_inference": False},
-                    {"batch_inference": True}):
+    for changed in ({"sampler": "actors"}, {"batch_inference": False}):
         assert not uses_shared_sampler(dataclasses.replace(config, **changed), program, 16)
+    batched = dataclasses.replace(config, batch_inference=True)
+    assert uses_shared_sampler(batched, program, 16)
+    assert not uses_shared_sampler(batched, program, 8)
     assert uses_shared_sampler(dataclasses.replace(config, sampler="shared"), program, 2)
     gymnax = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=16)
     assert not uses_shared_sampler(gymnax, make_actor_program(gymnax), 16)
