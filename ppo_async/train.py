@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import pathlib
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -449,6 +450,7 @@ def _train(
     """`train`'s body; ``cleanup`` is closed whenever it returns or raises."""
     enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
     run = _Run(config, _run_directories(config, run_dir, resume_from))
+    run.ctrl_c = _CtrlC.install(cleanup)
     run.prepare()
     run.watch(cleanup)
     error: BaseException | None = None
@@ -457,6 +459,36 @@ def _train(
     except BaseException as caught:  # noqa: BLE001 - re-raised below, after the shutdown
         error = caught
     return run.finish(run.shut_down(error), error)
+
+
+class _CtrlC:
+    """Ctrl-C that is not lost: Python raises `KeyboardInterrupt` wherever the main thread
+    is, and where that is a garbage-collector callback (JAX has one) the exception is
+    printed and dropped. `install` (main thread, default handler only) notes each SIGINT
+    before raising as the default does; `check`, once per update, raises it again if it
+    was dropped. The handler is restored when the run ends."""
+
+    def __init__(self):
+        self.pending = False
+
+    @classmethod
+    def install(cls, cleanup: contextlib.ExitStack) -> _CtrlC:
+        ctrl_c = cls()
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            def handler(signum, frame):
+                ctrl_c.pending = True
+                signal.default_int_handler(signum, frame)
+
+            signal.signal(signal.SIGINT, handler)
+            cleanup.callback(signal.signal, signal.SIGINT, signal.default_int_handler)
+        return ctrl_c
+
+    def check(self) -> None:
+        """Raise the `KeyboardInterrupt` of a SIGINT whose own was dropped."""
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
 
 
 class _Shutdown(NamedTuple):
@@ -477,6 +509,7 @@ class _Run:
         self.actor_device = resolve_device(config.actor_device)
         self.evaluating = config.eval_every_updates > 0
         self.stop = threading.Event()  # the evaluator's
+        self.ctrl_c = _CtrlC()  # inert until `_CtrlC.install`
         self.watchdog: FreezeWatchdog | None = None
         self.transport: LearnerTransport | None = None
         self.supervisor: Supervisor | None = None
@@ -546,6 +579,7 @@ class _Run:
                                            self.end_update, self.resume, wandb)
 
         def record(metrics: dict[str, float]) -> None:
+            self.ctrl_c.check()
             run_log(metrics)
             if on_update is not None:
                 on_update(metrics)

@@ -345,6 +345,27 @@ def test_ctrl_c_during_start_up_does_not_wait_for_the_compile(monkeypatch):
     _wait_for_run_threads()
 
 
+def test_a_ctrl_c_whose_interrupt_was_dropped_still_stops_the_run():
+    """A SIGINT whose KeyboardInterrupt is dropped (raised inside a garbage-collector
+    callback, which Python prints and ignores) stops the run at the next update."""
+    updates = []
+
+    def on_update(metrics):
+        updates.append(metrics["update"])
+        if len(updates) == 2:
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass  # dropped, as in a gc callback
+
+    with pytest.raises(TrainingInterrupted):
+        train(dataclasses.replace(TINY, total_env_steps=TINY.num_actors * TINY.envs_per_actor
+                                  * TINY.num_steps * 50), progress=False, on_update=on_update)
+    assert len(updates) == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    _wait_for_run_threads()
+
+
 def test_host_envs_are_closed_on_every_exit(monkeypatch):
     made, closed = [], []
 
