@@ -161,6 +161,8 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
         stop.set()
         for t in threads:
             t.join(timeout=60)
+        if sampler is not None:
+            sampler.thread.join(timeout=60)
     if errors or any(t.is_alive() for t in threads):
         raise RuntimeError("an actor failed or did not stop") from (errors[0] if errors else None)
     return {"part": "collect", "mode": mode, "env_steps_per_s": steps / elapsed,
@@ -205,17 +207,23 @@ def random_row(config, loop: str, envs: int, seconds: float) -> dict:
     else:
         actions = np.stack([rng.uniform(space.low, space.high).astype(np.float32)
                             for _ in range(envs)])
+    return timed_loop(lambda: step(actions), vec, loop, envs, seconds)
+
+
+def timed_loop(step, vec, loop: str, envs: int, seconds: float, **extra) -> dict:
+    """The row of a random-action loop: ``step()`` (``envs`` env steps) 50 times untimed, then
+    for ``seconds``; ``vec`` is closed after the RSS is read."""
     for _ in range(50):
-        step(actions)
+        step()
     steps, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
-        step(actions)
+        step()
         steps += envs
     rate = steps / (time.perf_counter() - started)
     rss = common.rss_mb()
     vec.close()
     return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": rate, "envs": envs,
-            "rss_mb": rss}
+            **extra, "rss_mb": rss}
 
 
 def envpool_row(config, loop: str, envs: int, seconds: float) -> dict:
@@ -243,17 +251,7 @@ def envpool_row(config, loop: str, envs: int, seconds: float) -> dict:
 
         def step():
             vec.step(actions)
-    for _ in range(50):
-        step()
-    steps, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        step()
-        steps += envs
-    rate = steps / (time.perf_counter() - started)
-    rss = common.rss_mb()
-    vec.close()
-    return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": rate, "envs": envs,
-            "pool_size": pool_size, "rss_mb": rss}
+    return timed_loop(step, vec, loop, envs, seconds, pool_size=pool_size)
 
 
 def main(argv: list[str] | None = None) -> dict:
