@@ -12,8 +12,10 @@ left out of the rate: the first ``--skip`` updates or chunks are not timed):
    actor processes against Ray.
 2. **Collection alone** (no learner, the preset's jitted policy with its
    initial params, ``num_actors`` actor threads each running its rollout in a
-   loop): env steps/s with env workers, with thread-stepped envs and with the
-   shared sampler (``sampler="shared"``: one thread steps every actor's envs),
+   loop): env steps/s with env workers, with thread-stepped envs, with the
+   shared sampler (``sampler="shared"``: one thread steps every actor's envs)
+   and with a process per actor (``processes``: each with an actor process's
+   JAX settings, as ``actor_backend="processes"`` runs them),
    against the env library's own loops with random actions over the same
    envs: for gymnasium ids gymnasium's ``AsyncVectorEnv`` (one process per
    env, shared memory) and ``SyncVectorEnv`` (one thread), and this package's
@@ -50,9 +52,9 @@ TRAIN_MODES = {  # name -> config fields over the preset (whatever actors it cho
     "processes": dict(actor_backend="processes", env_workers=0),
     "ray": dict(actor_backend="ray", env_workers=0),
 }
-COLLECT_MODES = ("env-workers", "threads", "shared", "random:EnvWorkers",
+COLLECT_MODES = ("env-workers", "threads", "shared", "processes", "random:EnvWorkers",
                  "random:AsyncVectorEnv", "random:SyncVectorEnv")
-ENVPOOL_COLLECT_MODES = ("threads", "shared", "random:envpool", "random:envpool-async")
+ENVPOOL_COLLECT_MODES = ("threads", "shared", "processes", "random:envpool", "random:envpool-async")
 
 
 def collect_modes(preset: str) -> tuple[str, ...]:
@@ -102,11 +104,19 @@ def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
             "envs_per_actor": config.envs_per_actor, "rss_mb": rss}
 
 
-def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
+def collect_row(preset: str, mode: str, seconds: float, skip: int,
+                actors: list[int] | None = None, barrier=None) -> dict:
+    """One collection row: ``mode`` a random loop, actor threads (``threads``,
+    ``env-workers``, ``shared``) or ``processes`` (each actor's thread in a process of its
+    own, as ``actor_backend="processes"`` runs it). ``actors`` and ``barrier`` serve a
+    process's share of that row: its actors' ids, and the barrier every process waits on
+    before its timed window starts."""
     config = base_config(preset)
     envs = config.num_actors * config.envs_per_actor
     if mode.startswith("random:"):
         return random_row(config, mode.split(":")[1], envs, seconds)
+    if mode == "processes":
+        return processes_row(preset, config, seconds, skip)
     import jax
 
     from ppo_async.envs.host_rollout import HostRollout
@@ -114,17 +124,18 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
     from ppo_async.envs.program import AttachedCarry
     from ppo_async.runtime.transport import shared_caller
 
+    actors = list(range(config.num_actors)) if actors is None else actors
     config = dataclasses.replace(config, env_workers=1 if mode == "env-workers" else 0,
                                  sampler="shared" if mode == "shared" else "actors")
     program = HostRollout(config).program()
     device = jax.devices("cpu")[0]
     params = jax.device_put(program.params_template, device)
-    counts = [0] * config.num_actors
+    counts = {i: 0 for i in actors}
     stop = threading.Event()
     sampler = (shared_caller(config, program, config.num_actors, stop.is_set).start()
                if mode == "shared" else None)
-    started = threading.Event()  # actor 0 has collected its first ``skip`` chunks
-    start_at: list[float] = []
+    started = threading.Event()  # every actor has collected its first ``skip`` chunks
+    warm = [0]
     errors: list[BaseException] = []
 
     def actor(i: int) -> None:
@@ -136,11 +147,12 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
             while not stop.is_set():
                 carry = program.rollout(params, carry)[0]
                 chunks += 1
-                if chunks > skip:
-                    counts[i] += config.num_steps * config.envs_per_actor
-                elif chunks == skip and i == 0:
-                    start_at.append(time.perf_counter())
-                    started.set()
+                counts[i] += config.num_steps * config.envs_per_actor
+                if chunks == skip:
+                    with lock:
+                        warm[0] += 1
+                        if warm[0] == len(actors):
+                            started.set()
         except BaseException as error:  # noqa: BLE001 - raised in the main thread below
             if not stop.is_set():  # a sampler's actor ends its chunk with RolloutStopped
                 errors.append(error)
@@ -148,15 +160,20 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
         finally:
             program.close(carry)
 
-    threads = [threading.Thread(target=actor, args=(i,)) for i in range(config.num_actors)]
+    lock = threading.Lock()
+    threads = [threading.Thread(target=actor, args=(i,)) for i in actors]
     for t in threads:
         t.start()
     try:
         if not started.wait(timeout=300) or errors:
             raise RuntimeError("the actors did not start collecting") from (
                 errors[0] if errors else None)
+        if barrier is not None:
+            barrier.wait(timeout=300)
+        steps, begun, cpu = sum(counts.values()), time.perf_counter(), time.process_time()
         time.sleep(seconds)
-        steps, elapsed = sum(counts), time.perf_counter() - start_at[0]
+        steps, elapsed = sum(counts.values()) - steps, time.perf_counter() - begun
+        cores = (time.process_time() - cpu) / elapsed  # this process's threads, envpool's too
     finally:
         stop.set()
         for t in threads:
@@ -166,7 +183,54 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
     if errors or any(t.is_alive() for t in threads):
         raise RuntimeError("an actor failed or did not stop") from (errors[0] if errors else None)
     return {"part": "collect", "mode": mode, "env_steps_per_s": steps / elapsed,
-            "layout": list(config.env_layout()), "envs": envs, "rss_mb": common.rss_mb()}
+            "cores_busy": cores, "layout": list(config.env_layout()), "envs": envs,
+            "rss_mb": common.rss_mb()}
+
+
+def _process_share(preset, actor, seconds, skip, barrier, results) -> None:
+    """An actor process's share of the ``processes`` row (its environment set by the parent)."""
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # as an actor process runs
+    try:
+        results.put(collect_row(preset, "threads", seconds, skip, [actor], barrier))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent
+        results.put({"error": repr(error)})
+        barrier.abort()
+
+
+def processes_row(preset: str, config, seconds: float, skip: int) -> dict:
+    """Collection with a process per actor, each started with an actor process's JAX
+    settings (`ppo_async.runtime.process_transport.actor_env_vars`): the rates of windows
+    that start together, summed."""
+    import multiprocessing
+
+    from ppo_async.runtime.process_transport import actor_env_vars
+
+    os.environ.update(actor_env_vars())  # inherited by the spawned processes
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(config.num_actors), context.Queue()
+    processes = [context.Process(target=_process_share,
+                                 args=(preset, i, seconds, skip, barrier, results))
+                 for i in range(config.num_actors)]
+    for process in processes:
+        process.start()
+    try:
+        shares = [results.get(timeout=600) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+    failed = [share["error"] for share in shares if "error" in share]
+    if failed:
+        raise RuntimeError(f"an actor process failed: {failed[0]}")
+    return {"part": "collect", "mode": "processes",
+            "env_steps_per_s": sum(share["env_steps_per_s"] for share in shares),
+            "cores_busy": sum(share["cores_busy"] for share in shares),
+            "layout": shares[0]["layout"], "envs": config.num_actors * config.envs_per_actor,
+            "rss_mb": {"process": common.rss_mb()["process"],
+                       "children": [share["rss_mb"]["process"] for share in shares]}}
 
 
 def random_row(config, loop: str, envs: int, seconds: float) -> dict:
@@ -215,15 +279,16 @@ def timed_loop(step, vec, loop: str, envs: int, seconds: float, **extra) -> dict
     for ``seconds``; ``vec`` is closed after the RSS is read."""
     for _ in range(50):
         step()
-    steps, started = 0, time.perf_counter()
+    steps, started, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - started < seconds:
         step()
         steps += envs
     rate = steps / (time.perf_counter() - started)
+    cores = (time.process_time() - cpu) / (time.perf_counter() - started)  # not its workers'
     rss = common.rss_mb()
     vec.close()
-    return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": rate, "envs": envs,
-            **extra, "rss_mb": rss}
+    return {"part": "collect", "mode": f"random:{loop}", "env_steps_per_s": rate,
+            "cores_busy": cores, "envs": envs, **extra, "rss_mb": rss}
 
 
 def envpool_row(config, loop: str, envs: int, seconds: float) -> dict:
@@ -288,6 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
             rss = row.get("rss_mb") or {}
             print(f"{part:8s} {mode:24s} {row['env_steps_per_s']:>10,.0f} env steps/s"
                   + (f"  layout {row['layout']}" if "layout" in row else "")
+                  + (f"  {row['cores_busy']:.2f} cores" if "cores_busy" in row else "")
                   + (f"  RSS: this process {rss['process']:.0f} MiB, its children "
                      f"{', '.join(f'{c:.0f}' for c in rss['children']) or 'none'}"
                      if rss else ""))

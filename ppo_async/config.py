@@ -49,7 +49,7 @@ class AsyncActorLearnerConfig:
     env_modules: tuple[str, ...] = ()
     """Python modules imported before the env id is looked up (they register custom envs); recorded in config.json so eval, enjoy, --resume and sweeps rebuild the env."""
     envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
-    """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.envs.registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False."""
+    """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.envs.registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False. An actor's pool gets num_threads = cores / (actors x env groups), at least 1, unless given here."""
     gymnasium_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
     """gymnasium: ids only: keyword arguments of the env's constructor as (name, value) pairs, given to gymnasium.make_vec for training and evaluation alike, e.g. --gymnasium-kwargs include_cfrc_ext_in_observation False."""
     total_env_steps: int = 500_000

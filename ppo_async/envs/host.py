@@ -55,6 +55,7 @@ or, for a simulator that steps a batch itself::
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -325,6 +326,19 @@ def make_host_env(env_id: str, num_envs: int, *, envpool_kwargs: Any = (),
                 )
         return envs
     raise UnknownEnvError(f"env id {env_id!r} is a gymnax id; use ppo_async.envs.gymnax_env.BatchedEnv")
+
+
+def envpool_threads(pools: int) -> int:
+    """envpool threads for each of ``pools`` pools that step at once (one per actor and env
+    group): the cores divided among them, at least one.
+
+    envpool's own default gives every pool ``min(num_envs, cores)`` threads,
+    so two actors' pools on two cores ran four env threads beside the
+    actors' policy calls, and collection on Atari Pong ran 25-35% slower
+    than with one thread a pool (docs/benchmarks.md). A ``num_threads`` in
+    the config's ``envpool_kwargs`` overrides this.
+    """
+    return max(1, (os.cpu_count() or 1) // max(1, pools))
 
 
 def checked_array(env_id: str, field: str, value: Any, shape: tuple[int, ...], dtype) -> np.ndarray:

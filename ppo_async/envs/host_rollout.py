@@ -34,11 +34,13 @@ from ppo_async.core.normalization import (
     wrap_params,
 )
 from ppo_async.envs.gymnax_env import Trajectory
+from ppo_async.envs.registry import ENVPOOL, split_env_id
 from ppo_async.envs.host import (
     HostEnvError,
     HostVectorEnv,
     checked_array,
     close_envs,
+    envpool_threads,
     make_host_env,
 )
 from ppo_async.envs.workers import (
@@ -258,7 +260,12 @@ class HostRollout:
                 reply_timeout_s=self.config.learner_timeout_s / 2,
                 spin_s=spin_seconds(self.config.num_actors * self.workers))
         size = self.num_envs // self.groups
-        return EnvGroups([make_host_env(self.env_id, size, **self.config.env_make_kwargs())
+        make_kwargs = self.config.env_make_kwargs()
+        if split_env_id(self.env_id)[0] == ENVPOOL and "num_threads" not in dict(self.config.envpool_kwargs):
+            threads = envpool_threads(self.config.num_actors * self.groups)
+            make_kwargs["envpool_kwargs"] = (*make_kwargs["envpool_kwargs"],
+                                             ("num_threads", threads))
+        return EnvGroups([make_host_env(self.env_id, size, **make_kwargs)
                           for _ in range(self.groups)], size)
 
     def close(self, carry: HostCarry) -> None:

@@ -315,6 +315,24 @@ def test_envpool_rollout_is_same_step_and_matches_gymnax_dtypes():
     assert (lengths >= 1).all() and trajectory.episode_return[done].tolist() == lengths.tolist()
 
 
+def test_an_actors_envpool_pools_divide_the_cores_unless_the_config_says(monkeypatch):
+    """envpool's default (a thread per core in every pool) ran two actors' pools on four
+    threads on two cores; each pool gets cores / pools threads, or the config's own."""
+    pytest.importorskip("envpool")
+    from ppo_async.envs.host_rollout import HostRollout
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    for actors, envpool_kwargs, threads in [(2, (), 4), (16, (), 1), (2, (("num_threads", 3),), 3)]:
+        config = AsyncActorLearnerConfig(env_id="envpool:CartPole-v1", num_actors=actors,
+                                         envs_per_actor=2, num_steps=8, num_minibatches=1,
+                                         envpool_kwargs=envpool_kwargs)
+        envs = HostRollout(config)._make_envs()
+        try:
+            assert [batch.env.config["num_threads"] for batch in envs.batches] == [threads]
+        finally:
+            envs.close()
+
+
 def test_envpool_atari_gets_the_standard_settings_for_training_and_evaluation():
     from ppo_async.envs.host import make_host_env
     from ppo_async.envs.registry import (
