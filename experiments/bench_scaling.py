@@ -95,7 +95,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
             num_steps: int, skip: int, backend: str = "threads",
             batch_inference: bool = True, env_workers: int | None = 0,
             actors_per_process: int | None = None, sampler: str | None = None,
-            env_async: bool = False) -> dict:
+            env_async: bool = False, pinned: bool = True) -> dict:
     """Steady env steps/s of one `train` with ``num_actors`` actors (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, StopTraining, train
     from ppo_async.envs.registry import register_host_env
@@ -108,6 +108,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
         total_env_steps=num_actors * envs_per_actor * num_steps * 100_000,
         learner_timeout_s=120.0, actor_backend=backend, batch_inference=batch_inference,
         env_workers=env_workers, actors_per_process=actors_per_process, sampler=sampler,
+        pin_actor_processes=pinned,
         # Ray: the actors share the machine's cores (each a process), as threads do.
         ray_num_cpus_per_actor=min(1.0, (os.cpu_count() or 1) / num_actors),
     )
@@ -130,7 +131,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
             "actors_per_process": (config.actors_per_process_in_force()
                                    if backend == "processes" else None),
             "envs_per_actor": envs_per_actor, "env_layout": list(config.env_layout()),
-            "sampler": sampler, "env_async": env_async,
+            "sampler": sampler, "env_async": env_async, "pinned": pinned,
             "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
             "rss_mb": rss, "updates": report.updates, "wall_s": time.perf_counter() - start,
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--env-async", action="store_true",
                         help="the env has its own step_async / step_wait (a simulator that "
                              "steps elsewhere): no thread blocks in its step")
+    parser.add_argument("--unpinned", action="store_true",
+                        help="actor processes: pin_actor_processes=False (the OS places them)")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
                                  None if args.env_workers == "auto" else int(args.env_workers),
                                  args.actors_per_process,
                                  None if args.sampler == "auto" else args.sampler,
-                                 args.env_async)))
+                                 args.env_async, not args.unpinned)))
         return {}
     modes = args.inference if args.backend != "ray" else ["per-actor"]
     load_before = os.getloadavg()[0]
@@ -189,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "--backend", args.backend, "--inference", mode,
                  "--env-workers", args.env_workers, "--sampler", args.sampler,
                  *(["--env-async"] if args.env_async else []),
+                 *(["--unpinned"] if args.unpinned else []),
                  *([] if args.actors_per_process is None else
                    ["--actors-per-process", str(args.actors_per_process)])],
                 f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
@@ -198,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
                            if row.get("actors_per_process") else "")
             print(f"{args.backend}{per_process} {mode:>9} sampler {args.sampler} "
                   f"{'async env ' if args.env_async else ''}"
+                  f"{'unpinned ' if args.unpinned else ''}"
                   f"env workers {args.env_workers}: "
                   f"{num_actors:>3} actors x {args.envs_per_actor} env: "
                   f"{row['env_steps_per_s']:>9,.0f} env steps/s, "

@@ -512,8 +512,24 @@ def _package_getattr(name: str) -> Any:
     return getattr(package, name)
 
 
+# Set by an actor process pinned to one core (`ppo_async.runtime.process_transport`): the
+# CPUs it had before, which its env workers take back.
+PARENT_CPUS_ENV = "PPO_ASYNC_PARENT_CPUS"
+
+
+def _take_back_cpus() -> None:
+    """A worker started by a pinned actor process runs on the CPUs the actor had."""
+    cpus = os.environ.pop(PARENT_CPUS_ENV, "")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        except OSError:  # a CPU taken from this process since: keep the one it has
+            pass
+
+
 def serve(fd: int, package: Any = None) -> None:
     """A worker's loop: set up from the first message, then answer commands until ``close``."""
+    _take_back_cpus()
     if package is not None:
         package.__getattr__ = _package_getattr
     connection = Connection(fd)

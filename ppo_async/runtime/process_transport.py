@@ -68,6 +68,7 @@ from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs.gymnax_env import EnvCarry
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
+from ppo_async.envs.workers import PARENT_CPUS_ENV
 from ppo_async.runtime.actor import (
     ActorHandle,
     ActorStart,
@@ -293,6 +294,27 @@ class _ActorHost:
                 self.send(("stopped", handle.stats))
 
 
+def actor_cpus(config: AsyncActorLearnerConfig, processes: int) -> list[int | None]:
+    """The CPU each of ``processes`` actor processes pins itself to (None: not pinned).
+
+    With ``pin_actor_processes`` and at most one process per CPU this process
+    may use (its affinity), process ``i`` gets the ``i``-th of those CPUs.
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not config.pin_actor_processes or not cpus or processes > len(cpus):
+        return [None] * processes
+    return cpus[:processes]
+
+
+def _pin(cpu: int | None) -> None:
+    """Run this process (its threads to come: call it before JAX starts) on ``cpu`` alone;
+    the env worker processes it starts take back the CPUs it had (`PARENT_CPUS_ENV`)."""
+    if cpu is None:
+        return
+    os.environ[PARENT_CPUS_ENV] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    os.sched_setaffinity(0, {cpu})
+
+
 def _die_with_parent() -> None:
     """Linux: the kernel kills this process when the learner's process dies, even while
     this one is stuck in C code (its reader would never see the socket close)."""
@@ -312,6 +334,7 @@ def serve(fd: int) -> None:
     if os.getppid() != setup["parent"]:
         os._exit(1)  # the learner died before the prctl took hold
     config = setup["config"]
+    _pin(setup["cpu"])
     try:
         from ppo_async.envs.registry import import_env_modules, register_host_env
 
@@ -384,6 +407,7 @@ class ProcessTransport:
         n = config.num_actors
         self.per_process = config.actors_per_process_in_force()
         self.processes: list[_Process | None] = [None] * math.ceil(n / self.per_process)
+        self._cpus = actor_cpus(config, len(self.processes))
         self._stats = [ActorStats(i) for i in range(n)]
         # Items and reported failures (the publisher thread appends too: deque appends are atomic).
         self._received: collections.deque = collections.deque()
@@ -448,7 +472,8 @@ class ProcessTransport:
         first = slot * self.per_process
         setup = dict(config=self.config, first_id=first, parent=os.getpid(),
                      size=min(self.per_process, self.config.num_actors - first),
-                     host_env=self._host_env, path=list(sys.path))
+                     host_env=self._host_env, path=list(sys.path),
+                     cpu=self._cpus[slot])
         self._send(process, ("setup", setup))
         return process
 

@@ -76,6 +76,45 @@ def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors():
             == flax.serialization.to_bytes(threads.params))
 
 
+def _affinity_recorder(path: str):
+    """``make_env`` of a CartPole that appends ``pid cpu,cpu,...`` (where it was made) to ``path``."""
+    def make_env():
+        import os
+
+        import gymnasium
+
+        with open(path, "a") as record:
+            record.write(f"{os.getpid()} {','.join(map(str, sorted(os.sched_getaffinity(0))))}\n")
+        return gymnasium.make("CartPole-v1")
+    return make_env
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_actor_processes_run_on_a_core_each_and_their_env_workers_on_all(tmp_path):
+    from ppo_async import register_single_env
+    from ppo_async.runtime.process_transport import actor_cpus
+
+    mine = sorted(os.sched_getaffinity(0))
+    assert actor_cpus(TINY, len(mine)) == mine
+    assert actor_cpus(TINY, len(mine) + 1) == [None] * (len(mine) + 1)  # more than cores
+    assert actor_cpus(dataclasses.replace(TINY, pin_actor_processes=False), 1) == [None]
+
+    record = tmp_path / "affinity.txt"
+    register_single_env("affinity-recorder", _affinity_recorder(str(record)))
+    config = dataclasses.replace(TINY, env_id="host:affinity-recorder", env_workers=1,
+                                 num_actors=min(2, len(mine)), total_env_steps=2 * 2 * 8 * 2)
+    result = train(config, progress=False)
+    actors = {s.pid for s in result.report.actor_stats}
+    seen = {int(pid): cpus for pid, cpus in (line.split() for line in record.read_text().split("\n")
+                                             if line)}
+    # Each actor process made its probe env on one CPU, a different one each ...
+    assert sorted(seen[pid] for pid in actors) == [str(c) for c in mine[:len(actors)]]
+    # ... and its env workers (the other pids, not this process) got every CPU back.
+    workers = set(seen) - actors - {os.getpid()}
+    assert len(workers) == len(actors)
+    assert {seen[pid] for pid in workers} == {",".join(map(str, mine))}
+
+
 def _misbehaving(tmp_path: pathlib.Path, how: str, **changes) -> tuple[AsyncActorLearnerConfig,
                                                                      pathlib.Path]:
     env_id, marker = register_misbehaving_env(tmp_path, how, "misbehaves")
