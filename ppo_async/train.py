@@ -23,6 +23,7 @@ import logging
 import pathlib
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -465,8 +466,9 @@ class _CtrlC:
     """Ctrl-C that is not lost: Python raises `KeyboardInterrupt` wherever the main thread
     is, and where that is a garbage-collector callback (JAX has one) the exception is
     printed and dropped. `install` (main thread, default handler only) notes each SIGINT
-    before raising as the default does; `check`, once per update, raises it again if it
-    was dropped. The handler is restored when the run ends."""
+    before raising as the default does, and keeps a dropped one off stderr (the
+    traceback of a callback the user never wrote); `check`, once per update, raises it
+    again if it was dropped. The handler and the hook are restored when the run ends."""
 
     def __init__(self):
         self.pending = False
@@ -480,8 +482,16 @@ class _CtrlC:
                 ctrl_c.pending = True
                 signal.default_int_handler(signum, frame)
 
+            previous_hook = sys.unraisablehook
+
+            def unraisable(report):
+                if not (ctrl_c.pending and isinstance(report.exc_value, KeyboardInterrupt)):
+                    previous_hook(report)  # a dropped Ctrl-C is raised again by `check`
+
             signal.signal(signal.SIGINT, handler)
+            sys.unraisablehook = unraisable
             cleanup.callback(signal.signal, signal.SIGINT, signal.default_int_handler)
+            cleanup.callback(setattr, sys, "unraisablehook", previous_hook)
         return ctrl_c
 
     def check(self) -> None:
