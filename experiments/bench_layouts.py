@@ -16,8 +16,16 @@ quarter of the budget to the last, start-up excluded) and the time from
 compilation cache). The summary is each layout's median rate as a ratio of
 ``1 x 8 batched`` in the same script run.
 
+With ``--rollout-calls N`` it first times, in this process, the programs
+behind the two modes for each layout: the milliseconds of one chunk of
+every actor (512 env steps, waited for) as each actor's own rollout called
+in turn, as the fused program ``batch_inference`` runs (the actors' carries
+on an actor axis, `ppo_async.envs.gymnax_env.make_rollout(actor_axis=True)`),
+and as the per-actor rollout under ``jax.vmap`` (what the fused program
+replaced), in alternating rounds, medians over the rounds.
+
     python experiments/bench_layouts.py [--layouts 1x8 2x4 4x2 8x1] [--seeds 0 1]
-        [--modes batched per-actor] [--total-env-steps 400000]
+        [--modes batched per-actor] [--total-env-steps 400000] [--rollout-calls 0]
 """
 
 from __future__ import annotations
@@ -56,6 +64,52 @@ def one_run(num_actors: int, envs_per_actor: int, batch_inference: bool, seed: i
             "first_update_s": marks[0][0] - start, "wall_s": time.perf_counter() - start}
 
 
+def time_rollouts(layouts: list[tuple[int, int]], calls: int, rounds: int = 5) -> dict:
+    """Per layout, ms per chunk of every actor (512 env steps) of each way to run it (docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ppo_async import AsyncActorLearnerConfig
+    from ppo_async.core.normalization import acting_apply
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.envs.gymnax_env import BatchedEnv, make_rollout
+    from ppo_async.envs.registry import split_env_id
+    from ppo_async.networks.actor_critic import init_params
+
+    cpu = jax.devices("cpu")[0]
+    timings: dict[str, dict[str, float]] = {}
+    for actors, envs in layouts:
+        config = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=actors,
+                                         envs_per_actor=envs,
+                                         num_steps=BATCH // (actors * envs))
+        program = make_actor_program(config)
+        params = init_params(program.network, jax.random.key(0), program.observation_shape)
+        carries = [program.reset(jax.random.key(i), cpu) for i in range(actors)]
+        own = make_rollout(BatchedEnv(split_env_id(config.env_id)[1], envs),
+                           acting_apply(program.network.apply, config.normalization_options()),
+                           config.num_steps, config.gamma)
+        vmapped = jax.jit(lambda p, cs: jax.vmap(own, in_axes=(None, 0))(
+            p, jax.tree.map(lambda *leaves: jnp.stack(leaves), *cs)))
+        ways = {
+            "own rollouts": lambda: [program.rollout(params, c) for c in carries],
+            "fused": lambda: program.inference.fn(params, [(c,) for c in carries]),
+            "vmapped": lambda: vmapped(params, tuple(carries)),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in ways}
+        for name, fn in ways.items():
+            jax.block_until_ready(fn())  # compiled before any timing
+        for _ in range(rounds):
+            for name, fn in ways.items():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    jax.block_until_ready(fn())
+                samples[name].append((time.perf_counter() - start) / calls * 1e3)
+        timings[f"{actors}x{envs}"] = {n: statistics.median(v) for n, v in samples.items()}
+        print(f"{actors}x{envs}: ms per chunk of every actor: " + ", ".join(
+            f"{n} {ms:.3f}" for n, ms in timings[f"{actors}x{envs}"].items()))
+    return timings
+
+
 def _layout(text: str) -> tuple[int, int]:
     actors, envs = (int(x) for x in text.split("x"))
     if BATCH % (actors * envs):
@@ -73,6 +127,9 @@ def main(argv: list[str] | None = None) -> dict:
                         default=["batched", "per-actor"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--total-env-steps", type=int, default=400_000)
+    parser.add_argument("--rollout-calls", type=int, default=0,
+                        help="first time each layout's rollout programs, this many calls a "
+                             "round (0: do not)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -83,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     load_before = os.getloadavg()[0]
     env = {k: v for k, v in os.environ.items() if k != "PPO_ASYNC_JAX_CACHE"}
+    rollouts = time_rollouts(args.layouts, args.rollout_calls) if args.rollout_calls else None
     rows = []
     for seed in args.seeds:
         for actors, envs in args.layouts:
@@ -110,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         m["ratio"] = m["env_steps_per_s"] / base["env_steps_per_s"]
         print(f"{name:>16}: {m['env_steps_per_s']:>9,.0f} ({m['ratio']:.2f}x), "
               f"{m['first_update_s']:.2f} s")
-    result = {"rows": rows, "medians": medians}
+    result = {"rows": rows, "medians": medians, "rollouts_ms": rollouts}
     common.save_with_load("bench_layouts", args.out, __file__, argv, result, load_before)
     return result
 

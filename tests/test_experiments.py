@@ -374,7 +374,7 @@ def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path):
     completed = subprocess.run(
         [sys.executable, str(EXPERIMENTS / "bench_layouts.py"), "--layouts", "2x4",
          "--modes", "batched", "per-actor", "--seeds", "0", "--total-env-steps", "4096",
-         "--out", str(tmp_path)],
+         "--rollout-calls", "2", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -387,6 +387,8 @@ def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path):
     assert medians["2x4 batched"]["ratio"] == 1.0  # the first layout and mode is the base
     assert medians["2x4 per-actor"]["ratio"] == (
         rows[1]["env_steps_per_s"] / rows[0]["env_steps_per_s"])
+    (rollouts,) = result["rollouts_ms"].values()  # the one layout's three programs, timed
+    assert set(rollouts) == {"own rollouts", "fused", "vmapped"} and min(rollouts.values()) > 0
     assert "load_average_after" in result
 
 

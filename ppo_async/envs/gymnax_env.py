@@ -148,10 +148,28 @@ class BatchedEnv:
 PolicyApply = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
 
 
+class _Stepped(NamedTuple):
+    """What one env step of `make_rollout` computed before the final observations' value."""
+
+    key: jax.Array  # the carry's next key
+    reset: jax.Array | None  # recurrent only: the state was zeroed (an episode's first obs)
+    hidden: jax.Array | None  # recurrent only: the state the step acted with
+    next_hidden: jax.Array | None  # recurrent only: the state after it
+    value: jax.Array
+    action: jax.Array
+    logp: jax.Array
+    next_obs: jax.Array
+    env_state: Any
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+
+
 def make_rollout(
     env: BatchedEnv, apply_fn: PolicyApply, num_steps: int, gamma: float,
     *, recurrent: bool = False, reward_clip: float | None = None,
-    keep_final_obs: bool = False,
+    keep_final_obs: bool = False, actor_axis: bool = False,
 ) -> Callable[[Any, EnvCarry], tuple[EnvCarry, Trajectory, jax.Array]]:
     """A jitted ``rollout(params, carry) -> (carry, trajectory, bootstrap_value)``.
 
@@ -174,10 +192,22 @@ def make_rollout(
     params.return_stats, r, clip=reward_clip)`` before the truncation
     bootstrap (in the value's scaled units) is added, and the trajectory
     records every ``R_t`` of the raw rewards for the learner's statistics.
-    """
 
-    def env_step(params, carry: EnvCarry, _):
+    ``actor_axis``: the chunks of ``N`` actors as one program. Every leaf of
+    the carry has a leading actor axis (each actor's envs, key and state its
+    own), and so do ``bootstrap_value`` and the trajectory's leaves after
+    their time axis (``[T, N, E, ...]``). Actor ``i``'s part is what its own
+    rollout gives (to rounding) and depends on its carry alone. It is the
+    per-actor step vmapped, except that the value of the final observations
+    is computed only at steps where some actor's episode was truncated: a
+    ``cond`` under ``vmap`` would compute it at every step.
+    """
+    # The per-actor parts of a step, vmapped over the actor axis when there is one.
+    per_actor = jax.vmap if actor_axis else (lambda fn, in_axes: fn)
+
+    def act_and_step(params, carry: EnvCarry) -> _Stepped:
         key, action_key, step_key = jax.random.split(carry.key, 3)
+        reset = hidden = next_hidden = None
         if recurrent:
             reset = carry.episode_length == 0  # this obs is an episode's first
             hidden = reset_hidden(carry.hidden, reset)
@@ -185,75 +215,88 @@ def make_rollout(
         else:
             dist, value = apply_fn(params, carry.obs)
         action = dist.sample(action_key)
-        logp = dist.log_prob(action)
         next_obs, env_state, reward, terminated, truncated, final_obs = env.step(
             step_key, carry.env_state, action
         )
-        if keep_final_obs:
-            final_value = None  # the learner adds gamma * V(final_obs) itself
-        else:
-            # Only evaluate the final observations when some episode was truncated:
-            # on most steps none is, and the conv critic is not free.
-            final_value = jax.lax.cond(
-                jnp.any(truncated),
-                # The final observation continues the ended episode: its state is
-                # the one this step produced.
-                (lambda: apply_fn(params, next_hidden, final_obs)[2]) if recurrent
-                else (lambda: apply_fn(params, final_obs)[1]),
-                lambda: jnp.zeros_like(value),
-            )
-        done = terminated | truncated
+        return _Stepped(key, reset, hidden, next_hidden, value, action, dist.log_prob(action),
+                        next_obs, env_state, reward, terminated, truncated, final_obs)
+
+    def final_value(params, stepped: _Stepped) -> jax.Array:
+        # The final observation continues the ended episode: its state is the one
+        # this step produced.
+        if recurrent:
+            return apply_fn(params, stepped.next_hidden, stepped.final_obs)[2]
+        return apply_fn(params, stepped.final_obs)[1]
+
+    def finish(params, carry: EnvCarry, stepped: _Stepped, final_value: jax.Array | None):
+        s = stepped
+        done = s.terminated | s.truncated
         discounted_return, carried_return = None, None
         if reward_clip is not None:
             discounted_return, carried_return = accumulate_return(
-                carry.discounted_return, reward, done, gamma=gamma)
+                carry.discounted_return, s.reward, done, gamma=gamma)
             assert isinstance(params, NormalizedPolicy)
-            learn_reward = scale_reward(params.return_stats, reward, clip=reward_clip)
+            learn_reward = scale_reward(params.return_stats, s.reward, clip=reward_clip)
         else:
-            learn_reward = reward
+            learn_reward = s.reward
         if final_value is not None:
-            learn_reward = learn_reward + gamma * jnp.where(truncated, final_value, 0.0)
+            learn_reward = learn_reward + gamma * jnp.where(s.truncated, final_value, 0.0)
 
-        episode_return = carry.episode_return + reward
+        episode_return = carry.episode_return + s.reward
         episode_length = carry.episode_length + 1
         step = Trajectory(
             obs=carry.obs,
-            action=action,
+            action=s.action,
             reward=learn_reward,
-            terminated=terminated,
-            truncated=truncated,
-            behaviour_logp=logp,
-            behaviour_value=value,
+            terminated=s.terminated,
+            truncated=s.truncated,
+            behaviour_logp=s.logp,
+            behaviour_value=s.value,
             episode_return=jnp.where(done, episode_return, 0.0),
             episode_length=jnp.where(done, episode_length, 0),
-            reset=reset if recurrent else None,
-            hidden=hidden if recurrent else None,
-            final_obs=final_obs if keep_final_obs else None,
+            reset=s.reset,
+            hidden=s.hidden,
+            final_obs=s.final_obs if keep_final_obs else None,
             discounted_return=discounted_return,
         )
         carry = EnvCarry(
-            env_state=env_state,
-            obs=next_obs,
+            env_state=s.env_state,
+            obs=s.next_obs,
             episode_return=jnp.where(done, 0.0, episode_return),
             episode_length=jnp.where(done, 0, episode_length),
-            key=key,
-            hidden=next_hidden if recurrent else None,
+            key=s.key,
+            hidden=s.next_hidden,
             discounted_return=carried_return,
         )
         return carry, step
+
+    def env_step(params, carry: EnvCarry, _):
+        stepped = per_actor(act_and_step, in_axes=(None, 0))(params, carry)
+        if keep_final_obs:
+            value_of_final = None  # the learner adds gamma * V(final_obs) itself
+        else:
+            # Only evaluate the final observations when some episode was truncated:
+            # on most steps none is, and the conv critic is not free.
+            value_of_final = jax.lax.cond(
+                jnp.any(stepped.truncated),
+                lambda: per_actor(final_value, in_axes=(None, 0))(params, stepped),
+                lambda: jnp.zeros_like(stepped.value),
+            )
+        return per_actor(finish, in_axes=(None, 0, 0, 0))(params, carry, stepped, value_of_final)
+
+    def bootstrap(params, carry: EnvCarry) -> jax.Array:
+        if recurrent:
+            # As the next chunk's first step will see it: reset if an episode starts there.
+            hidden = reset_hidden(carry.hidden, carry.episode_length == 0)
+            return apply_fn(params, hidden, carry.obs)[2]
+        return apply_fn(params, carry.obs)[1]
 
     @jax.jit
     def rollout(params, carry: EnvCarry):
         carry, trajectory = jax.lax.scan(
             lambda c, x: env_step(params, c, x), carry, None, length=num_steps
         )
-        if recurrent:
-            # As the next chunk's first step will see it: reset if an episode starts there.
-            hidden = reset_hidden(carry.hidden, carry.episode_length == 0)
-            _, _, bootstrap_value = apply_fn(params, hidden, carry.obs)
-        else:
-            _, bootstrap_value = apply_fn(params, carry.obs)
-        return carry, trajectory, bootstrap_value
+        return carry, trajectory, per_actor(bootstrap, in_axes=(None, 0))(params, carry)
 
     return rollout
 
@@ -274,10 +317,12 @@ def make_jitted_actor_program(config: AsyncActorLearnerConfig, env: Any) -> Acto
     # boundaries and policy updates (new params meet the state the old ones
     # built, as in IMPALA) and is checkpointed with the carry.
     recurrent = is_recurrent(network)
-    scan_rollout = make_rollout(env, acting_apply(network.apply, options), config.num_steps,
-                                config.gamma, recurrent=recurrent,
-                                reward_clip=options.reward_clip if options.rewards else None,
-                                keep_final_obs=config.learner_bootstraps_truncation)
+    rollout_of = functools.partial(
+        make_rollout, env, acting_apply(network.apply, options), config.num_steps, config.gamma,
+        recurrent=recurrent, reward_clip=options.reward_clip if options.rewards else None,
+        keep_final_obs=config.learner_bootstraps_truncation)
+    # One actor's chunk, and the chunks of the device's actors as one program (`BatchedInference`).
+    scan_rollout, fused_rollout = rollout_of(), rollout_of(actor_axis=True)
     state_size = network.state_size if recurrent else None
 
     # One compiled program: run eagerly, the reset's key splits, gymnax reset,
@@ -299,10 +344,12 @@ def make_jitted_actor_program(config: AsyncActorLearnerConfig, env: Any) -> Acto
 
     @jax.jit
     def rollout_all(params, carries: tuple[EnvCarry, ...]):
-        """The chunks of ``N`` actors as one program: their carries stacked and the rollout vmapped."""
+        """The chunks of ``N`` actors as one program: their carries stacked on an actor axis."""
         stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *carries)
-        out = jax.vmap(scan_rollout, in_axes=(None, 0))(params, stacked)
-        return tuple(jax.tree.map(lambda x: x[i], out) for i in range(len(carries)))
+        carry, trajectory, bootstrap_value = fused_rollout(params, stacked)
+        return tuple((jax.tree.map(lambda x: x[i], carry),
+                      jax.tree.map(lambda x: x[:, i], trajectory), bootstrap_value[i])
+                     for i in range(len(carries)))
 
     def rollouts(params, per_actor: list[tuple[EnvCarry]]):
         return rollout_all(params, tuple(carry for (carry,) in per_actor))

@@ -236,6 +236,34 @@ def test_one_vmapped_gymnax_rollout_gives_each_actor_its_own_chunk_bit_for_bit()
     assert not np.array_equal(np.asarray(fused[0][1].obs), np.asarray(fused[1][1].obs))
 
 
+def test_the_fused_rollout_bootstraps_a_truncated_episode_as_the_actors_own_rollout():
+    """In the fused chunk an actor whose episodes hit the time limit gets gamma V(final_obs)
+    folded into that step's reward, as in its own rollout; the others' chunks do not change."""
+    from ppo_async.envs.backends import make_actor_program
+
+    config = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=3, envs_per_actor=2,
+                                     num_steps=8, hidden_sizes=(16,))
+    program = make_actor_program(config)
+    device = jax.devices("cpu")[0]
+    params = jax.tree.map(lambda x: np.random.default_rng(5).normal(size=np.shape(x))
+                          .astype(np.float32), program.params_template)
+    carries = [program.reset(jax.random.key(i), device) for i in range(3)]
+    # Actor 1's envs reach CartPole-v1's limit of 500 steps at the chunk's third step.
+    limited = carries[1]._replace(env_state=carries[1].env_state.replace(
+        time=np.full(2, 497, np.int32)))
+    plain = program.inference.fn(params, [(c,) for c in carries])
+    fused = program.inference.fn(params, [(carries[0],), (limited,), (carries[2],)])
+    alone = program.rollout(params, limited)[1]
+    truncated = np.asarray(alone.truncated)
+    assert truncated[2].all() and truncated.sum() == 2, truncated
+    reward = np.asarray(fused[1][1].reward)
+    assert np.all(reward[truncated] != 1.0) and np.all(reward[~truncated] == 1.0), reward
+    np.testing.assert_allclose(reward, np.asarray(alone.reward), rtol=1e-5, atol=1e-5)
+    for i in (0, 2):  # the actors beside it: the same bytes as in a chunk without a truncation
+        assert [np.asarray(x).tobytes() for x in jax.tree.leaves(fused[i][1])] == [
+            np.asarray(x).tobytes() for x in jax.tree.leaves(plain[i][1])]
+
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnasium:CartPole-v1"])
 def test_batched_actors_at_an_exact_lag_give_the_same_bytes_twice(monkeypatch, env_id):
     servers = []
