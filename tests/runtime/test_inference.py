@@ -236,13 +236,15 @@ def test_one_vmapped_gymnax_rollout_gives_each_actor_its_own_chunk_bit_for_bit()
     assert not np.array_equal(np.asarray(fused[0][1].obs), np.asarray(fused[1][1].obs))
 
 
-def test_the_fused_rollout_bootstraps_a_truncated_episode_as_the_actors_own_rollout():
+@pytest.mark.parametrize("network", ["mlp", "lstm"])
+def test_the_fused_rollout_bootstraps_a_truncated_episode_as_the_actors_own_rollout(network):
     """In the fused chunk an actor whose episodes hit the time limit gets gamma V(final_obs)
     folded into that step's reward, as in its own rollout; the others' chunks do not change."""
     from ppo_async.envs.backends import make_actor_program
 
     config = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=3, envs_per_actor=2,
-                                     num_steps=8, hidden_sizes=(16,))
+                                     num_steps=8, num_minibatches=2, hidden_sizes=(16,),
+                                     network=network, rnn_hidden_size=8)
     program = make_actor_program(config)
     device = jax.devices("cpu")[0]
     params = jax.tree.map(lambda x: np.random.default_rng(5).normal(size=np.shape(x))
@@ -259,6 +261,7 @@ def test_the_fused_rollout_bootstraps_a_truncated_episode_as_the_actors_own_roll
     reward = np.asarray(fused[1][1].reward)
     assert np.all(reward[truncated] != 1.0) and np.all(reward[~truncated] == 1.0), reward
     np.testing.assert_allclose(reward, np.asarray(alone.reward), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(fused[1][1].action), np.asarray(alone.action))
     for i in (0, 2):  # the actors beside it: the same bytes as in a chunk without a truncation
         assert [np.asarray(x).tobytes() for x in jax.tree.leaves(fused[i][1])] == [
             np.asarray(x).tobytes() for x in jax.tree.leaves(plain[i][1])]
