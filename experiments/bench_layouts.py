@@ -6,8 +6,8 @@ so that the envs, the steps and the update are the same and only the split
 into actors differs. Each row is a fresh process; layouts and the two
 inference modes alternate seed by seed:
 
-- ``batched``: ``batch_inference=True`` (the default), the actors' chunks are
-  one vmapped rollout per actor device;
+- ``batched``: ``batch_inference=True``, the actors' chunks are one rollout
+  program per actor device;
 - ``per-actor``: ``batch_inference=False``, each actor runs its own rollout.
 
 A row reports the steady env steps/s (from the first update at or past a
@@ -70,10 +70,7 @@ def time_rollouts(layouts: list[tuple[int, int]], calls: int, rounds: int = 5) -
     import jax.numpy as jnp
 
     from ppo_async import AsyncActorLearnerConfig
-    from ppo_async.core.normalization import acting_apply
     from ppo_async.envs.backends import make_actor_program
-    from ppo_async.envs.gymnax_env import BatchedEnv, make_rollout
-    from ppo_async.envs.registry import split_env_id
     from ppo_async.networks.actor_critic import init_params
 
     cpu = jax.devices("cpu")[0]
@@ -85,10 +82,7 @@ def time_rollouts(layouts: list[tuple[int, int]], calls: int, rounds: int = 5) -
         program = make_actor_program(config)
         params = init_params(program.network, jax.random.key(0), program.observation_shape)
         carries = [program.reset(jax.random.key(i), cpu) for i in range(actors)]
-        own = make_rollout(BatchedEnv(split_env_id(config.env_id)[1], envs),
-                           acting_apply(program.network.apply, config.normalization_options()),
-                           config.num_steps, config.gamma)
-        vmapped = jax.jit(lambda p, cs: jax.vmap(own, in_axes=(None, 0))(
+        vmapped = jax.jit(lambda p, cs: jax.vmap(program.rollout, in_axes=(None, 0))(
             p, jax.tree.map(lambda *leaves: jnp.stack(leaves), *cs)))
         ways = {
             "own rollouts": lambda: [program.rollout(params, c) for c in carries],

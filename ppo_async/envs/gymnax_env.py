@@ -338,7 +338,7 @@ def make_jitted_actor_program(config: AsyncActorLearnerConfig, env: Any) -> Acto
         carry, client = unattached(carry)
         if client is None:
             carry, trajectory, bootstrap_value = scan_rollout(params, carry)
-        else:  # this actor's part of one vmapped rollout of every actor of the device
+        else:  # this actor's part of one rollout of every actor of the device
             carry, trajectory, bootstrap_value = client(params, carry)
         return reattached(carry, client), trajectory, carry.obs, bootstrap_value
 

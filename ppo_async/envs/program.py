@@ -56,7 +56,7 @@ class BatchedInference(NamedTuple):
     a result per actor (``[i]``: actor ``i``'s), which depends on actor
     ``i``'s inputs alone. Host envs share each env step's policy call
     (inputs ``(hidden, obs, reset, key)``); gymnax envs share a whole chunk
-    (inputs ``(carry,)``, one vmapped rollout). An actor whose carry is an
+    (inputs ``(carry,)``, one rollout program). An actor whose carry is an
     `AttachedCarry` gets its result from ``act(params, *inputs)``, its
     client of such a call (`ppo_async.runtime.inference.InferenceServer`),
     instead of calling alone.

@@ -8,7 +8,7 @@ every request waiting, makes ONE call of a function vmapped over the actor
 axis, and hands each actor its row. The actors keep everything else of their
 own: envs, columns, keys, valve, stats. Host envs batch each env step's
 policy call this way; gymnax envs batch whole chunks (the rollouts of all
-actors as one vmapped program).
+actors as one program).
 
 Determinism: the call always has every actor's row (``[num_actors, ...]``);
 rows of actors not waiting hold the inputs they last sent and their outputs
