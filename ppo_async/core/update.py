@@ -27,6 +27,7 @@ from typing import Any, Literal, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
@@ -171,6 +172,55 @@ def _linear(schedule: LearningRateSchedule) -> optax.Schedule:
     )
 
 
+def _traced_linear(schedule: LearningRateSchedule) -> optax.Schedule:
+    """`_linear` for a piece whose numbers are arrays (the update's argument), to the bit.
+
+    With the numbers as constants, XLA compiles ``optax.linear_schedule``'s
+    ``count / span`` as ``count * (1 / span)``, the reciprocal rounded to
+    float32 (its algebraic simplifier rewrites a division by a constant), and
+    drops ``+ 0``. The same operations here give the rates of the program
+    with constants, so a run's bytes do not depend on which it ran. The
+    piece must fall over a positive span (`_rate_argument`).
+    """
+    def rate(count):
+        span = schedule.end_step - schedule.begin_step
+        done = jnp.clip(count - schedule.begin_step, 0, span).astype(jnp.float32)
+        return schedule.begin_value * (1 - done * (1 / span.astype(jnp.float32)))
+
+    return rate
+
+
+def _rate_argument(
+    options: UpdateOptions, schedule: LearningRateSchedule | None
+) -> tuple[str, LearningRateSchedule]:
+    """``(kind, piece)``: how the update program computes its rate, and the numbers it gets.
+
+    The numbers travel as the program's argument, not as constants inside
+    it, so runs that differ only in their budget or learning rate (a sweep, a
+    resumed run) compile one update. ``kind``: ``'constant'`` (no
+    ``anneal_lr``; the rate is ``begin_value``), ``'flat'`` (annealed over a
+    span of no steps: optax's constant schedule) or ``'linear'``.
+    """
+    if not options.anneal_lr:
+        kind, piece = "constant", LearningRateSchedule(0, float(options.learning_rate), 0)
+    else:
+        piece = schedule if schedule is not None else default_schedule(options)
+        begin = max(int(piece.begin_step), 0)  # optax's rule for a negative transition_begin
+        piece = LearningRateSchedule(begin, float(piece.begin_value), int(piece.end_step))
+        kind = "linear" if piece.end_step - piece.begin_step > 0 else "flat"
+    return kind, LearningRateSchedule(
+        np.int32(piece.begin_step), np.float32(piece.begin_value), np.int32(piece.end_step))
+
+
+def _rate_of(kind: str, piece: LearningRateSchedule) -> Any:
+    """The learning rate `optax.adam` gets for ``(kind, piece)`` of `_rate_argument`."""
+    if kind == "constant":
+        return piece.begin_value
+    if kind == "flat":
+        return lambda count: piece.begin_value
+    return _traced_linear(piece)
+
+
 def optimizer_steps_per_update(options: UpdateOptions) -> int:
     return options.num_epochs * options.num_minibatches
 
@@ -214,6 +264,10 @@ def make_optimizer(
         learning_rate = _linear(schedule if schedule is not None else default_schedule(options))
     else:
         learning_rate = options.learning_rate
+    return _adam(options, learning_rate)
+
+
+def _adam(options: UpdateOptions, learning_rate: Any) -> optax.GradientTransformation:
     return optax.chain(
         optax.clip_by_global_norm(options.max_grad_norm),
         optax.adam(learning_rate, eps=1e-5),
@@ -458,7 +512,10 @@ def make_update_fn(
     sample's surrogate is weighted by ``min(pi_prox / mu, is_weight_max)``.
 
     ``schedule``: the learning-rate schedule with ``anneal_lr`` (default: a
-    fresh run's, `default_schedule`). A recurrent ``network`` re-unrolls every
+    fresh run's, `default_schedule`). The rate's numbers are an argument of
+    the compiled program, not constants in it (`ScheduledUpdate`): updates
+    that differ only in their budget or learning rate compile (and cache)
+    one program. A recurrent ``network`` re-unrolls every
     env's sequence from the state its chunk started with
     (``batch.initial_hidden``), zeroing it where ``batch.reset``, for the
     V-trace targets and inside every minibatch; the minibatches are whole env
@@ -470,32 +527,61 @@ def make_update_fn(
     the one-device update's up to the order of floating-point sums. None:
     one device, no constraint.
     """
-    optimizer = make_optimizer(options, schedule)
+    kind, rate = _rate_argument(options, schedule)
+    return ScheduledUpdate(_update_program(options, network, mesh, kind), rate)
+
+
+class ScheduledUpdate:
+    """``update(state, batch)``: a compiled update program and the learning-rate piece it takes.
+
+    The piece is the program's third argument (see `_rate_argument`), so
+    every run whose update differs only in its budget or learning rate runs
+    (and caches on disk) one program. ``program(state, batch, rate)`` is the
+    jitted function; `with_normalization` wraps it, keeping ``rate`` an
+    argument.
+    """
+
+    def __init__(self, program: Callable[..., Any], rate: LearningRateSchedule | None):
+        self.program, self.rate = program, rate
+
+    def __call__(self, state: LearnerState, batch: Batch) -> tuple[LearnerState, dict[str, Any]]:
+        return self.program(state, batch, self.rate)
+
+    def _cache_size(self) -> int:
+        return self.program._cache_size()
+
+
+def _update_program(
+    options: UpdateOptions, network: ActorCritic | RecurrentActorCritic, mesh: Mesh | None,
+    kind: str,
+) -> Callable[..., Any]:
+    """The jitted ``update(state, batch, rate)`` of `make_update_fn`."""
     recurrent = is_recurrent(network)
     loss_fn = _minibatch_loss(options, network)
 
-    def learning_rate_at(opt_state) -> jax.Array:
+    def learning_rate_at(rate: LearningRateSchedule, opt_state) -> jax.Array:
         """The rate of the update's first optimizer step (what the curves show)."""
-        if not options.anneal_lr:
-            return jnp.float32(options.learning_rate)
+        if kind == "constant":
+            return jnp.asarray(rate.begin_value, jnp.float32)
         steps = optax.tree_utils.tree_get_all_with_path(opt_state, "count")[-1][1]
-        rate = _linear(schedule if schedule is not None else default_schedule(options))
-        return jnp.asarray(rate(steps), jnp.float32)
-
-    def sgd_step(carry, minibatch):
-        params, opt_state, proximal = carry
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, proximal, minibatch
-        )
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        if proximal is not None:
-            proximal = average_in(proximal, params, options.proximal_ewma_decay)
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        return (params, opt_state, proximal), metrics
+        return jnp.asarray(_rate_of(kind, rate)(steps), jnp.float32)
 
     @jax.jit
-    def update(state: LearnerState, batch: Batch):
+    def update(state: LearnerState, batch: Batch, rate: LearningRateSchedule):
+        optimizer = _adam(options, _rate_of(kind, rate))
+
+        def sgd_step(carry, minibatch):
+            params, opt_state, proximal = carry
+            (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                params, proximal, minibatch
+            )
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            if proximal is not None:
+                proximal = average_in(proximal, params, options.proximal_ewma_decay)
+            metrics["grad_norm"] = optax.tree.norm(grads)
+            return (params, opt_state, proximal), metrics
+
         state, batch = replicate(mesh, state), shard_batch(mesh, batch)
         targets = batch_targets(options, network, state.params, batch)
         samples = _training_samples(options, batch, targets, recurrent)
@@ -514,7 +600,7 @@ def make_update_fn(
         metrics.update(targets.metrics)
         metrics["advantage_mean"] = jnp.mean(targets.advantages)
         metrics["value_target_mean"] = jnp.mean(targets.value_targets)
-        metrics["learning_rate"] = learning_rate_at(state.opt_state)
+        metrics["learning_rate"] = learning_rate_at(rate, state.opt_state)
         metrics["params_finite"] = jnp.all(
             jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(params)])
         ).astype(jnp.float32)
@@ -535,9 +621,16 @@ def with_normalization(update: UpdateFn, options: NormalizationOptions) -> Updat
     """
     if not options.enabled:
         return update
+    if isinstance(update, ScheduledUpdate):
+        inner_program, rate = update.program, update.rate
+    else:
+        def inner_program(state, batch, _):
+            return update(state, batch)
+
+        rate = None
 
     @jax.jit
-    def normalized_update(state: LearnerState, batch: Batch):
+    def normalized_update(state: LearnerState, batch: Batch, rate: LearningRateSchedule | None):
         policy = update_statistics(state.params, batch.obs, batch.discounted_return)
         if policy.obs_stats is not None:
             def normalize(obs):
@@ -547,12 +640,12 @@ def with_normalization(update: UpdateFn, options: NormalizationOptions) -> Updat
                 obs=normalize(batch.obs), bootstrap_obs=normalize(batch.bootstrap_obs),
                 final_obs=None if batch.final_obs is None else normalize(batch.final_obs),
             )
-        inner, metrics = update(state._replace(params=policy.params), batch)
+        inner, metrics = inner_program(state._replace(params=policy.params), batch, rate)
         if policy.return_stats is not None:
             metrics["return_std"] = jnp.sqrt(policy.return_stats.var)
         return inner._replace(params=policy._replace(params=inner.params)), metrics
 
-    return normalized_update
+    return ScheduledUpdate(normalized_update, rate)
 
 
 def reevaluate_recurrent(

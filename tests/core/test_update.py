@@ -52,6 +52,35 @@ def test_the_update_runs_on_named_numbers_and_compiles_once(monkeypatch):
     assert float(metrics["learning_rate"]) == pytest.approx(5e-4 * (1 - 4 / 40))
 
 
+def test_runs_differing_in_budget_or_learning_rate_share_one_update_program_with_the_same_bits():
+    """The learning-rate piece is the program's argument: one program for every
+    budget and rate, giving the bytes of the program with the piece as constants
+    (what the twin compiles inside its own loop)."""
+    from ppo_async.core.update import LearningRateSchedule
+
+    network = make_network((OBS,), types.SimpleNamespace(n=ACTIONS), hidden_sizes=(16,))
+    params = init_params(network, jax.random.key(0), (OBS,))
+    cases = [  # (num_updates, learning_rate, anneal_lr, a resumed piece)
+        (6, 5e-4, True, None), (7, 1e-3, True, None), (976, 2.5e-4, True, None),
+        (9, 3e-4, True, LearningRateSchedule(12, 3e-4, 37)), (5, 2e-3, False, None)]
+    texts, batch = set(), _batch(network, params, 0)
+    for num_updates, rate, anneal, piece in cases:
+        options = UpdateOptions(num_updates=num_updates, num_epochs=4, num_minibatches=4,
+                                learning_rate=rate, anneal_lr=anneal)
+        update = make_update_fn(options, network, schedule=piece)
+        state = init_learner_state(options, params, jax.random.key(1))
+        as_constants = jax.jit(lambda s, b, update=update: update.program(s, b, update.rate))
+        expected = state
+        for _ in range(3):  # optimizer steps 0-47: rates that differ with a plain division
+            state, metrics = update(state, batch)
+            expected, _ = as_constants(expected, batch)
+        chex.assert_trees_all_equal(state, expected)
+        texts.add((anneal, update.program.lower(state, batch, update.rate).as_text()))
+        first = piece if piece is not None else LearningRateSchedule(0, rate, num_updates * 16)
+        assert float(metrics["learning_rate"]) == pytest.approx(first(32) if anneal else rate)
+    assert len(texts) == 2  # one program annealed, one not
+
+
 def test_the_options_defaults_are_the_configs():
     config = AsyncActorLearnerConfig()
     assert config.update_options() == UpdateOptions(num_updates=config.num_updates)
