@@ -8,7 +8,10 @@
     default CartPole config unless overridden;
 (c) warm start: the same with ``compilation_cache_dir`` set to a fresh
     temporary directory, run twice; the second run finds every program
-    compiled by the first.
+    compiled by the first;
+(d) a sweep point: a third run from the same cache with another
+    ``learning_rate`` and half the budget (``SWEEP_POINT``), as the next
+    point of a learning-rate sweep; it too should compile nothing.
 
 A run ends right after its first update (``on_update`` raises
 `StopTraining`). The config is built before the clock starts (its validation
@@ -33,6 +36,8 @@ import textwrap
 import common
 
 BASELINE_MODULES = "jax, flax.linen, optax, chex"
+# What the third run of a warm pair changes: the learning rate and the budget.
+SWEEP_POINT = {"learning_rate": 1e-3, "total_env_steps": 250_000}
 
 _IMPORT_CHILD = """
 import time
@@ -148,15 +153,24 @@ def main(argv: list[str] | None = None) -> dict:
             first = time_first_update(overrides, directory)
             entries_first = cache_entries(pathlib.Path(directory))
             second = time_first_update(overrides, directory)
+            entries_second = cache_entries(pathlib.Path(directory))
+            sweep_point = time_first_update({**overrides, **SWEEP_POINT}, directory)
             warm.append({
                 "first_run": first, "second_run": second, "cache_entries_after_first": entries_first,
-                "cache_entries_after_second": cache_entries(pathlib.Path(directory)),
+                "cache_entries_after_second": entries_second, "sweep_point_run": sweep_point,
+                "cache_entries_after_sweep_point": cache_entries(pathlib.Path(directory)),
             })
     warm_second = [pair["second_run"]["first_update_s"] for pair in warm]
     print(f"warm cache: train() to first update {statistics.median(warm_second):.2f} s "
           f"(second runs, median of {[round(t, 2) for t in warm_second]}; CPU "
           f"{[round(pair['second_run']['first_update_cpu_s'], 2) for pair in warm]} s; the first runs took "
           f"{[round(pair['first_run']['first_update_s'], 2) for pair in warm]})")
+    sweep_points = [pair["sweep_point_run"]["first_update_s"] for pair in warm]
+    new_programs = [pair["cache_entries_after_sweep_point"] - pair["cache_entries_after_second"]
+                    for pair in warm]
+    print(f"sweep point from the same cache ({SWEEP_POINT}): train() to first update "
+          f"{statistics.median(sweep_points):.2f} s (median of {[round(t, 2) for t in sweep_points]}; "
+          f"new cache entries {new_programs})")
 
     load_after = os.getloadavg()
     print(f"load average after: {load_after[0]:.2f} (1 min)")
@@ -167,6 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
         "cold_first_update_median_s": statistics.median(cold_first),
         "warm_pairs": warm,
         "warm_first_update_median_s": statistics.median(warm_second),
+        "sweep_point": SWEEP_POINT,
+        "sweep_point_first_update_median_s": statistics.median(sweep_points),
         "load_average_before": load_before,
         "load_average_after": load_after,
     }

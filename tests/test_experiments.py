@@ -249,6 +249,9 @@ def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, monkeyp
     # The second run of the pair compiled nothing: it found every program.
     assert pair["cache_entries_after_first"] > 0
     assert pair["cache_entries_after_second"] == pair["cache_entries_after_first"]
+    # Nor the sweep point: a new learning rate and budget are the update's arguments.
+    assert 0 < pair["sweep_point_run"]["first_update_s"]
+    assert pair["cache_entries_after_sweep_point"] == pair["cache_entries_after_first"]
     assert result["overrides"] == {"num_steps": 8, "envs_per_actor": 2}
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["warm_first_update_median_s"] == pair["second_run"]["first_update_s"]
