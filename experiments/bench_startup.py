@@ -11,7 +11,10 @@
     compiled by the first;
 (d) a sweep point: a third run from the same cache with another
     ``learning_rate`` and half the budget (``SWEEP_POINT``), as the next
-    point of a learning-rate sweep; it too should compile nothing.
+    point of a learning-rate sweep; it too should compile nothing;
+(e) the next run in the same process: after each cold run, a run with
+    ``SWEEP_POINT``'s overrides, without a disk cache (a notebook's or an
+    in-process sweep's next run); it finds the programs the first compiled.
 
 A run ends right after its first update (``on_update`` raises
 `StopTraining`). The config is built before the clock starts (its validation
@@ -69,6 +72,21 @@ def on_update(metrics):
 train(config, progress=False, on_update=on_update)
 marks["train_returned_s"] = time.perf_counter() - built
 marks["process_to_first_update_s"] = marks["import_s"] + marks["config_s"] + marks["first_update_s"]
+
+if {then!r} is not None:  # the next run in this process, with these overrides
+    config = AsyncActorLearnerConfig(compilation_cache_dir={cache_dir!r}, **{{**{overrides!r}, **{then!r}}})
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **kw: compiles.append(secs)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    started = time.perf_counter()
+
+    def on_next_update(metrics):
+        marks["next_run_first_update_s"] = time.perf_counter() - started
+        marks["next_run_compiles"] = len(compiles)
+        raise StopTraining
+
+    train(config, progress=False, on_update=on_next_update)
 print("MARKS " + json.dumps(marks))
 """
 
@@ -96,9 +114,15 @@ def time_import(modules: str, timeout_s: float = 120) -> float:
     return float(_run_child(_IMPORT_CHILD.format(modules=modules), timeout_s).split()[-1])
 
 
-def time_first_update(overrides: dict, cache_dir: str | None, timeout_s: float = 600) -> dict:
-    """Marks of one fresh process's run until its first update (see ``_TRAIN_CHILD``)."""
-    out = _run_child(_TRAIN_CHILD.format(cache_dir=cache_dir, overrides=overrides), timeout_s)
+def time_first_update(overrides: dict, cache_dir: str | None, then: dict | None = None,
+                      timeout_s: float = 600) -> dict:
+    """Marks of one fresh process's run until its first update (see ``_TRAIN_CHILD``).
+
+    ``then``: overrides of a next run in the same process, timed the same way
+    (``next_run_first_update_s``), with the XLA compiles it started counted.
+    """
+    out = _run_child(_TRAIN_CHILD.format(cache_dir=cache_dir, overrides=overrides, then=then),
+                     timeout_s)
     line = [line for line in out.splitlines() if line.startswith("MARKS ")][-1]
     return json.loads(line[len("MARKS "):])
 
@@ -141,11 +165,15 @@ def main(argv: list[str] | None = None) -> dict:
           f"import ppo_async: {imports['ppo_async_median_s']:.2f} s, "
           f"ratio {imports['ratio']:.2f} (medians of {args.import_repeats})")
 
-    cold = [time_first_update(overrides, None) for _ in range(args.train_repeats)]
+    cold = [time_first_update(overrides, None, then=SWEEP_POINT) for _ in range(args.train_repeats)]
     cold_first = [run["first_update_s"] for run in cold]
     print(f"cold: train() to first update {statistics.median(cold_first):.2f} s "
           f"(median of {[round(t, 2) for t in cold_first]}; CPU "
           f"{[round(run['first_update_cpu_s'], 2) for run in cold]} s)")
+    next_runs = [run["next_run_first_update_s"] for run in cold]
+    print(f"next run in the same process ({SWEEP_POINT}), no disk cache: train() to first "
+          f"update {statistics.median(next_runs):.2f} s (median of "
+          f"{[round(t, 2) for t in next_runs]}; XLA compiles {[run['next_run_compiles'] for run in cold]})")
 
     warm = []
     for _ in range(args.train_repeats):
@@ -179,6 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
         "imports": imports,
         "cold_runs": cold,
         "cold_first_update_median_s": statistics.median(cold_first),
+        "next_run_first_update_median_s": statistics.median(next_runs),
         "warm_pairs": warm,
         "warm_first_update_median_s": statistics.median(warm_second),
         "sweep_point": SWEEP_POINT,

@@ -42,9 +42,14 @@ def maybe_jit(request):
 @pytest.fixture
 def recorded_updates(monkeypatch):
     """``(updates, calls)``: every jitted update `train` builds, and the batch
-    shapes and dtypes of every call to it (the warm-up's included)."""
+    shapes and dtypes of every call to it (the warm-up's included). The
+    update programs the process holds are dropped first, so the test's run
+    compiles its own and ``_cache_size()`` counts its calls' shapes alone."""
     import importlib
 
+    from ppo_async.core import update as update_module
+
+    update_module._update_program.cache_clear()
     train_module = importlib.import_module("ppo_async.train")  # shadowed by train()
     original = train_module.make_update_fn
     updates, calls = [], []

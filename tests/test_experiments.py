@@ -242,6 +242,8 @@ def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, monkeyp
     imports = result["imports"]
     assert imports["ratio"] == imports["ppo_async_median_s"] / imports["baseline_median_s"] > 0
     (cold,) = result["cold_runs"]
+    # The next run in the cold process (another learning rate and budget) compiled nothing.
+    assert cold["next_run_compiles"] == 0 and cold["next_run_first_update_s"] > 0
     (pair,) = result["warm_pairs"]
     for run in (cold, pair["first_run"], pair["second_run"]):
         assert 0 < run["first_update_s"] <= run["train_returned_s"]

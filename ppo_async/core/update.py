@@ -274,6 +274,16 @@ def _adam(options: UpdateOptions, learning_rate: Any) -> optax.GradientTransform
     )
 
 
+def _unscheduled(options: UpdateOptions) -> UpdateOptions:
+    """``options`` less the schedule's numbers, the key of the programs held below.
+
+    The update program reads its rate from its argument, and the optimizer's
+    initial state (zeros and a count) holds no rate: runs that differ only in
+    ``num_updates`` or ``learning_rate`` share both programs.
+    """
+    return dataclasses.replace(options, num_updates=1, learning_rate=0.0)
+
+
 @functools.lru_cache(maxsize=8)
 def _optimizer_init(options: UpdateOptions) -> Callable[[Any], Any]:
     # Jitted: run eagerly, the zeros of every distinct leaf shape compile on
@@ -288,7 +298,8 @@ def init_learner_state(options: UpdateOptions, params: Any, key: jax.Array) -> L
         # t = 1: the average of the initial params alone is those params.
         proximal = ProximalAverage(jax.tree.map(jnp.array, network_params(params)),
                                    jnp.ones((), jnp.int32))
-    return LearnerState(params, _optimizer_init(options)(network_params(params)), key, proximal)
+    return LearnerState(params, _optimizer_init(_unscheduled(options))(network_params(params)),
+                        key, proximal)
 
 
 UpdateFn = Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
@@ -528,7 +539,7 @@ def make_update_fn(
     one device, no constraint.
     """
     kind, rate = _rate_argument(options, schedule)
-    return ScheduledUpdate(_update_program(options, network, mesh, kind), rate)
+    return ScheduledUpdate(_update_program(_unscheduled(options), network, mesh, kind), rate)
 
 
 class ScheduledUpdate:
@@ -551,6 +562,12 @@ class ScheduledUpdate:
         return self.program._cache_size()
 
 
+# Held for the process, like jit's own cache: a run that repeats another's
+# options, network and mesh (a notebook's second run, a sweep's next seed, a
+# resumed run) calls the program the first one traced and compiled, instead
+# of tracing, lowering and loading it again. Every input of the program is in
+# the key, all hashable values (frozen dataclasses, a named tuple, a mesh).
+@functools.lru_cache(maxsize=32)
 def _update_program(
     options: UpdateOptions, network: ActorCritic | RecurrentActorCritic, mesh: Mesh | None,
     kind: str,
@@ -622,12 +639,19 @@ def with_normalization(update: UpdateFn, options: NormalizationOptions) -> Updat
     if not options.enabled:
         return update
     if isinstance(update, ScheduledUpdate):
-        inner_program, rate = update.program, update.rate
-    else:
-        def inner_program(state, batch, _):
-            return update(state, batch)
+        return ScheduledUpdate(_normalized_program(update.program, options), update.rate)
 
-        rate = None
+    def inner_program(state, batch, _):
+        return update(state, batch)
+
+    # A new closure on every call: nothing to find again, so past the cache.
+    return ScheduledUpdate(_normalized_program.__wrapped__(inner_program, options), None)
+
+
+@functools.lru_cache(maxsize=32)  # keyed on the inner program itself, as `_update_program`
+def _normalized_program(inner_program: Callable[..., Any],
+                        options: NormalizationOptions) -> Callable[..., Any]:
+    """The jitted ``normalized_update(state, batch, rate)`` of `with_normalization`."""
 
     @jax.jit
     def normalized_update(state: LearnerState, batch: Batch, rate: LearningRateSchedule | None):
@@ -645,7 +669,7 @@ def with_normalization(update: UpdateFn, options: NormalizationOptions) -> Updat
             metrics["return_std"] = jnp.sqrt(policy.return_stats.var)
         return inner._replace(params=policy._replace(params=inner.params)), metrics
 
-    return ScheduledUpdate(normalized_update, rate)
+    return normalized_update
 
 
 def reevaluate_recurrent(

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.normalization import (
+    NormalizationOptions,
     NormalizedPolicy,
     accumulate_return,
     acting_apply,
@@ -302,45 +303,37 @@ def make_rollout(
 
 
 def make_gymnax_actor_program(config: AsyncActorLearnerConfig) -> ActorProgram:
-    """The `ActorProgram` of a gymnax id: ``num_steps`` env steps in one jitted ``lax.scan``."""
-    return make_jitted_actor_program(
-        config, BatchedEnv(split_env_id(config.env_id)[1], config.envs_per_actor))
+    """The `ActorProgram` of a gymnax id: ``num_steps`` env steps in one jitted ``lax.scan``.
+
+    Its compiled programs are held for the process (`_gymnax_programs`): a
+    run that repeats another's env, network and chunk finds them compiled.
+    """
+    name = split_env_id(config.env_id)[1]
+    return _actor_program(config, BatchedEnv(name, config.envs_per_actor),
+                          functools.partial(_gymnax_programs, name, config.envs_per_actor))
 
 
 def make_jitted_actor_program(config: AsyncActorLearnerConfig, env: Any) -> ActorProgram:
     """The `ActorProgram` of ``envs_per_actor`` envs that jit (any env with `BatchedEnv`'s interface)."""
-    network = config.make_network(env.observation_shape, env.action_space)
-    options = config.normalization_options()
-    template = wrap_params(params_template(network, env.observation_shape),
-                           env.observation_shape, options)
-    # A recurrent actor's hidden state lives in its EnvCarry: it crosses chunk
-    # boundaries and policy updates (new params meet the state the old ones
-    # built, as in IMPALA) and is checkpointed with the carry.
+    return _actor_program(config, env, functools.partial(_actor_jits, env))
+
+
+class _ActorJits(NamedTuple):
+    """The compiled programs of an actor: a run's other parts are built around them."""
+
+    reset: Callable[[jax.Array], EnvCarry]  # fresh episodes (and zero states)
+    rollout: Callable[..., Any]  # one actor's chunk: `make_rollout`
+    rollout_all: Callable[..., Any]  # the chunks of N actors as one program (`BatchedInference`)
+
+
+def _actor_jits(env: Any, network: Any, options: NormalizationOptions, num_steps: int,
+                gamma: float, keep_final_obs: bool) -> _ActorJits:
     recurrent = is_recurrent(network)
     rollout_of = functools.partial(
-        make_rollout, env, acting_apply(network.apply, options), config.num_steps, config.gamma,
+        make_rollout, env, acting_apply(network.apply, options), num_steps, gamma,
         recurrent=recurrent, reward_clip=options.reward_clip if options.rewards else None,
-        keep_final_obs=config.learner_bootstraps_truncation)
-    # One actor's chunk, and the chunks of the device's actors as one program (`BatchedInference`).
-    scan_rollout, fused_rollout = rollout_of(), rollout_of(actor_axis=True)
-    state_size = network.state_size if recurrent else None
-
-    # One compiled program: run eagerly, the reset's key splits, gymnax reset,
-    # dtype fixes and zeros are each compiled (and cached) on their own, a
-    # dozen small compiles on every actor's way to its first chunk.
-    jitted_reset = jax.jit(functools.partial(env.reset, state_size=state_size,
-                                             track_return=options.rewards))
-
-    def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
-        return jax.device_put(jitted_reset(key), device)
-
-    def rollout(params, carry: EnvCarry):
-        carry, client = unattached(carry)
-        if client is None:
-            carry, trajectory, bootstrap_value = scan_rollout(params, carry)
-        else:  # this actor's part of one rollout of every actor of the device
-            carry, trajectory, bootstrap_value = client(params, carry)
-        return reattached(carry, client), trajectory, carry.obs, bootstrap_value
+        keep_final_obs=keep_final_obs)
+    fused_rollout = rollout_of(actor_axis=True)
 
     @jax.jit
     def rollout_all(params, carries: tuple[EnvCarry, ...]):
@@ -351,11 +344,52 @@ def make_jitted_actor_program(config: AsyncActorLearnerConfig, env: Any) -> Acto
                       jax.tree.map(lambda x: x[:, i], trajectory), bootstrap_value[i])
                      for i in range(len(carries)))
 
+    # One compiled program: run eagerly, the reset's key splits, gymnax reset,
+    # dtype fixes and zeros are each compiled (and cached) on their own, a
+    # dozen small compiles on every actor's way to its first chunk.
+    state_size = network.state_size if recurrent else None
+    reset = jax.jit(functools.partial(env.reset, state_size=state_size,
+                                      track_return=options.rewards))
+    return _ActorJits(reset, rollout_of(), rollout_all)
+
+
+# Held for the process, like jit's own cache: a notebook's second run, a
+# sweep's next seed or a resumed run calls the programs the first one traced
+# and compiled. The key is everything they are built from (the network and
+# options are frozen dataclasses, equal by value).
+@functools.lru_cache(maxsize=32)
+def _gymnax_programs(name: str, num_envs: int, *rest: Any) -> _ActorJits:
+    return _actor_jits(BatchedEnv(name, num_envs), *rest)
+
+
+def _actor_program(config: AsyncActorLearnerConfig, env: Any,
+                   jits_of: Callable[..., _ActorJits]) -> ActorProgram:
+    network = config.make_network(env.observation_shape, env.action_space)
+    options = config.normalization_options()
+    template = wrap_params(params_template(network, env.observation_shape),
+                           env.observation_shape, options)
+    # A recurrent actor's hidden state lives in its EnvCarry: it crosses chunk
+    # boundaries and policy updates (new params meet the state the old ones
+    # built, as in IMPALA) and is checkpointed with the carry.
+    jits = jits_of(network, options, config.num_steps, config.gamma,
+                   config.learner_bootstraps_truncation)
+
+    def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
+        return jax.device_put(jits.reset(key), device)
+
+    def rollout(params, carry: EnvCarry):
+        carry, client = unattached(carry)
+        if client is None:
+            carry, trajectory, bootstrap_value = jits.rollout(params, carry)
+        else:  # this actor's part of one rollout of every actor of the device
+            carry, trajectory, bootstrap_value = client(params, carry)
+        return reattached(carry, client), trajectory, carry.obs, bootstrap_value
+
     def rollouts(params, per_actor: list[tuple[EnvCarry]]):
-        return rollout_all(params, tuple(carry for (carry,) in per_actor))
+        return jits.rollout_all(params, tuple(carry for (carry,) in per_actor))
 
     # Traced, not run: the shapes and dtypes the learner's batches will have.
-    carry_spec = jax.eval_shape(jitted_reset, jax.random.key(0))
+    carry_spec = jax.eval_shape(jits.reset, jax.random.key(0))
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
         env.observation_shape, network, template, reset, rollout, tuple(chunk_spec),

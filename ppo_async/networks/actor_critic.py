@@ -21,6 +21,7 @@ job (`reset_hidden`), done in one place for actor and learner alike, and
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -275,9 +276,16 @@ def init_params(network: ActorCritic, key: jax.Array, observation_shape: Sequenc
     """Parameters for ``network`` from a dummy observation (batch of one)."""
     dummy = np.zeros((1, *observation_shape), np.float32)
     if is_recurrent(network):
-        return jax.jit(network.init)(key, network.zero_hidden(1), dummy)
-    # One compiled program instead of one dispatch (and compile) per initializer op.
-    return jax.jit(network.init)(key, dummy)
+        return _jitted_init(network)(key, network.zero_hidden(1), dummy)
+    return _jitted_init(network)(key, dummy)
+
+
+# One compiled program instead of one dispatch (and compile) per initializer
+# op, held for the process: networks are frozen dataclasses, equal by value, so
+# a run that repeats another's network finds its compiled ``init`` here.
+@functools.lru_cache(maxsize=32)
+def _jitted_init(network: ActorCritic | RecurrentActorCritic):
+    return jax.jit(network.init)
 
 
 def params_template(network: ActorCritic, observation_shape: Sequence[int]):

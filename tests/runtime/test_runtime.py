@@ -7,6 +7,7 @@ run is a few seconds, most of it compilation (cached on disk by conftest).
 import collections
 import dataclasses
 import json
+import logging
 import threading
 import time
 from typing import NamedTuple
@@ -305,6 +306,24 @@ def test_two_actors_run_a_few_updates_and_stop_cleanly(tmp_path):
         result.params, (tmp_path / "params.msgpack").read_bytes()
     )
     chex.assert_trees_all_equal(restored, result.params)
+
+
+def test_a_second_run_in_the_process_compiles_nothing(caplog):
+    """A notebook's next run, a sweep's next cell: another seed, budget and
+    learning rate on the same env and network find every program (update,
+    rollout, reset, initializers) compiled by the first run."""
+    train(TINY, progress=False)  # compiles, or finds what an earlier test compiled
+    other = dataclasses.replace(TINY, seed=1, learning_rate=1e-3,
+                                total_env_steps=TINY.total_env_steps // 2)
+    jax.config.update("jax_log_compiles", True)  # process-wide: the actors' threads too
+    try:
+        with caplog.at_level(logging.WARNING, logger="jax"):
+            result = train(other, progress=False)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    assert result.report.updates == other.num_updates
+    compiled = [r.getMessage()[:80] for r in caplog.records if r.getMessage().startswith("Compiling")]
+    assert compiled == []
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
