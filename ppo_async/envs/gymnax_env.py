@@ -355,11 +355,13 @@ def _actor_jits(env: Any, network: Any, options: NormalizationOptions, num_steps
 
 # Held for the process, like jit's own cache: a notebook's second run, a
 # sweep's next seed or a resumed run calls the programs the first one traced
-# and compiled. The key is everything they are built from (the network and
-# options are frozen dataclasses, equal by value).
+# and compiled. The key is everything they are built from (the network a
+# frozen dataclass and the options a named tuple, both equal by value).
 @functools.lru_cache(maxsize=32)
-def _gymnax_programs(name: str, num_envs: int, *rest: Any) -> _ActorJits:
-    return _actor_jits(BatchedEnv(name, num_envs), *rest)
+def _gymnax_programs(name: str, num_envs: int, network: Any, options: NormalizationOptions,
+                     num_steps: int, gamma: float, keep_final_obs: bool) -> _ActorJits:
+    return _actor_jits(BatchedEnv(name, num_envs), network, options, num_steps, gamma,
+                       keep_final_obs)
 
 
 def _actor_program(config: AsyncActorLearnerConfig, env: Any,
