@@ -1,11 +1,12 @@
 """Population-based training (`ppo_async.pbt`) on Ray Tune, with a private local Ray instance.
 
-Two populations of two tiny CartPole members (6 updates of 32 env steps,
+Two populations of two tiny CartPole members (32 env steps an update,
 perturbed every 2 updates, thread actors), seconds each, are trained once for
 the whole module and read by the tests. The synchronous one (``synch``: at
-every interval the worse member copies the better) shows exploit and explore;
-the default, asynchronous one is met the way a user meets it: Ctrl-C after
-the first interval, the same call again, and a member failing once on the way.
+every interval the worse member copies the better; 4 updates, so one
+interval) shows exploit and explore; the default, asynchronous one (6
+updates) is met the way a user meets it: Ctrl-C after the first interval, the
+same call again, and a member failing once on the way.
 The Ray instance is the module's, shut down at the end with nothing of it left
 running.
 """
@@ -89,6 +90,8 @@ def synchronous(local_ray, tmp_path_factory):
     out = tmp_path_factory.mktemp("pbt_synch")
     spec = json.loads(json.dumps(SPEC))
     spec["pbt"]["synch"] = True
+    # 4 updates: one interval, so one exploit (each interval restarts every member).
+    spec["base"]["total_env_steps"] = 128
     sigint_before = signal.getsignal(signal.SIGINT)
     return dict(out=out, rows=run_pbt(spec, out, progress=False), sigint_before=sigint_before)
 

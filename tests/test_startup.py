@@ -117,8 +117,8 @@ _TINY_RUN = """
     from ppo_async.sync import make_train
     cache_dir = sys.argv[1] if sys.argv[1] != "none" else None
     config = AsyncActorLearnerConfig(
-        num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
-        total_env_steps=16, compilation_cache_dir=cache_dir)
+        num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=1,
+        hidden_sizes=(8,), total_env_steps=16, compilation_cache_dir=cache_dir)
     train(config, progress=False)
     print("cache", jax.config.jax_compilation_cache_dir)
 """
@@ -158,8 +158,8 @@ def test_the_twin_uses_the_cache_too(tmp_path):
         from ppo_async import AsyncActorLearnerConfig
         from ppo_async.sync import make_train
         config = AsyncActorLearnerConfig(
-            num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=2,
-            total_env_steps=16, compilation_cache_dir={str(tmp_path)!r})
+            num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=1,
+            hidden_sizes=(8,), total_env_steps=16, compilation_cache_dir={str(tmp_path)!r})
         jax.jit(make_train(config))(jax.random.key(0))
     """
     run_python(script)
