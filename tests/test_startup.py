@@ -60,15 +60,22 @@ def test_every_public_name_still_imports_from_the_package():
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnax:CartPole-v1"])
 def test_building_a_gymnax_env_still_works_after_a_lazy_import(env_id):
-    # Config validation and the env factory import gymnax on first use.
+    # Config validation and the env factory import gymnax on first use; the
+    # plotting modules its renderers import load only when first read.
     out = run_python(f"""
         import sys
         import ppo_async
         from ppo_async.envs.gymnax_env import BatchedEnv
         config = ppo_async.AsyncActorLearnerConfig(env_id={env_id!r})
         print("gymnax" in sys.modules, BatchedEnv("CartPole-v1", 2).observation_shape)
+        print("seaborn.palettes" in sys.modules, "matplotlib.figure" in sys.modules)
+        import seaborn, matplotlib.pyplot as plt
+        print(len(seaborn.color_palette("cubehelix", 3)), type(plt.figure()).__name__)
+        print("seaborn.palettes" in sys.modules, sys.modules["matplotlib"].pyplot is sys.modules[
+            "matplotlib.pyplot"], type(sys.modules["seaborn"]).__name__)
     """)
-    assert out.split() == ["True", "(4,)"]
+    assert out.split() == ["True", "(4,)", "False", "False", "3", "Figure", "True", "True",
+                           "module"]
 
 
 # --- the opt-in persistent compilation cache ---

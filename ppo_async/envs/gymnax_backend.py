@@ -25,7 +25,9 @@ class GymnaxBackend(EnvBackend):
     """gymnax ids: ``CartPole-v1`` or ``gymnax:CartPole-v1``."""
 
     def id_problem(self, name: str) -> str | None:
-        import gymnax
+        from ppo_async.envs.gymnax_env import import_gymnax
+
+        gymnax = import_gymnax()
 
         if name not in gymnax.registered_envs:
             return (f"unknown environment{did_you_mean(name, gymnax.registered_envs)}; "

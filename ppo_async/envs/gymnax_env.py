@@ -28,6 +28,11 @@ acted with, so the learner can re-unroll the chunk exactly.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
+import sys
+import threading
+import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -58,11 +63,59 @@ from ppo_async.networks.actor_critic import (
 )
 
 
+# gymnax imports every env when it is imported, and five of them import
+# matplotlib.pyplot (Pong seaborn too) at the top, for their renderers only:
+# about 1.5 s of every process that makes a gymnax env. Until something reads
+# an attribute of them, a stand-in holds their place.
+_RENDER_MODULES = ("matplotlib.pyplot", "seaborn")
+_import_lock = threading.Lock()
+
+
+def import_gymnax():
+    """``import gymnax``, with its render-only modules imported when first used.
+
+    Imported here, not at the top of a module: ``import ppo_async`` does not pay for it.
+    """
+    if "gymnax" not in sys.modules:
+        for name in _RENDER_MODULES:
+            if name not in sys.modules:
+                spec = importlib.util.find_spec(name)
+                if spec is not None:  # not installed: gymnax's import says so
+                    _ImportedOnUse(name, spec)
+    import gymnax
+
+    return gymnax
+
+
+class _ImportedOnUse(types.ModuleType):
+    """Sits in ``sys.modules`` for a module; the first attribute read imports it.
+
+    (``importlib.util.LazyLoader`` cannot do this on Python 3.11: an ``import``
+    statement reads the module's ``__spec__``, which loads it.)
+    """
+
+    def __init__(self, name: str, spec):
+        super().__init__(name)
+        self.__spec__ = spec
+        sys.modules[name] = self
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, self)
+
+    def __getattr__(self, attr: str):
+        module = self.__dict__.get("_imported")
+        if module is None:
+            with _import_lock:
+                if sys.modules.get(self.__name__) is self:
+                    del sys.modules[self.__name__]
+                module = importlib.import_module(self.__name__)
+            self.__dict__["_imported"] = module
+        return getattr(module, attr)
+
+
 def make_gymnax_env(env_id: str):
     """``(env, env_params)`` for a gymnax id; unknown ids list the valid ones."""
-    # Imported here, not at the top: gymnax imports matplotlib and seaborn for
-    # its renderers, over a second, and ``import ppo_async`` should not pay it.
-    import gymnax
+    gymnax = import_gymnax()
 
     if env_id not in gymnax.registered_envs:
         raise UnknownEnvError(
