@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
                                  args.total_env_steps)))
         return {}
     load_before = os.getloadavg()[0]
-    env = {k: v for k, v in os.environ.items() if k != "PPO_ASYNC_JAX_CACHE"}
+    env = common.env_without_compile_cache()
     rollouts = time_rollouts(args.layouts, args.rollout_calls) if args.rollout_calls else None
     rows = []
     for seed in args.seeds:

@@ -91,18 +91,10 @@ print("MARKS " + json.dumps(marks))
 """
 
 
-def _child_env() -> dict[str, str]:
-    """This environment without the settings that would point JAX at a cache."""
-    env = dict(os.environ)
-    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE"):
-        env.pop(name, None)
-    return env
-
-
 def _run_child(code: str, timeout_s: float) -> str:
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-        timeout=timeout_s, env=_child_env(), cwd=common.REPO_ROOT,
+        timeout=timeout_s, env=common.env_without_compile_cache(), cwd=common.REPO_ROOT,
     )
     if done.returncode != 0:
         raise RuntimeError(f"child process failed:\n{done.stderr[-4000:]}")

@@ -96,6 +96,16 @@ def configure_jax() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+# What gives a fresh process's JAX a persistent compilation cache: JAX's own
+# variables and the suite's (`configure_jax`).
+CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE", "PPO_ASYNC_JAX_CACHE")
+
+
+def env_without_compile_cache() -> dict[str, str]:
+    """This process's environment for a child whose figures include compiling."""
+    return {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
+
+
 def machine_info() -> dict[str, Any]:
     """Where the figures were measured: results from another machine are not comparable."""
     import jax
