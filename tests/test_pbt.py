@@ -6,7 +6,7 @@ the whole module and read by the tests. The synchronous one (``synch``: at
 every interval the worse member copies the better; 4 updates, so one
 interval) shows exploit and explore; the default, asynchronous one (6
 updates) is met the way a user meets it: Ctrl-C after the first interval, the
-same call again, and a member failing once on the way.
+same call again, and a member failing once in that second call.
 The Ray instance is the module's, shut down at the end with nothing of it left
 running.
 """
@@ -102,9 +102,18 @@ def population(local_ray, tmp_path_factory):
     marker = out / "failed_once"
 
     def fail_once(name: str, update: int) -> None:  # runs in the member's Ray worker
+        import time
+
         import ppo_async
 
         (out / f"{name}.package").write_text(ppo_async.__file__)
+        if not (out / "continuing").exists():
+            # The first call: past its first interval a member waits, so that the Ctrl-C
+            # finds both part-way (six tiny updates can otherwise end within the watcher's
+            # delay) and no failure races with it.
+            if update >= 2:
+                time.sleep(3)
+            return
         if name == "member_1" and update == 4 and not marker.exists():
             marker.touch()
             raise RuntimeError("injected failure")
@@ -120,6 +129,7 @@ def population(local_ray, tmp_path_factory):
         stop.set()
         watcher.join()
     first = [read_schedule(out / m) for m in MEMBERS]
+    (out / "continuing").touch()
     rows = run_pbt(SPEC, out, progress=False, hook=fail_once)  # the same call continues
     return dict(out=out, rows=rows, interrupted=interrupted.value, first=first,
                 marker=marker, seconds=time.monotonic() - started)
