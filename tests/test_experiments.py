@@ -31,6 +31,14 @@ def load_script(name: str):
     return module
 
 
+@pytest.fixture
+def script(monkeypatch):
+    """`load_script`, with experiments/ on ``sys.path`` for the scripts that import their
+    sibling ``common``."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    return load_script
+
+
 @pytest.fixture(scope="module")
 def sweep():
     return load_script("sweep_staleness")
@@ -105,9 +113,8 @@ def test_learning_results_on_cartpole_writes_csv_json_and_png(tmp_path):
     assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in machine["xla_flags"]
 
 
-def test_bench_learner_measures_every_figure_it_reports(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    bench = load_script("bench_learner")
+def test_bench_learner_measures_every_figure_it_reports(tmp_path, script, capsys):
+    bench = script("bench_learner")
     # Ten updates, steady from the sixth; 20 + 10 replayed updates per learner-alone timing.
     result = bench.main(["--total-env-steps", "5120", "--warmup", "5", "--alone-updates", "10",
                          "--out", str(tmp_path)])
@@ -144,11 +151,10 @@ def test_vtrace_lag_diagnostic_runs_every_variant(tmp_path):
             assert math.isnan(row["clipped_rho_mean"])
 
 
-def test_offpolicy_study_writes_its_tables_and_skips_finished_cells(tmp_path, monkeypatch,
-                                                                    capsys):
+def test_offpolicy_study_writes_its_tables_and_skips_finished_cells(
+        tmp_path, script, monkeypatch, capsys):
     # The study's main runs here; the sweep's worker processes inherit the flag it would set.
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    study_script = load_script("offpolicy_study")
+    study_script = script("offpolicy_study")
     import common
 
     monkeypatch.setenv("XLA_FLAGS", " ".join(
@@ -209,9 +215,8 @@ def test_recurrent_results_runs_both_modes_and_measures_the_cost(tmp_path):
     assert "python experiments/recurrent_results.py --envs MemoryChain-bsuite" in run.stdout
 
 
-def test_bench_exact_lag_measures_exact_lags_and_a_straggler(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    bench = load_script("bench_exact_lag")
+def test_bench_exact_lag_measures_exact_lags_and_a_straggler(tmp_path, script):
+    bench = script("bench_exact_lag")
     bench.main(["--seeds", "0", "--modes", "exact2", "exact1-straggler",
                 "--total-env-steps", "8192", "--straggler-ms", "5", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -222,9 +227,8 @@ def test_bench_exact_lag_measures_exact_lags_and_a_straggler(tmp_path, monkeypat
     assert 1.0 < rows["exact2"]["policy_lag_mean"] <= 2.0  # lag 2 once two updates are done
 
 
-def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    bench = load_script("bench_throughput")
+def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, script, capsys):
+    bench = script("bench_throughput")
     # Eight updates a mode: the quarter mark is the second, the rate runs to the eighth.
     bench.main(["--seeds", "0", "--modes", "twin", "async-1t", "async-unpipelined",
                 "--total-env-steps", "4096", "--out", str(tmp_path)])
@@ -237,9 +241,8 @@ def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, monke
     assert "x the twin's run phase" in capsys.readouterr().out
 
 
-def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    bench = load_script("bench_startup")
+def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, script, capsys):
+    bench = script("bench_startup")
     result = bench.main(["--import-repeats", "1", "--train-repeats", "1", "--num-steps", "8",
                          "--envs-per-actor", "2", "--out", str(tmp_path)])
     imports = result["imports"]
@@ -267,9 +270,8 @@ def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, monkeyp
 
 
 def test_startup_timeline_lists_the_programs_compiled_before_the_first_update(
-        tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    timeline = load_script("startup_timeline")
+        tmp_path, script, capsys):
+    timeline = script("startup_timeline")
     result = timeline.main(["--updates", "1", "--out", str(tmp_path)])
     assert 0 < result["first_update_s"] <= result["train_total_s"]
     assert result["first_update_cpu_s"] > 0
@@ -285,11 +287,9 @@ def test_startup_timeline_lists_the_programs_compiled_before_the_first_update(
     assert json.loads((tmp_path / "results.json").read_text())["programs"]
 
 
-def test_bench_backends_compares_threads_and_ray_and_times_broadcasts(tmp_path, monkeypatch,
-                                                                      capsys):
+def test_bench_backends_compares_threads_and_ray_and_times_broadcasts(tmp_path, script, capsys):
     pytest.importorskip("ray")
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    bench = load_script("bench_backends")
+    bench = script("bench_backends")
     result = bench.main(["--envs", "host:busy-python", "--total-env-steps", "3072",
                          "--warmup", "1", "--python-step-ms", "0.05", "--widths", "64",
                          "--repeats", "5", "--out", str(tmp_path)])
@@ -314,10 +314,8 @@ def test_bench_backends_compares_threads_and_ray_and_times_broadcasts(tmp_path, 
     assert not ray.is_initialized()
 
 
-def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, monkeypatch,
-                                                                     capsys):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    spread = load_script("timing_spread")
+def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, script, capsys):
+    spread = script("timing_spread")
     summary = spread.main(["--reruns", "2", "--cases", "memory_chain", "--out", str(tmp_path)])
     assert set(summary) == {"memory_chain/MEMORY_CHAIN_LSTM", "memory_chain/MEMORY_CHAIN"}
     for figures in summary.values():
@@ -333,9 +331,8 @@ def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, m
     assert "python experiments/timing_spread.py --reruns 2" in capsys.readouterr().out
 
 
-def test_bench_render_times_both_ways_of_drawing_a_frame(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    bench = load_script("bench_render")
+def test_bench_render_times_both_ways_of_drawing_a_frame(tmp_path, script, capsys):
+    bench = script("bench_render")
     results = bench.main(["--frames", "3", "--repeats", "1", "--envs", "CartPole-v1",
                           "--out", str(tmp_path)])
     figures = results["CartPole-v1"]
@@ -345,9 +342,8 @@ def test_bench_render_times_both_ways_of_drawing_a_frame(tmp_path, monkeypatch, 
     assert "python experiments/bench_render.py --frames 3" in capsys.readouterr().out
 
 
-def test_make_train_figure_parses_the_commands_summary_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    figure = load_script("make_train_figure")
+def test_make_train_figure_parses_the_commands_summary_line(tmp_path, script, capsys):
+    figure = script("make_train_figure")
     line = ("final return 500.0 (mean of the last 100 episodes) | 499712 env steps, 6.9 s of "
             "training (72110 steps/s) | policy lag mean 0.96 max 1 | learner waited 0.4 s")
     match = figure.SUMMARY.search(line)
@@ -362,9 +358,8 @@ def test_make_train_figure_parses_the_commands_summary_line(tmp_path, monkeypatc
     assert figure.SUMMARY.search(out), out
 
 
-def test_bench_scaling_rates_each_actor_count_against_its_ideal(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    bench = load_script("bench_scaling")
+def test_bench_scaling_rates_each_actor_count_against_its_ideal(tmp_path, script):
+    bench = script("bench_scaling")
     bench.main(["--actors", "2", "--step-ms", "1", "--num-steps", "8", "--seconds", "0.5",
                 "--skip", "1", "--inference", "batched", "per-actor", "--env-async",
                 "--out", str(tmp_path)])
@@ -378,9 +373,8 @@ def test_bench_scaling_rates_each_actor_count_against_its_ideal(tmp_path, monkey
                for row in rows)
 
 
-def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    bench = load_script("bench_layouts")
+def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path, script):
+    bench = script("bench_layouts")
     bench.main(["--layouts", "2x4", "--modes", "batched", "per-actor", "--seeds", "0",
                 "--total-env-steps", "4096", "--rollout-calls", "2", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "results.json").read_text())
@@ -397,10 +391,9 @@ def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path, mo
     assert "load_average_after" in result
 
 
-def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(tmp_path, monkeypatch,
-                                                                          capsys):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports its sibling `common`
-    bench = load_script("bench_ingest")
+def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(
+        tmp_path, script, capsys):
+    bench = script("bench_ingest")
     result = bench.main(["--actors", "8", "--chunks", "16", "--min-updates", "4", "--no-ray",
                          "--no-gymnax", "--profile", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -431,10 +424,9 @@ def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(tmp_pa
 
 
 def test_mujoco_results_dry_run_builds_every_config_and_its_table_names_the_reference(
-        tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    script = load_script("mujoco_results")
-    planned = script.main(["--dry-run", "--total-env-steps", "8192", "--out", str(tmp_path)])
+        tmp_path, script):
+    results = script("mujoco_results")
+    planned = results.main(["--dry-run", "--total-env-steps", "8192", "--out", str(tmp_path)])
     assert list(planned) == [f"{name} {part}" for name in ("hopper", "walker2d", "ant")
                              for part in ("learning", "backends")]
     assert planned["hopper learning"] == [f"seed={seed} (fresh): 4 updates of 2048"
@@ -448,7 +440,7 @@ def test_mujoco_results_dry_run_builds_every_config_and_its_table_names_the_refe
     rows = [dict(preset=name, env_id=f"gymnasium:{env}-v5", seed=seed, env_steps=8192,
                  training_return=100.0 + seed, greedy_return=200.0, wall_time_s=10.0)
             for name, env in (("hopper", "Hopper"), ("ant", "Ant")) for seed in (0, 1)]
-    table = script.learning_table(rows)
+    table = results.learning_table(rows)
     assert "| `hopper` | gymnasium:Hopper-v5 | 8,192 | 2 | 100.5 ± 0.5 | 200.0 ± 0.0 | " \
            "2382.86 ± 271.74 | 10 |" in table
     assert "| not given |" in table  # cleanrl's page has no Ant

@@ -65,7 +65,7 @@ from ppo_async.networks.actor_critic import (
 
 # gymnax imports every env when it is imported, and five of them import
 # matplotlib.pyplot (Pong seaborn too) at the top, for their renderers only:
-# about 1.5 s of every process that makes a gymnax env. Until something reads
+# about 1.8 s of every process that makes a gymnax env. Until something reads
 # an attribute of them, a stand-in holds their place.
 _RENDER_MODULES = ("matplotlib.pyplot", "seaborn")
 _import_lock = threading.Lock()
