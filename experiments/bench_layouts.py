@@ -1,9 +1,11 @@
-"""Env steps/s of one batch size spread over different actor layouts (gymnax CartPole).
+"""Env steps/s of one batch size spread over different actor layouts (a gymnax env).
 
 Every layout trains the default config's batch of 512 env steps per update
 (``num_actors x envs_per_actor x num_steps``) with the default PPO settings,
 so that the envs, the steps and the update are the same and only the split
-into actors differs. Each row is a fresh process; layouts and the two
+into actors differs, on one gymnax env (``--env-id``, CartPole-v1 by
+default; the network is the default for its observations: the MinAtar
+torso for an image). Each row is a fresh process; layouts and the two
 inference modes alternate seed by seed:
 
 - ``batched``: ``batch_inference=True``, the actors' chunks are one rollout
@@ -24,8 +26,8 @@ on an actor axis, `ppo_async.envs.gymnax_env.make_rollout(actor_axis=True)`),
 and as the per-actor rollout under ``jax.vmap`` (what the fused program
 replaced), in alternating rounds, medians over the rounds.
 
-    python experiments/bench_layouts.py [--layouts 1x8 2x4 4x2 8x1] [--seeds 0 1]
-        [--modes batched per-actor] [--total-env-steps 400000] [--rollout-calls 0]
+    python experiments/bench_layouts.py [--env-id CartPole-v1] [--layouts 1x8 2x4 4x2 8x1]
+        [--seeds 0 1] [--modes batched per-actor] [--total-env-steps 400000] [--rollout-calls 0]
 """
 
 from __future__ import annotations
@@ -42,13 +44,13 @@ import common
 BATCH = 512
 
 
-def one_run(num_actors: int, envs_per_actor: int, batch_inference: bool, seed: int,
+def one_run(env_id: str, num_actors: int, envs_per_actor: int, batch_inference: bool, seed: int,
             total_env_steps: int) -> dict:
     """Steady env steps/s and time to the first update of one `train` (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, train
 
     config = AsyncActorLearnerConfig(
-        env_id="CartPole-v1", num_actors=num_actors, envs_per_actor=envs_per_actor,
+        env_id=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
         num_steps=BATCH // (num_actors * envs_per_actor), total_env_steps=total_env_steps,
         batch_inference=batch_inference, seed=seed,
     )
@@ -58,13 +60,14 @@ def one_run(num_actors: int, envs_per_actor: int, batch_inference: bool, seed: i
           on_update=lambda m: marks.append((time.perf_counter(), int(m["env_steps"]))))
     first = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps // 4)
     (t0, s0), (t1, s1) = marks[first], marks[-1]
-    return {"num_actors": num_actors, "envs_per_actor": envs_per_actor,
+    return {"env_id": env_id, "num_actors": num_actors, "envs_per_actor": envs_per_actor,
             "num_steps": config.num_steps, "batch_inference": batch_inference,
             "env_steps_per_s": (s1 - s0) / (t1 - t0),
             "first_update_s": marks[0][0] - start, "wall_s": time.perf_counter() - start}
 
 
-def time_rollouts(layouts: list[tuple[int, int]], calls: int, rounds: int = 5) -> dict:
+def time_rollouts(env_id: str, layouts: list[tuple[int, int]], calls: int,
+                  rounds: int = 5) -> dict:
     """Per layout, ms per chunk of every actor (512 env steps) of each way to run it (docstring)."""
     import jax
     import jax.numpy as jnp
@@ -76,7 +79,7 @@ def time_rollouts(layouts: list[tuple[int, int]], calls: int, rounds: int = 5) -
     cpu = jax.devices("cpu")[0]
     timings: dict[str, dict[str, float]] = {}
     for actors, envs in layouts:
-        config = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=actors,
+        config = AsyncActorLearnerConfig(env_id=env_id, num_actors=actors,
                                          envs_per_actor=envs,
                                          num_steps=BATCH // (actors * envs))
         program = make_actor_program(config)
@@ -114,6 +117,7 @@ def _layout(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env-id", default="CartPole-v1", help="a gymnax env id")
     parser.add_argument("--layouts", type=_layout, nargs="+",
                         default=[(1, 8), (2, 4), (4, 2), (8, 1)],
                         help="ACTORSxENVS, each dividing the batch of 512")
@@ -129,19 +133,20 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.one is not None:  # a row, in the fresh process main() started for it
         actors, envs, mode, seed = args.one.split(",")
-        print(json.dumps(one_run(int(actors), int(envs), mode == "batched", int(seed),
-                                 args.total_env_steps)))
+        print(json.dumps(one_run(args.env_id, int(actors), int(envs), mode == "batched",
+                                 int(seed), args.total_env_steps)))
         return {}
     load_before = os.getloadavg()[0]
     env = common.env_without_compile_cache()
-    rollouts = time_rollouts(args.layouts, args.rollout_calls) if args.rollout_calls else None
+    rollouts = (time_rollouts(args.env_id, args.layouts, args.rollout_calls)
+                if args.rollout_calls else None)
     rows = []
     for seed in args.seeds:
         for actors, envs in args.layouts:
             for mode in args.modes:
                 row = common.run_child(
-                    [__file__, "--one", f"{actors},{envs},{mode},{seed}",
-                     "--total-env-steps", str(args.total_env_steps)],
+                    [__file__, "--one", f"{actors},{envs},{mode},{seed}", "--env-id",
+                     args.env_id, "--total-env-steps", str(args.total_env_steps)],
                     f"{actors}x{envs} {mode}", env=env, timeout_s=900)
                 row.update(mode=mode, seed=seed, load_average_1_min=os.getloadavg()[0])
                 rows.append(row)
@@ -157,12 +162,13 @@ def main(argv: list[str] | None = None) -> dict:
                 "env_steps_per_s": statistics.median(r["env_steps_per_s"] for r in mine),
                 "first_update_s": statistics.median(r["first_update_s"] for r in mine)}
     base = medians.get(f"1x8 {args.modes[0]}") or next(iter(medians.values()))
-    print("\nlayout, mode: median env steps/s (ratio to the first layout), first update")
+    print(f"\n{args.env_id}, layout, mode: median env steps/s (ratio to the first layout), "
+          "first update")
     for name, m in medians.items():
         m["ratio"] = m["env_steps_per_s"] / base["env_steps_per_s"]
         print(f"{name:>16}: {m['env_steps_per_s']:>9,.0f} ({m['ratio']:.2f}x), "
               f"{m['first_update_s']:.2f} s")
-    result = {"rows": rows, "medians": medians, "rollouts_ms": rollouts}
+    result = {"env_id": args.env_id, "rows": rows, "medians": medians, "rollouts_ms": rollouts}
     common.save_with_load("bench_layouts", args.out, __file__, argv, result, load_before)
     return result
 

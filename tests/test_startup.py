@@ -121,7 +121,6 @@ _TINY_RUN = """
     import sys
     import jax
     from ppo_async import AsyncActorLearnerConfig, train
-    from ppo_async.sync import make_train
     cache_dir = sys.argv[1] if sys.argv[1] != "none" else None
     config = AsyncActorLearnerConfig(
         num_actors=1, envs_per_actor=2, num_steps=8, num_epochs=1, num_minibatches=1,
