@@ -114,6 +114,21 @@ def _layout(text: str) -> tuple[int, int]:
     return actors, envs
 
 
+def _check_env_id(parser: argparse.ArgumentParser, env_id: str) -> None:
+    """Exit with the usage line unless ``env_id`` is a gymnax id the config accepts."""
+    from ppo_async import AsyncActorLearnerConfig
+    from ppo_async.envs.registry import GYMNAX, split_env_id
+    from ppo_async.errors import ConfigError
+
+    try:
+        AsyncActorLearnerConfig(env_id=env_id)
+    except ConfigError as error:
+        parser.error(str(error))
+    if split_env_id(env_id)[0] != GYMNAX:
+        parser.error(f"--env-id {env_id!r}: layouts are compared on gymnax envs (no prefix), "
+                     "whose actors share one rollout program")
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -131,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    _check_env_id(parser, args.env_id)
     if args.one is not None:  # a row, in the fresh process main() started for it
         actors, envs, mode, seed = args.one.split(",")
         print(json.dumps(one_run(args.env_id, int(actors), int(envs), mode == "batched",

@@ -393,6 +393,15 @@ def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path, sc
     assert "load_average_after" in result
 
 
+def test_bench_layouts_refuses_an_env_it_cannot_compare_before_any_run(script, capsys):
+    bench = script("bench_layouts")
+    for env_id, said in (("Cartpole-v1", "did you mean 'CartPole-v1'"),
+                         ("gymnasium:CartPole-v1", "compared on gymnax envs")):
+        with pytest.raises(SystemExit):
+            bench.main(["--env-id", env_id])
+        assert said in capsys.readouterr().err
+
+
 def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(
         tmp_path, script, capsys):
     bench = script("bench_ingest")
