@@ -146,12 +146,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    _check_env_id(parser, args.env_id)
     if args.one is not None:  # a row, in the fresh process main() started for it
         actors, envs, mode, seed = args.one.split(",")
         print(json.dumps(one_run(args.env_id, int(actors), int(envs), mode == "batched",
                                  int(seed), args.total_env_steps)))
         return {}
+    _check_env_id(parser, args.env_id)  # once, here: every row's process gets a checked id
     load_before = os.getloadavg()[0]
     env = common.env_without_compile_cache()
     rollouts = (time_rollouts(args.env_id, args.layouts, args.rollout_calls)
