@@ -402,6 +402,14 @@ def test_bench_layouts_refuses_an_env_it_cannot_compare_before_any_run(script, c
         assert said in capsys.readouterr().err
 
 
+def test_sampler_bounds_refuses_settings_it_cannot_measure_before_any_run(script, capsys):
+    bounds = script("sampler_bounds")
+    for argv in (["--cohorts", "2", "0"], ["--actors", "0"], ["--step-ms", "-1"]):
+        with pytest.raises(SystemExit):
+            bounds.main(argv)
+        assert "must be positive" in capsys.readouterr().err
+
+
 def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(
         tmp_path, script, capsys):
     bench = script("bench_ingest")
