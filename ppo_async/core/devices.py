@@ -96,6 +96,38 @@ def resolve_device(spec: str | None) -> jax.Device:
     return devices[0]
 
 
+def to_host(tree: Any) -> Any:
+    """What ``jax.device_get(tree)`` returns, without its per-leaf copies where they buy nothing.
+
+    ``jax.device_get`` starts an asynchronous copy of every leaf before it reads
+    them; an array on a CPU device already is host memory, and those calls cost
+    more than the reads (12 scalar metrics: 117 against 10 us; a chunk's 11 arrays:
+    149 against 22 us). When every jax array of ``tree`` lives on CPU devices,
+    each is read as ``np.asarray`` does (read-only, after waiting for the
+    computation that makes it, as device_get does); other leaves are taken as
+    device_get takes them. A tree with an array on another platform (a GPU
+    learner's metrics) goes through ``jax.device_get``, whose copies overlap.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    if not all(_on_cpu(leaf) for leaf in leaves if isinstance(leaf, jax.Array)):
+        return jax.device_get(tree)
+    with jax.transfer_guard_device_to_host("allow"):  # an explicit read, as device_get's
+        return treedef.unflatten([_read(leaf) for leaf in leaves])
+
+
+def _on_cpu(array: jax.Array) -> bool:
+    """Whether ``array`` holds numbers (not PRNG keys) on CPU devices only."""
+    return (not jax.dtypes.issubdtype(array.dtype, jax.dtypes.extended)
+            and all(device.platform == "cpu" for device in array.sharding.device_set))
+
+
+def _read(leaf: Any) -> Any:
+    if isinstance(leaf, jax.Array):
+        return np.asarray(leaf)
+    to_array = getattr(leaf, "__array__", None)  # as device_get: numpy scalars become arrays
+    return leaf if to_array is None else to_array()
+
+
 @functools.cache
 def _placer(shardings: Any) -> Any:
     return jax.jit(lambda tree: tree, out_shardings=shardings)

@@ -33,6 +33,7 @@ from ppo_async.core.normalization import (
     scale_reward,
     wrap_params,
 )
+from ppo_async.core.devices import to_host
 from ppo_async.envs.gymnax_env import Trajectory
 from ppo_async.envs.registry import ENVPOOL, split_env_id
 from ppo_async.envs.host import (
@@ -429,7 +430,7 @@ class HostRollout:
             trajectory.final_obs[t, lo:hi] = final_obs
             return
         # The final observation continues the episode: the state after this step reads it.
-        final_value = np.asarray(jax.device_get(self.policy.value(params, hidden, final_obs)))
+        final_value = to_host(self.policy.value(params, hidden, final_obs))
         bonus[t, lo:hi] = self.gamma * np.where(truncated, final_value, np.float32(0))
 
     def _empty_trajectory(self) -> Trajectory:

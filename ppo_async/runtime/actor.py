@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.devices import to_host
 from ppo_async.envs.program import ActorProgram, AttachedCarry, Carry, unattached
 from ppo_async.runtime.inference import RolloutStopped
 from ppo_async.runtime.messages import (
@@ -314,9 +315,9 @@ def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgr
             carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
         except RolloutStopped:
             return  # stopped while waiting for a batched policy call: the chunk is not needed
-        # device_get blocks until the rollout is done and copies to numpy, so the
+        # to_host blocks until the rollout is done and reads it as numpy, so the
         # learner never touches an actor-device buffer.
-        trajectory, bootstrap_obs, bootstrap_value = jax.device_get(
+        trajectory, bootstrap_obs, bootstrap_value = to_host(
             (trajectory, bootstrap_obs, bootstrap_value)
         )
         channels.send(

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
-from ppo_async.core.devices import LearnerPlacement
+from ppo_async.core.devices import LearnerPlacement, to_host
 from ppo_async.core.update import Batch, LearnerState, UpdateFn, make_update_fn
 from ppo_async.networks.actor_critic import ActorCritic
 from ppo_async.runtime.actor import ActorError, ActorStats
@@ -400,7 +400,7 @@ class _Learner:
     def finish(self, done: _InFlight) -> bool:
         """Read ``done`` back, check it, count it, publish it; False if ``on_update`` stopped the run."""
         # Waits for this update only: one dispatched after it may still be running.
-        host_metrics = {k: float(v) for k, v in jax.device_get(done.metrics).items()}
+        host_metrics = {k: float(v) for k, v in to_host(done.metrics).items()}
         _check_finite(host_metrics, self.report.updates + 1)
         self._count(done)
         broadcast_s = self._publish(done.state)

@@ -20,7 +20,7 @@ import flax.serialization
 import jax
 import numpy as np
 
-from ppo_async.core.devices import place
+from ppo_async.core.devices import place, to_host
 from ppo_async.envs.program import Trajectory
 
 
@@ -85,11 +85,11 @@ class PolicyLoadError(ValueError):
 def serialize_policy(params: Any) -> bytes:
     """Host copy of ``params`` as msgpack bytes.
 
-    ``jax.device_get`` waits for the update that produced ``params`` to finish,
-    so the bytes are never a half-written buffer, and it copies device arrays to
-    numpy so that msgpack sees plain host memory.
+    `ppo_async.core.devices.to_host` (``jax.device_get``) waits for the update
+    that produced ``params`` to finish, so the bytes are never a half-written
+    buffer, and reads device arrays as numpy so that msgpack sees plain host memory.
     """
-    return flax.serialization.to_bytes(jax.device_get(params))
+    return flax.serialization.to_bytes(to_host(params))
 
 
 def load_policy_from_broadcast(

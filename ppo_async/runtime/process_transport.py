@@ -173,14 +173,14 @@ def picklable_failure(failure: ActorFailure) -> ActorFailure:
         return failure._replace(error=error)
 
 
-def outgoing(item: Experience | ActorFailure, device_get: Any) -> Experience | ActorFailure:
+def outgoing(item: Experience | ActorFailure, to_host: Any) -> Experience | ActorFailure:
     """``item`` as it leaves an actor process: a gymnax carry as host arrays (unpickling
     device arrays would cost the learner's thread time on every chunk), a host-env carry
     left behind (it holds live simulators; checkpoints of host-env runs restart their
     envs), a failure made picklable."""
     if isinstance(item, Experience):
         carry = item.env_carry
-        return item._replace(env_carry=device_get(carry) if isinstance(carry, EnvCarry) else None)
+        return item._replace(env_carry=to_host(carry) if isinstance(carry, EnvCarry) else None)
     return picklable_failure(item)
 
 
@@ -195,13 +195,13 @@ class _SocketOutbox:
     the socket)."""
 
     def __init__(self, connection: Connection, stats: ActorStats, lock: threading.Lock):
-        import jax
+        from ppo_async.core.devices import to_host
 
         self._connection, self._stats, self._lock = connection, stats, lock
-        self._device_get = jax.device_get
+        self._to_host = to_host
 
     def put(self, item: Experience | ActorFailure) -> None:
-        message = ("item", outgoing(item, self._device_get), dataclasses.replace(self._stats))
+        message = ("item", outgoing(item, self._to_host), dataclasses.replace(self._stats))
         with self._lock:
             self._connection.send(message)
 
