@@ -10,14 +10,14 @@ excluded), per update, the median over updates of:
 - learner thread: waiting for chunks (`take_experience` blocked on the
   queue), stacking the chunks (`stack_experiences`), placing the batch on the
   learner's device (`put_batch`), dispatching the update (the jitted call
-  returns before the update ends), reading the metrics back (`jax.device_get`
-  in `finish`: it waits for the update to end), handing the params to the
+  returns before the update ends), reading the metrics back (``to_host``,
+  `ppo_async.core.devices.to_host`, in `finish`: it waits for the update to end), handing the params to the
   publisher, and the rest of `finish` (counting, `on_update`);
 - publisher thread: serializing the params (`serialize_policy`:
-  `device_get` and `flax.serialization.to_bytes`);
+  ``to_host`` and `flax.serialization.to_bytes`);
 - actors: loading a version (`SharedParams`: `from_bytes`, the check, placing
   it on the actor's device; once per version for all actors), dispatching a
-  chunk's rollout, waiting for it to end (`jax.device_get` of the chunk),
+  chunk's rollout, waiting for it to end (``to_host`` of the chunk),
   sending it;
 - the critical chain at an exact lag ``k``: the chunks that feed update
   ``u + k + 1`` need the params of update ``u``, so the time from update
@@ -62,10 +62,8 @@ def _timed(stage: str, fn):
 
 def install_timers() -> None:
     """Wrap each stage of the learner, publisher and actor loops in `_timed`."""
-    import jax
-
     from ppo_async.core.devices import LearnerPlacement
-    from ppo_async.runtime import inference, learner, transport
+    from ppo_async.runtime import actor, inference, learner, messages, transport
 
     learner_cls = learner._Learner
     learner.stack_experiences = _timed("stack", learner.stack_experiences)
@@ -77,7 +75,9 @@ def install_timers() -> None:
     inference.SharedParams.__call__ = _timed("load version", inference.SharedParams.__call__)
     receive = transport.ThreadTransport.receive
     transport.ThreadTransport.receive = _timed("receive", receive)
-    jax.device_get = _timed("device_get", jax.device_get)
+    # The reads of device arrays (each module holds its own name for to_host).
+    for module in (learner, actor, messages):
+        module.to_host = _timed("to_host", module.to_host)
     train_module = sys.modules["ppo_async.train"]
     make_program = train_module.make_actor_program
 
@@ -119,7 +119,7 @@ def analyse(update_ends: list[float], warmup: int, exact_lag: int | None,
     chain = []
     if exact_lag is not None:
         readbacks = sorted(t1 for (role, stage), spans in by.items()
-                           if role == "learner" and stage == "device_get" for _, t1 in spans)
+                           if role == "learner" and stage == "to_host" for _, t1 in spans)
         dispatches = sorted(t0 for (role, stage), spans in by.items()
                             if role == "learner" and stage == "dispatch (all)" for t0, _ in spans)
         # update u read back -> update u + lag + 1 dispatched (the chunks it needs came back)

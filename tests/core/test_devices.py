@@ -46,3 +46,12 @@ def test_to_host_hands_a_tree_it_cannot_read_directly_to_device_get(monkeypatch)
     assert taken == [tree]  # one call for the whole tree
     assert np.array_equal(jax.random.key_data(got["key"]), jax.random.key_data(key))
 
+
+
+def test_the_broadcast_bytes_are_those_of_device_get():
+    import flax.serialization
+
+    from ppo_async.runtime.messages import serialize_policy
+
+    params = jax.jit(lambda x: {"dense": {"kernel": x * 3, "bias": x[0]}})(jnp.ones((4, 2)))
+    assert serialize_policy(params) == flax.serialization.to_bytes(jax.device_get(params))
