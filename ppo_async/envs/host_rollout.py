@@ -27,13 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.devices import to_host
 from ppo_async.core.normalization import (
     accumulate_return,
     acting_apply,
     scale_reward,
     wrap_params,
 )
-from ppo_async.core.devices import to_host
 from ppo_async.envs.gymnax_env import Trajectory
 from ppo_async.envs.registry import ENVPOOL, split_env_id
 from ppo_async.envs.host import (
