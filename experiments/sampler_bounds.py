@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import threading
 import time
@@ -75,17 +74,12 @@ def _setup(args):
     return rollout, params, lambda n: bench_scaling.SleepyAsyncEnv(n, step_s)
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _window(count, warm_up_s: float, seconds: float) -> tuple[float, float]:
     """(env steps/s, CPU us per env step) over ``seconds`` after ``warm_up_s``."""
     time.sleep(warm_up_s)
-    steps0, t0, cpu0 = count(), time.perf_counter(), _cpu_s()
+    steps0, t0, cpu0 = count(), time.perf_counter(), time.process_time()
     time.sleep(seconds)
-    steps1, t1, cpu1 = count(), time.perf_counter(), _cpu_s()
+    steps1, t1, cpu1 = count(), time.perf_counter(), time.process_time()
     return (steps1 - steps0) / (t1 - t0), (cpu1 - cpu0) / max(steps1 - steps0, 1) * 1e6
 
 
@@ -118,23 +112,22 @@ def run_sampler(args) -> dict:
         thread.start()
     rate, cpu_us = _window(lambda: sum(counts), WARM_UP_S, args.seconds)
     stopped.set()
-    for thread in threads:
+    for thread in [*threads, sampler.thread]:
         thread.join(timeout=5)
     return {"part": "sampler", "cohorts": 2, "env_steps_per_s": rate, "cpu_us_per_step": cpu_us}
 
 
 def run_arrays(args, cohorts: int) -> dict:
     """The model: ``cohorts`` cohorts of actors stepped as arrays by one thread."""
+    rollout, params, make_env = _setup(args)  # first: it pins the process before JAX starts
+    import jax
     import numpy as np
 
     from ppo_async.envs.host_rollout import episode_statistics
 
-    rollout, params, make_env = _setup(args)
     policy, steps = rollout.policy, args.num_steps
     envs = [make_env(1) for _ in range(args.actors)]
     obs = np.stack([env.reset(i) for i, env in enumerate(envs)])  # [N, 1, obs]
-    import jax
-
     keys = np.array(jax.random.key_data(jax.random.split(jax.random.key(0), args.actors)))
     n, size = args.actors, policy.num_envs * policy.columns
     chunk = {"obs": np.empty((steps + 1, *obs.shape), np.float32),
@@ -152,12 +145,9 @@ def run_arrays(args, cohorts: int) -> dict:
             t = t_of[c]
             if t:  # the cohort's previous step: each env's own call, then one store per field
                 got = [envs[i].step_wait() for i in idx]
-                for field, j in (("obs", 0), ("reward", 1), ("terminated", 2), ("truncated", 3)):
-                    values = np.stack([g[j] for g in got])
-                    if field == "obs":
-                        chunk["obs"][t, idx] = obs[idx] = values
-                    else:
-                        chunk[field][t - 1, idx] = values
+                chunk["obs"][t, idx] = obs[idx] = np.stack([g[0] for g in got])
+                for j, field in enumerate(("reward", "terminated", "truncated"), start=1):
+                    chunk[field][t - 1, idx] = np.stack([g[j] for g in got])
                 truncated = chunk["truncated"][t - 1, idx] & ~chunk["terminated"][t - 1, idx]
                 if truncated.any():  # the final observations' value, one call for the cohort
                     final = np.stack([g[4] for g in got])
@@ -180,7 +170,7 @@ def run_arrays(args, cohorts: int) -> dict:
             for j, i in enumerate(idx):
                 envs[i].step_async(actions[j])
             t_of[c] = t + 1
-        marks.append((time.perf_counter(), done_steps, _cpu_s()))
+        marks.append((time.perf_counter(), done_steps, time.process_time()))
     window = [m for m in marks if m[0] - start >= WARM_UP_S]
     (t0, s0, c0), (t1, s1, c1) = window[0], window[-1]
     return {"part": "arrays", "cohorts": cohorts, "env_steps_per_s": (s1 - s0) / (t1 - t0),

@@ -65,6 +65,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.devices import to_host
 from ppo_async.envs.gymnax_env import EnvCarry
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
@@ -173,7 +174,7 @@ def picklable_failure(failure: ActorFailure) -> ActorFailure:
         return failure._replace(error=error)
 
 
-def outgoing(item: Experience | ActorFailure, to_host: Any) -> Experience | ActorFailure:
+def outgoing(item: Experience | ActorFailure) -> Experience | ActorFailure:
     """``item`` as it leaves an actor process: a gymnax carry as host arrays (unpickling
     device arrays would cost the learner's thread time on every chunk), a host-env carry
     left behind (it holds live simulators; checkpoints of host-env runs restart their
@@ -195,13 +196,10 @@ class _SocketOutbox:
     the socket)."""
 
     def __init__(self, connection: Connection, stats: ActorStats, lock: threading.Lock):
-        from ppo_async.core.devices import to_host
-
         self._connection, self._stats, self._lock = connection, stats, lock
-        self._to_host = to_host
 
     def put(self, item: Experience | ActorFailure) -> None:
-        message = ("item", outgoing(item, self._to_host), dataclasses.replace(self._stats))
+        message = ("item", outgoing(item), dataclasses.replace(self._stats))
         with self._lock:
             self._connection.send(message)
 

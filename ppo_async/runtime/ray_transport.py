@@ -94,9 +94,7 @@ class _ProcessEndpoint:
     """The `ActorEndpoint` of an actor process: an inbox of references, an outbox of items."""
 
     def __init__(self, ray: Any):
-        from ppo_async.core.devices import to_host
-
-        self._ray, self._to_host = ray, to_host
+        self._ray = ray
         self.inbox: queue.Queue = queue.Queue()  # Delivery
         self.outbox: queue.Queue = queue.Queue()  # Experience | ActorFailure, in order
         self.stop = threading.Event()
@@ -105,7 +103,7 @@ class _ProcessEndpoint:
         return PolicyBroadcast(delivery.version, self._ray.get(delivery.refs[0]))
 
     def send(self, item: Experience | ActorFailure) -> None:
-        self.outbox.put(outgoing(item, self._to_host))
+        self.outbox.put(outgoing(item))
 
     def take_newest(self) -> tuple[PolicyBroadcast | None, int]:
         newest, taken = take_newest(self.inbox)
