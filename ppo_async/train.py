@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.core import keys
 from ppo_async.core.devices import LearnerPlacement, resolve_device
 from ppo_async.core.normalization import wrap_params
 from ppo_async.core.update import (
@@ -233,7 +234,7 @@ class _UpdateWarmUp:
         def run() -> None:
             try:
                 state = init_learner_state(config.update_options(), program.params_template,
-                                           jax.random.key(0))
+                                           keys.key(0))
                 jax.block_until_ready(update(placement.put_state(state),
                                              placement.put_batch(batch)))
                 self._done.set_result(None)
@@ -545,7 +546,7 @@ class _Run:
         self.warm_up = _UpdateWarmUp(config, self.program, self.update, self.learner)
         try:  # until the shutdown, which joins it on every path
             if resume is None:
-                params_key, learner_key = jax.random.split(jax.random.key(config.seed))
+                params_key, learner_key = keys.split(keys.key(config.seed))
                 program = self.program
                 params = wrap_params(
                     init_params(program.network, params_key, program.observation_shape),

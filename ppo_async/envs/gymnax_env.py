@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core import keys
 from ppo_async.core.normalization import (
     NormalizationOptions,
     NormalizedPolicy,
@@ -444,7 +445,7 @@ def _actor_program(config: AsyncActorLearnerConfig, env: Any,
         return jits.rollout_all(params, tuple(carry for (carry,) in per_actor))
 
     # Traced, not run: the shapes and dtypes the learner's batches will have.
-    carry_spec = jax.eval_shape(jits.reset, jax.random.key(0))
+    carry_spec = jax.eval_shape(jits.reset, keys.key(0))
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
         env.observation_shape, network, template, reset, rollout, tuple(chunk_spec),

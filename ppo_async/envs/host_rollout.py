@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core import keys
 from ppo_async.core.devices import to_host
 from ppo_async.core.normalization import (
     accumulate_return,
@@ -228,10 +229,9 @@ class HostRollout:
         groups and workers (for gymnasium ids, as one batch of them would be);
         each group's actions draw on its own key.
         """
-        env_key, action_key = jax.random.split(key)
+        env_key, action_key = keys.split(key)
         seed = int(jax.random.randint(env_key, (), 0, np.iinfo(np.int32).max))
-        keys = (jax.random.split(action_key, self.groups) if self.groups > 1
-                else action_key[None])
+        group_keys = keys.split(action_key, self.groups) if self.groups > 1 else (action_key,)
         envs = self._make_envs()
         try:
             obs = checked_array(self.env_id, "reset obs", envs.reset(seed), self.obs_batch_shape,
@@ -242,7 +242,7 @@ class HostRollout:
         return HostCarry(
             envs=envs, obs=obs, episode_return=np.zeros((self.num_envs,), np.float32),
             episode_length=np.zeros((self.num_envs,), np.int32),
-            key=np.asarray(jax.random.key_data(keys)),
+            key=np.stack([np.asarray(jax.random.key_data(k)) for k in group_keys]),
             hidden=(np.zeros((self.num_envs, self.policy.state_size), np.float32)
                     if self.recurrent else None),
             discounted_return=(np.zeros((self.num_envs,), np.float32) if self.options.rewards
@@ -316,8 +316,8 @@ class HostRollout:
         among it) and returns ``(carry, trajectory, bootstrap_obs, bootstrap_value)``:
         called by the actor's own thread, it keeps a shared sampler's thread free to step
         the other actors."""
-        envs, obs, _, episode_length, keys = carry[:5]
-        keys = np.array(keys)
+        envs, obs, _, episode_length, key_data = carry[:5]
+        key_data = np.array(key_data)
         steps = self.config.num_steps
         trajectory = self._empty_trajectory()  # fresh every chunk: the learner keeps the last
         packed_outputs = np.empty((steps, self.num_envs, self.policy.columns), np.float32)
@@ -334,9 +334,9 @@ class HostRollout:
                                      next_obs, hidden, reset, bonus)
                 if t == steps:
                     continue
-                packed, keys[g] = self.policy.split((yield (
+                packed, key_data[g] = self.policy.split((yield (
                     None if hidden is None else hidden[lo:hi], trajectory.obs[t, lo:hi],
-                    None if reset is None else reset[lo:hi], keys[g])))
+                    None if reset is None else reset[lo:hi], key_data[g])))
                 packed_outputs[t, lo:hi] = packed
                 if self.recurrent:
                     hidden[lo:hi] = packed[:, self.policy.next_hidden_columns]
@@ -346,7 +346,7 @@ class HostRollout:
                 envs.step_async(action, g)
                 yield None
         return functools.partial(self._finish_chunk, params, carry, trajectory, packed_outputs,
-                                 bonus, first_reset, next_obs, keys, hidden)
+                                 bonus, first_reset, next_obs, key_data, hidden)
 
     def _store_step(self, params, step: Any, t: int, lo: int, hi: int, trajectory: Trajectory,
                     next_obs: np.ndarray, hidden: np.ndarray | None, reset: np.ndarray | None,
@@ -371,7 +371,7 @@ class HostRollout:
 
     def _finish_chunk(self, params, carry: HostCarry, trajectory: Trajectory,
                       packed_outputs: np.ndarray, bonus: np.ndarray, first_reset: np.ndarray,
-                      obs: np.ndarray, keys: np.ndarray, hidden: np.ndarray | None):
+                      obs: np.ndarray, key_data: np.ndarray, hidden: np.ndarray | None):
         """The chunk's `Trajectory` fields from what its steps stored, and the next carry."""
         acted = self.policy.unpack(packed_outputs)
         trajectory.action[:] = acted.action
@@ -396,7 +396,7 @@ class HostRollout:
             bootstrap_value = self.policy.value(params, hidden_next, obs)
         else:
             bootstrap_value = self.policy.value(params, None, obs)
-        carry = HostCarry(carry.envs, obs, stats[2], stats[3], keys, hidden,
+        carry = HostCarry(carry.envs, obs, stats[2], stats[3], key_data, hidden,
                           None if carried_return is None else np.asarray(carried_return))
         return carry, trajectory, obs, bootstrap_value
 

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppo_async.core import keys
 from ppo_async.networks.distributions import Categorical, DiagGaussian, Distribution
 
 # Newton-Schulz steps of the polar factor. Each step maps a singular value s
@@ -298,9 +299,9 @@ def params_template(network: ActorCritic, observation_shape: Sequence[int]):
     """
     dummy = jax.ShapeDtypeStruct((1, *observation_shape), jnp.float32)
     if is_recurrent(network):
-        shapes = jax.eval_shape(network.init, jax.random.key(0), network.zero_hidden(1), dummy)
+        shapes = jax.eval_shape(network.init, keys.key(0), network.zero_hidden(1), dummy)
         return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    shapes = jax.eval_shape(network.init, jax.random.key(0), dummy)
+    shapes = jax.eval_shape(network.init, keys.key(0), dummy)
     return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
 

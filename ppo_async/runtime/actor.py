@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core import keys
 from ppo_async.core.devices import to_host
 from ppo_async.envs.program import ActorProgram, AttachedCarry, Carry, unattached
 from ppo_async.runtime.inference import RolloutStopped
@@ -196,9 +197,10 @@ def run_actor(
     rollout or loading raises; the transport reports it (`spawn_actor`).
     """
     stats = stats if stats is not None else ActorStats(actor_id)
-    key = jax.random.fold_in(jax.random.key(config.seed), actor_id)
+    # Host-side keys (`ppo_async.core.keys`): JAX's bits, without compiling on the way to the reset.
+    key = keys.fold_in(keys.key(config.seed), actor_id)
     if start.restart:
-        key = jax.random.fold_in(key, start.restart)
+        key = keys.fold_in(key, start.restart)
     carry = program.reset(key, device) if start.carry is None else start.carry
     if policy is not None:
         carry = AttachedCarry(carry, policy)

@@ -1,0 +1,85 @@
+"""PRNG keys derived on the host: the bits of `jax.random.key`, `split` and `fold_in`, without XLA.
+
+Each of those functions, called eagerly, is a small program that XLA compiles
+the first time a process calls it: 0.1-0.6 s apiece on a 2-core CPU while
+the learner's update compiles beside it, on the way from `train()` to its
+first update (the learner's two keys, then each actor's key before its env
+reset; ``experiments/startup_timeline.py`` lists them). Here the same keys
+are computed with numpy, in microseconds: the Threefry-2x32 hash (Salmon et
+al. 2011, "Parallel random numbers: as easy as 1, 2, 3", 20 rounds) on the
+key data, then wrapped as a typed key (`jax.random.wrap_key_data`, which
+compiles nothing).
+
+The results equal JAX's bit for bit under its defaults: the ``threefry2x32``
+implementation with ``jax_threefry_partitionable`` on (where ``split(key,
+n)[i]`` and ``fold_in(key, i)`` both hash the counter ``(0, i)``). Under any
+other setting, and for a seed outside int32 or data outside uint32, the
+functions call JAX's own
+(tests/core/test_keys.py checks both against JAX and the hash against the
+paper's known-answer vectors).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = np.uint32(0x1BD11BDA)  # the key schedule's third word: k0 ^ k1 ^ this
+
+
+def threefry2x32(key: np.ndarray, x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The Threefry-2x32 hash (20 rounds) of the counters ``(x0, x1)`` under ``key`` (uint32 [2])."""
+    k0, k1 = np.asarray(key, np.uint32)
+    schedule = (k0, k1, k0 ^ k1 ^ _PARITY)
+    with np.errstate(over="ignore"):  # uint32 sums wrap around, as the hash intends
+        x0 = np.asarray(x0, np.uint32) + schedule[0]
+        x1 = np.asarray(x1, np.uint32) + schedule[1]
+        for block in range(5):  # four rounds, then a key injection
+            for rotation in _ROTATIONS[block % 2]:
+                x0 = x0 + x1
+                x1 = ((x1 << np.uint32(rotation)) | (x1 >> np.uint32(32 - rotation))) ^ x0
+            x0 = x0 + schedule[(block + 1) % 3]
+            x1 = x1 + schedule[(block + 2) % 3] + np.uint32(block + 1)
+    return x0, x1
+
+
+def _host_keys() -> bool:
+    """Whether JAX's keys are the ones this module computes (its defaults)."""
+    return (jax.config.jax_default_prng_impl == "threefry2x32"
+            and jax.config.jax_threefry_partitionable)
+
+
+def _is_threefry(key: jax.Array) -> bool:
+    return (jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape == ()
+            and str(jax.random.key_impl(key)) == "threefry2x32")
+
+
+def key(seed: int) -> jax.Array:
+    """``jax.random.key(seed)``, built on the host."""
+    if not (_host_keys() and -2**31 <= int(seed) < 2**31):
+        return jax.random.key(seed)
+    # JAX's seed: the high word of a 32-bit seed is 0, the low word its bits.
+    return jax.random.wrap_key_data(np.array([0, int(seed) & 0xFFFFFFFF], np.uint32))
+
+
+def fold_in(key: jax.Array, data: int) -> jax.Array:
+    """``jax.random.fold_in(key, data)`` for a typed threefry ``key`` and a uint32 ``data``, on the host."""
+    if not (_host_keys() and _is_threefry(key) and 0 <= int(data) < 2**32):
+        return jax.random.fold_in(key, data)
+    words = threefry2x32(np.asarray(jax.random.key_data(key)), np.uint32(0), np.uint32(data))
+    return jax.random.wrap_key_data(np.array(words, np.uint32))
+
+
+def split(key: jax.Array, num: int = 2) -> tuple[jax.Array, ...]:
+    """``tuple(jax.random.split(key, num))`` for a typed threefry ``key``, on the host.
+
+    A tuple, not an array of keys: unpacking a JAX array (``a, b = keys``)
+    compiles a program of its own.
+    """
+    if not (_host_keys() and _is_threefry(key)):
+        return tuple(jax.random.split(key, num))
+    x0, x1 = threefry2x32(np.asarray(jax.random.key_data(key)),
+                          np.zeros(num, np.uint32), np.arange(num, dtype=np.uint32))
+    return tuple(jax.random.wrap_key_data(np.array(words, np.uint32))
+                 for words in zip(x0, x1))
