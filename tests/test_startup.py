@@ -171,3 +171,35 @@ def test_the_twin_uses_the_cache_too(tmp_path):
     """
     run_python(script)
     assert _entries(tmp_path)
+
+
+@pytest.mark.parametrize("thread_actors", [True, False])
+def test_the_warm_up_compiles_the_placement_of_thread_actors_params(thread_actors):
+    # So that it does not compile on an actor's way to its first chunk, beside the update.
+    import importlib
+
+    import jax
+
+    from ppo_async import AsyncActorLearnerConfig
+    from ppo_async.core import devices
+    from ppo_async.core.update import make_update_fn
+    from ppo_async.envs.backends import make_actor_program
+
+    train_module = importlib.import_module("ppo_async.train")
+    # Shapes of their own (batch and params): no earlier test placed them.
+    config = AsyncActorLearnerConfig(num_actors=1, envs_per_actor=2, num_steps=5 + thread_actors,
+                                     num_epochs=1, num_minibatches=1,
+                                     hidden_sizes=(7 + thread_actors,))
+    program = make_actor_program(config)
+    cpu = jax.devices("cpu")[0]
+    placer = devices._device_placer(cpu)
+    before = placer._cache_size()
+    warm_up = train_module._UpdateWarmUp(
+        config, program, make_update_fn(config.update_options(), program.network),
+        devices.LearnerPlacement([cpu]), actor_device=cpu if thread_actors else None)
+    warm_up.result(120)
+    warm_up.join(10)
+    # The batch's placement always; the params' only for thread actors.
+    assert placer._cache_size() == before + 1 + thread_actors
+    devices.place(program.params_template, cpu)  # what an actor's first broadcast does
+    assert placer._cache_size() == before + 2
