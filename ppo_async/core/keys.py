@@ -79,7 +79,18 @@ def split(key: jax.Array, num: int = 2) -> tuple[jax.Array, ...]:
     """
     if not (_host_keys() and _is_threefry(key)):
         return tuple(jax.random.split(key, num))
+    return tuple(jax.random.wrap_key_data(words) for words in _split_data(key, num))
+
+
+def split_array(key: jax.Array, num: int) -> jax.Array:
+    """``jax.random.split(key, num)`` (an array of ``num`` keys) for a typed threefry ``key``, on the host."""
+    if not (_host_keys() and _is_threefry(key)):
+        return jax.random.split(key, num)
+    return jax.random.wrap_key_data(_split_data(key, num))
+
+
+def _split_data(key: jax.Array, num: int) -> np.ndarray:
+    """The key data ``[num, 2]`` of ``split(key, num)``: key ``i`` hashes the counter ``(0, i)``."""
     x0, x1 = threefry2x32(np.asarray(jax.random.key_data(key)),
                           np.zeros(num, np.uint32), np.arange(num, dtype=np.uint32))
-    return tuple(jax.random.wrap_key_data(np.array(words, np.uint32))
-                 for words in zip(x0, x1))
+    return np.stack([x0, x1], axis=-1)

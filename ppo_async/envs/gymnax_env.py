@@ -161,9 +161,17 @@ class BatchedEnv:
         ``track_return``: the carry holds a zero discounted return (reward scaling).
         """
         reset_key, carry_key = jax.random.split(key)
-        obs, env_state = jax.vmap(self.env.reset, in_axes=(0, None))(
-            jax.random.split(reset_key, self.num_envs), self.env_params
-        )
+        return self.reset_from(jax.random.split(reset_key, self.num_envs), carry_key, state_size,
+                               track_return=track_return)
+
+    def reset_from(self, env_keys: jax.Array, carry_key: jax.Array, state_size: int | None = None,
+                   *, track_return: bool = False) -> EnvCarry:
+        """`reset` from the keys it splits ``key`` into: one per env (``env_keys``, ``[E]``) and the carry's.
+
+        An actor splits them on the host (`ppo_async.core.keys`), so that its
+        compiled reset holds one hash (gymnax's own draws) instead of three.
+        """
+        obs, env_state = jax.vmap(self.env.reset, in_axes=(0, None))(env_keys, self.env_params)
         # gymnax's reset leaves some leaves weakly typed while step does not; a
         # carry that changes weak-typedness between calls recompiles the rollout.
         env_state = jax.tree.map(lambda x: jnp.asarray(x, dtype=x.dtype), env_state)
@@ -375,7 +383,8 @@ def make_jitted_actor_program(config: AsyncActorLearnerConfig, env: Any) -> Acto
 class _ActorJits(NamedTuple):
     """The compiled programs of an actor: a run's other parts are built around them."""
 
-    reset: Callable[[jax.Array], EnvCarry]  # fresh episodes (and zero states)
+    reset: Callable[..., EnvCarry]  # fresh episodes (and zero states), from reset_keys(key)
+    reset_keys: Callable[[jax.Array], tuple[jax.Array, ...]]  # an actor's key as reset's arguments
     rollout: Callable[..., Any]  # one actor's chunk: `make_rollout`
     rollout_all: Callable[..., Any]  # the chunks of N actors as one program (`BatchedInference`)
 
@@ -400,11 +409,24 @@ def _actor_jits(env: Any, network: Any, options: NormalizationOptions, num_steps
 
     # One compiled program: run eagerly, the reset's key splits, gymnax reset,
     # dtype fixes and zeros are each compiled (and cached) on their own, a
-    # dozen small compiles on every actor's way to its first chunk.
+    # dozen small compiles on every actor's way to its first chunk. Where the
+    # env takes its keys split (`BatchedEnv.reset_from`), they are split on the
+    # host: their hashes need not compile.
     state_size = network.state_size if recurrent else None
-    reset = jax.jit(functools.partial(env.reset, state_size=state_size,
-                                      track_return=options.rewards))
-    return _ActorJits(reset, rollout_of(), rollout_all)
+    if hasattr(env, "reset_from"):
+        reset = jax.jit(functools.partial(env.reset_from, state_size=state_size,
+                                          track_return=options.rewards))
+
+        def reset_keys(key: jax.Array) -> tuple[jax.Array, ...]:
+            reset_key, carry_key = keys.split(key)
+            return keys.split_array(reset_key, env.num_envs), carry_key
+    else:
+        reset = jax.jit(functools.partial(env.reset, state_size=state_size,
+                                          track_return=options.rewards))
+
+        def reset_keys(key: jax.Array) -> tuple[jax.Array, ...]:
+            return (key,)
+    return _ActorJits(reset, reset_keys, rollout_of(), rollout_all)
 
 
 # Held for the process, like jit's own cache: a notebook's second run, a
@@ -431,7 +453,7 @@ def _actor_program(config: AsyncActorLearnerConfig, env: Any,
                    config.learner_bootstraps_truncation)
 
     def reset(key: jax.Array, device: jax.Device) -> EnvCarry:
-        return jax.device_put(jits.reset(key), device)
+        return jax.device_put(jits.reset(*jits.reset_keys(key)), device)
 
     def rollout(params, carry: EnvCarry):
         carry, client = unattached(carry)
@@ -445,7 +467,7 @@ def _actor_program(config: AsyncActorLearnerConfig, env: Any,
         return jits.rollout_all(params, tuple(carry for (carry,) in per_actor))
 
     # Traced, not run: the shapes and dtypes the learner's batches will have.
-    carry_spec = jax.eval_shape(jits.reset, keys.key(0))
+    carry_spec = jax.eval_shape(jits.reset, *jits.reset_keys(keys.key(0)))
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
         env.observation_shape, network, template, reset, rollout, tuple(chunk_spec),

@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.core import keys
 from ppo_async.networks.distributions import Categorical, DiagGaussian, Distribution
 
 # Newton-Schulz steps of the polar factor. Each step maps a singular value s
@@ -289,6 +288,11 @@ def _jitted_init(network: ActorCritic | RecurrentActorCritic):
     return jax.jit(network.init)
 
 
+def _shape_key() -> jax.Array:
+    """A key to trace shapes with: wrapping key data compiles nothing (``jax.random.key`` does)."""
+    return jax.random.wrap_key_data(np.zeros(2, np.uint32), impl="threefry2x32")
+
+
 def params_template(network: ActorCritic, observation_shape: Sequence[int]):
     """Host zeros with the structure, shapes and dtypes of ``network``'s params.
 
@@ -299,9 +303,9 @@ def params_template(network: ActorCritic, observation_shape: Sequence[int]):
     """
     dummy = jax.ShapeDtypeStruct((1, *observation_shape), jnp.float32)
     if is_recurrent(network):
-        shapes = jax.eval_shape(network.init, keys.key(0), network.zero_hidden(1), dummy)
+        shapes = jax.eval_shape(network.init, _shape_key(), network.zero_hidden(1), dummy)
         return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    shapes = jax.eval_shape(network.init, keys.key(0), dummy)
+    shapes = jax.eval_shape(network.init, _shape_key(), dummy)
     return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
 

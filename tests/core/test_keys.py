@@ -45,6 +45,7 @@ def test_keys_equal_jax_bit_for_bit(seed):
         assert isinstance(got, tuple) and len(got) == num
         assert np.array_equal(np.stack([_data(k) for k in got]),
                               _data(jax.random.split(key, num)))
+        assert np.array_equal(_data(keys.split_array(key, num)), _data(jax.random.split(key, num)))
 
 
 def test_keys_are_jax_keys_usable_in_jitted_code():
@@ -62,6 +63,7 @@ def test_other_settings_fall_back_to_jax():
     rbg = jax.random.key(0, impl="rbg")
     assert np.array_equal(np.stack([_data(k) for k in keys.split(rbg, 3)]),
                           _data(jax.random.split(rbg, 3)))
+    assert np.array_equal(_data(keys.split_array(rbg, 3)), _data(jax.random.split(rbg, 3)))
     with jax.threefry_partitionable(False):
         key = jax.random.key(5)
         assert np.array_equal(np.stack([_data(k) for k in keys.split(key, 3)]),
@@ -80,3 +82,4 @@ def test_host_keys_leave_jax_random_alone(monkeypatch):
         monkeypatch.setattr(jax.random, name, refuse)
     got = keys.split(keys.fold_in(keys.key(9), 4), 3)
     assert np.array_equal(np.stack([_data(k) for k in got]), expected)
+    assert np.array_equal(_data(keys.split_array(keys.fold_in(keys.key(9), 4), 3)), expected)

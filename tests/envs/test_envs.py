@@ -459,3 +459,23 @@ def test_pendulum_rollout_does_not_recompile_on_its_own_carry(pendulum_run):
     carry, traj, _ = pendulum_run.rollout(pendulum_run.params, pendulum_run.carry)
     jax.block_until_ready(traj)
     assert pendulum_run.rollout._cache_size() == 1
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_an_actors_reset_splits_its_keys_on_the_host_as_batched_env_reset_does(env_id):
+    # The actor program's reset splits the key on the host (ppo_async.core.keys) and
+    # runs BatchedEnv.reset_from; the twin traces BatchedEnv.reset: the same carry.
+    from ppo_async import AsyncActorLearnerConfig
+    from ppo_async.envs.backends import make_actor_program
+
+    config = AsyncActorLearnerConfig(env_id=env_id, envs_per_actor=3, hidden_sizes=(8,))
+    program = make_actor_program(config)
+    key = jax.random.fold_in(jax.random.key(4), 1)
+    carry = program.reset(key, jax.devices("cpu")[0])
+    traced = jax.jit(lambda k: BatchedEnv(env_id, 3).reset(
+        k, track_return=config.normalization_options().rewards))(key)
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, carry.env_state),
+                                jax.tree.map(np.asarray, traced.env_state))
+    for field in ("obs", "episode_return", "episode_length", "discounted_return"):
+        chex.assert_trees_all_equal(getattr(carry, field), getattr(traced, field))
+    np.testing.assert_array_equal(jax.random.key_data(carry.key), jax.random.key_data(traced.key))
