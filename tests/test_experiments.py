@@ -277,7 +277,7 @@ def test_startup_timeline_lists_the_programs_compiled_before_the_first_update(
     assert result["first_update_cpu_s"] > 0
     # JAX's compile log was parsed: the big programs are there, each with its seconds.
     by_name = {row["program"]: row for row in result["programs"]}
-    assert {"update", "rollout", "reset", "init"} <= set(by_name)
+    assert {"update", "rollout", "reset_from", "init"} <= set(by_name)
     assert all(row["compile_s"] > 0 for row in result["programs"])
     alone = result["alone_cpu_s"]
     assert set(alone) == {"actor_program", "init_params", "reset", "rollout",
