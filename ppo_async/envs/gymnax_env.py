@@ -413,19 +413,16 @@ def _actor_jits(env: Any, network: Any, options: NormalizationOptions, num_steps
     # env takes its keys split (`BatchedEnv.reset_from`), they are split on the
     # host: their hashes need not compile.
     state_size = network.state_size if recurrent else None
-    if hasattr(env, "reset_from"):
-        reset = jax.jit(functools.partial(env.reset_from, state_size=state_size,
-                                          track_return=options.rewards))
+    split_on_host = hasattr(env, "reset_from")
+    reset = jax.jit(functools.partial(env.reset_from if split_on_host else env.reset,
+                                      state_size=state_size, track_return=options.rewards))
 
-        def reset_keys(key: jax.Array) -> tuple[jax.Array, ...]:
-            reset_key, carry_key = keys.split(key)
-            return keys.split_array(reset_key, env.num_envs), carry_key
-    else:
-        reset = jax.jit(functools.partial(env.reset, state_size=state_size,
-                                          track_return=options.rewards))
-
-        def reset_keys(key: jax.Array) -> tuple[jax.Array, ...]:
+    def reset_keys(key: jax.Array) -> tuple[jax.Array, ...]:
+        if not split_on_host:
             return (key,)
+        reset_key, carry_key = keys.split(key)
+        return keys.split_array(reset_key, env.num_envs), carry_key
+
     return _ActorJits(reset, reset_keys, rollout_of(), rollout_all)
 
 
