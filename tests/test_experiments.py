@@ -410,6 +410,14 @@ def test_sampler_bounds_refuses_settings_it_cannot_measure_before_any_run(script
         assert "must be positive" in capsys.readouterr().err
 
 
+def test_compile_options_refuses_options_that_are_not_json_objects(script, capsys):
+    options = script("compile_options")
+    for text, message in (("{not json", "not JSON"), ("[1]", "a JSON object")):
+        with pytest.raises(SystemExit):
+            options.main(["--options", text])
+        assert message in capsys.readouterr().err
+
+
 def test_bench_ingest_replays_chunks_as_many_actors_and_times_the_fan_out(
         tmp_path, script, capsys):
     bench = script("bench_ingest")
