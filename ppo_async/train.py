@@ -221,8 +221,8 @@ class _UpdateWarmUp:
 
     Given ``actor_device`` (thread actors), it first compiles the placement of
     a broadcast's params there (`ppo_async.core.devices.place`): a program of
-    milliseconds alone, that takes 0.2-0.5 s on an actor's way to its first
-    chunk when it compiles beside the update (XLA's compiles wait on each
+    milliseconds alone, that takes up to half a second on an actor's way to
+    its first chunk when it compiles beside the update (XLA's compiles wait on each
     other).
     """
 
