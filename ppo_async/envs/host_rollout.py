@@ -294,7 +294,8 @@ class HostRollout:
         """
         carry, client = unattached(carry)
         if isinstance(client, ChunkClient):
-            carry.envs.step_in_threads()  # the sampler's thread must never block on one env
+            # The sampler's thread must never block on one env: each steps in a thread.
+            client.adopt(carry.envs.step_in_threads(client.stopped))
             carry, *chunk = client.drive(params, self.chunk_steps(params, carry))()
         else:
             act = client or self.policy.act_alone

@@ -9,6 +9,7 @@ backend's rollout returns the same `Trajectory`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -88,9 +89,14 @@ class ChunkClient(NamedTuple):
     rollout's steps, `ppo_async.envs.host_rollout.HostRollout.chunk_steps`)
     beside the chunks of the other actors it serves, one policy call per env
     step for all of them, and returns what the generator returns.
+    ``stopped()`` says the run is stopping; ``adopt(threads)`` hands the
+    sampler the threads started for the chunk's envs (stepper threads), so
+    that it can name one still stuck in its env when the run ends.
     """
 
     drive: Callable[[Any, Any], Any]
+    stopped: Callable[[], bool]
+    adopt: Callable[[list[threading.Thread]], None]
 
 
 def unattached(carry: Any) -> tuple[Any, Callable[..., Any] | None]:

@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import Any
@@ -150,8 +150,8 @@ class _Stepper:
     a step costs the stepper one wake-up and its caller none until it waits.
     """
 
-    def __init__(self, batch: Any, name: str):
-        self.batch, self.closed = batch, False
+    def __init__(self, batch: Any, name: str, stopped: Callable[[], bool]):
+        self.batch, self.stopped, self.closed = batch, stopped, False
         self._go, self._done = threading.Lock(), threading.Lock()
         self._go.acquire()
         self._done.acquire()
@@ -177,10 +177,17 @@ class _Stepper:
         self._go.release()
 
     def wait(self) -> Any:
-        """The step's result; the env's own exception (raised in the caller's thread) if it raised."""
+        """The step's result; the env's own exception (raised in the caller's thread) if it raised.
+
+        Once ``stopped()``, a step still running raises `HostEnvError` instead: the
+        caller (a lock-step sampler) ends, and a step that never returns leaves only
+        this thread, named by its env's name and the line it is stuck on.
+        """
         while not self._done.acquire(timeout=_POLL_S):
             if not self.thread.is_alive():
                 raise HostEnvError(f"{self.thread.name} ended while a step was waited for")
+            if self.stopped():
+                raise HostEnvError(f"the run stopped while {self.thread.name} was in its step")
         result, error, self._result, self._error = self._result, self._error, None, None
         if error is not None:
             raise error
@@ -189,7 +196,10 @@ class _Stepper:
     def close(self, timeout_s: float = 1.0) -> None:
         """End the thread (unless it is stuck inside the env's step: it is a daemon)."""
         self.closed = True
-        self._go.release()
+        try:
+            self._go.release()  # wakes it if idle
+        except RuntimeError:  # a step started and not yet taken up wakes it already
+            pass
         self.thread.join(timeout_s)
 
 
@@ -216,13 +226,19 @@ class EnvGroups:
         self.observation_shape = tuple(self.batches[0].observation_shape)
         self.action_space = self.batches[0].action_space
 
-    def step_in_threads(self) -> None:
-        """From now on each group that cannot step on its own steps in a stepper thread (once)."""
-        if not self._steppers:
-            owner = threading.current_thread().name.replace("ppo-actor-", "")
-            self._steppers = [None if native else _Stepper(batch, f"ppo-env-stepper-{owner}-{g}")
-                              for g, (batch, native)
-                              in enumerate(zip(self.batches, self.native))]
+    def step_in_threads(self, stopped: Callable[[], bool]) -> list[threading.Thread]:
+        """From now on each group that cannot step on its own steps in a stepper thread.
+
+        The threads are started once; this returns those it started (none after
+        the first call). A step waited for ends once ``stopped()`` (`_Stepper.wait`).
+        """
+        if self._steppers:
+            return []
+        owner = threading.current_thread().name.replace("ppo-actor-", "")
+        self._steppers = [None if native else _Stepper(batch, f"ppo-env-stepper-{owner}-{g}",
+                                                       stopped)
+                          for g, (batch, native) in enumerate(zip(self.batches, self.native))]
+        return [stepper.thread for stepper in self._steppers if stepper is not None]
 
     def reset(self, seed: int) -> np.ndarray:
         if len(self.batches) == 1:
@@ -351,8 +367,9 @@ class EnvWorkers:
         return HostStep(a["obs"].copy(), a["reward"].copy(), a["terminated"].copy(),
                         a["truncated"].copy(), a["final_obs"].copy())
 
-    def step_in_threads(self) -> None:
+    def step_in_threads(self, stopped: Callable[[], bool]) -> list[threading.Thread]:
         """Nothing to do: ``step_async`` already returns at once (the workers step)."""
+        return []
 
     def step_async(self, actions: np.ndarray, group: int) -> None:
         """Start group ``group``'s envs stepping with ``actions`` (that group's rows)."""

@@ -191,10 +191,13 @@ class LockstepSampler:
     """
 
     def __init__(self, fn: Callable[..., Any], num_actors: int, stopped: Callable[[], bool],
-                 name: str = "ppo-sampler"):
+                 name: str = "ppo-sampler", first_actor: int = 0):
         self.fn, self.num_actors, self.stopped = fn, num_actors, stopped
+        self.first_actor = first_actor  # the actor id of row 0 (in errors)
         self.calls = 0  # batched calls made
         self.requests = 0  # chunk steps served
+        self.env_threads: list[threading.Thread] = []  # its chunks' stepper threads
+        self.current: int | None = None  # the row whose chunk the thread is running
         self._arrivals: queue.SimpleQueue[_Chunk] = queue.SimpleQueue()
         self._cohorts: list[list[_Chunk]] = [[], []]
         self._inputs: list[tuple | None] = [None] * num_actors  # each actor's latest
@@ -206,7 +209,14 @@ class LockstepSampler:
 
     def client(self, index: int) -> ChunkClient:
         """Actor ``index``'s (its row in every call) `ChunkClient`."""
-        return ChunkClient(lambda params, steps: self.drive(index, params, steps))
+        return ChunkClient(lambda params, steps: self.drive(index, params, steps),
+                           self.stopped, self.env_threads.extend)
+
+    def doing(self) -> str:
+        """What the sampler's thread is in: an actor's chunk (its envs), or its own loop."""
+        if self.current is None:
+            return "in its own loop"
+        return f"in actor {self.first_actor + self.current}'s chunk"
 
     def drive(self, index: int, params: Any, steps: Generator) -> Any:
         """What the generator ``steps`` returns, run among the other actors' chunks; blocks.
@@ -223,6 +233,8 @@ class LockstepSampler:
                 raise InferenceError(f"{self.thread.name} ended while "
                                      f"{threading.current_thread().name} waited")
         if chunk.error is not None:
+            if self.stopped():  # e.g. its envs' step abandoned on the stop: not a failure
+                raise RolloutStopped from chunk.error
             raise chunk.error
         return chunk.result
 
@@ -246,6 +258,7 @@ class LockstepSampler:
 
     def _resume(self, chunk: _Chunk, value: Any) -> bool:
         """Send ``value`` into the chunk's generator; False once it returned or raised."""
+        self.current = chunk.index
         try:
             chunk.request = chunk.steps.send(value)
             return True
@@ -253,6 +266,8 @@ class LockstepSampler:
             chunk.result = finished.value
         except BaseException as error:  # noqa: BLE001 - raised in the actor's thread
             chunk.error = error
+        finally:
+            self.current = None
         chunk.done.release()
         return False
 

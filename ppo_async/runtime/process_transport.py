@@ -238,7 +238,8 @@ class _ActorHost:
             self.program = program = make_actor_program(config)
             self.device = jax.devices("cpu")[0]
             self.load_params = SharedParams(program.params_template, self.device)
-            self.inference = shared_caller(config, program, size, self.stop.is_set)
+            self.inference = shared_caller(config, program, size, self.stop.is_set,
+                                           first_actor=self.first_id)
             if self.inference is not None:
                 self.inference.start()
         except BaseException as error:  # noqa: BLE001 - each actor started here reports it

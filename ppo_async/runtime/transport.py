@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -196,7 +196,8 @@ def uses_shared_sampler(config: AsyncActorLearnerConfig, program: ActorProgram,
 
 
 def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_actors: int,
-                  stopped: Callable[[], bool]) -> InferenceServer | LockstepSampler | None:
+                  stopped: Callable[[], bool],
+                  first_actor: int = 0) -> InferenceServer | LockstepSampler | None:
     """What ``num_actors`` thread actors of one process share, unstarted: a `LockstepSampler`
     (``config.sampler``; for None, where they share calls by default, `uses_shared_sampler`),
     an `InferenceServer` (`shares_calls`), or None: each calls alone."""
@@ -204,7 +205,7 @@ def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_ac
     if shared is None:
         return None
     if uses_shared_sampler(config, program, num_actors):
-        return LockstepSampler(shared.fn, num_actors, stopped)
+        return LockstepSampler(shared.fn, num_actors, stopped, first_actor=first_actor)
     if shares_calls(config, program, num_actors):
         return InferenceServer(shared.fn, num_actors, stopped, shared.gather_s)
     return None
@@ -280,15 +281,20 @@ class ThreadTransport:
         return [handle.stats for handle in self.handles if handle is not None]
 
     def threads(self) -> list[threading.Thread]:
+        """Every thread of the transport: publisher, shared caller, actors, env steppers."""
         server = [] if self.inference is None or self.inference.thread.ident is None else [
             self.inference.thread]
-        return [self.publisher.thread, *server, *(h.thread for h in self.handles if h is not None)]
+        steppers = getattr(self.inference, "env_threads", [])
+        return [self.publisher.thread, *server, *(h.thread for h in self.handles if h is not None),
+                *steppers]
 
     def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
         self.stop_event.set()
         self.publisher.stop()
+        doing = {self.inference.thread: self.inference.doing} if isinstance(
+            self.inference, LockstepSampler) else {}
         return stop_threads(self.threads(), timeout_s,
-                            {f"ppo-actor-{i}" for i in known_stuck})
+                            {f"ppo-actor-{i}" for i in known_stuck}, doing)
 
     def late_failures(self) -> list[ActorFailure]:
         failures = []
@@ -313,14 +319,18 @@ def where(thread: threading.Thread) -> str:
 
 
 def stop_threads(threads: Sequence[threading.Thread], timeout_s: float,
-                 known_stuck: set[str] = frozenset()) -> list[str]:
+                 known_stuck: set[str] = frozenset(),
+                 doing: Mapping[threading.Thread, Callable[[], str]] | None = None) -> list[str]:
     """Join ``threads`` within ``timeout_s`` overall; each one still alive, with where it is.
 
     Threads in ``known_stuck`` (actors the learner already found hung) are not
-    waited for: nothing will end them.
+    waited for: nothing will end them. ``doing[thread]()`` says what a thread
+    still alive was doing (a lock-step sampler: whose chunk), before its frames.
     """
     deadline = time.monotonic() + timeout_s
     for thread in threads:
         if thread.name not in known_stuck:
             thread.join(max(0.0, deadline - time.monotonic()))
-    return [f"{t.name} (at {where(t)})" for t in threads if t.is_alive()]
+    doing = doing or {}
+    return [f"{t.name} ({doing[t]() + ', ' if t in doing else ''}at {where(t)})"
+            for t in threads if t.is_alive()]

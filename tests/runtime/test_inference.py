@@ -423,6 +423,74 @@ def test_a_shared_sampler_fails_only_the_chunk_whose_env_raised_and_ends_on_a_st
         assert not s.thread.is_alive()
 
 
+class _HangingCartPoles:
+    """gymnasium CartPole for a shared sampler; actor 2's envs never return from their
+    third step (until ``release``); with ``native``, from their own ``step_wait``."""
+
+    release = threading.Event()
+
+    def __init__(self, num_envs, native=False):
+        from ppo_async.envs.host import GymnasiumVectorEnv
+
+        self.envs = GymnasiumVectorEnv("CartPole-v1", num_envs)
+        self.observation_shape, self.action_space = self.envs.observation_shape, self.envs.action_space
+        self.reset, self.close = self.envs.reset, self.envs.close
+        self.hangs, self.steps = threading.current_thread().name == "ppo-actor-2", 0
+        if native:
+            self.step_async, self.step_wait = self._start, self._wait
+
+    def step(self, actions):
+        self.steps += 1
+        if self.hangs and self.steps == 3:
+            self.release.wait(120)
+        return self.envs.step(actions)
+
+    def _start(self, actions):
+        self.actions = actions
+
+    def _wait(self):
+        return self.step(self.actions)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["stepper", "step_wait"])
+def test_an_env_hung_under_a_shared_sampler_is_named_by_its_actor_and_line(native):
+    """A hung env stops every actor of the sampler; the error names the thread left in the
+    env's own code, and the actor: its stepper thread (the sampler ends on the stop), or the
+    sampler, stuck in a native step_wait, with the actor whose chunk it was running."""
+    import functools
+    import time
+
+    from ppo_async.runtime.learner import LearnerTimeoutError
+
+    register_host_env("hanging-cartpole", functools.partial(_HangingCartPoles, native=native))
+    config = AsyncActorLearnerConfig(env_id="host:hanging-cartpole", num_actors=4,
+                                     envs_per_actor=2, num_steps=8, num_minibatches=2,
+                                     num_epochs=1, hidden_sizes=(16,), total_env_steps=4 * 2 * 8 * 50,
+                                     sampler="shared", learner_timeout_s=3.0,
+                                     shutdown_timeout_s=3.0)
+    _HangingCartPoles.release.clear()
+    start = time.monotonic()
+    try:
+        with pytest.raises(LearnerTimeoutError) as info:
+            train(config, progress=False)
+        elapsed = time.monotonic() - start
+    finally:
+        _HangingCartPoles.release.set()
+        deadline = time.monotonic() + 30
+        while any(t.name.startswith("ppo-") for t in threading.enumerate()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert elapsed < config.learner_timeout_s + config.shutdown_timeout_s + 8
+    (stuck,) = [note for note in info.value.__notes__ if "threads still running" in note]
+    assert "test_inference.py:" in stuck and " in step" in stuck  # the env's own line
+    if native:
+        assert "ppo-sampler (in actor 2's chunk, at " in stuck
+    else:
+        assert "ppo-env-stepper-2-0 (at " in stuck
+        assert "ppo-sampler" not in stuck  # it ended on the stop
+    assert not any("also failed while stopping" in note for note in info.value.__notes__)
+
+
 def test_the_shared_sampler_is_the_default_where_batched_calls_are():
     """sampler=None: the shared sampler for a process of 16 host-env actors or more whose
     calls are shared (batch_inference not False: the same calls, so the same bits), else
