@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 
@@ -50,28 +49,13 @@ def _twin(total_env_steps: int, seed: int) -> dict:
     start = time.perf_counter()
     compiled = jax.jit(make_train(config)).lower(jax.random.key(seed)).compile()
     compile_s = time.perf_counter() - start
-    start, cpu_start = time.perf_counter(), _cpu_s()
+    start, cpu_start = time.perf_counter(), common.cpu_seconds(children=True)
     result = jax.block_until_ready(compiled(jax.random.key(seed)))
-    run_s, cpu_s = time.perf_counter() - start, _cpu_s() - cpu_start
+    run_s, cpu_s = time.perf_counter() - start, common.cpu_seconds(children=True) - cpu_start
     steps = config.num_updates * config.batch_size
     return {"env_steps_per_s": steps / run_s, "compile_s": compile_s, "run_s": run_s,
             "cpu_s_per_100k_steps": cpu_s / steps * 1e5, "cores_busy": cpu_s / run_s,
             "final_return": recent_return_mean(jax.device_get(result.metrics))}
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process and its live child processes (actor processes) so far."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    import psutil
-
-    children = 0.0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-            children += times.user + times.system
-        except psutil.Error:  # ended meanwhile
-            pass
-    return usage.ru_utime + usage.ru_stime + children
 
 
 def _async(total_env_steps: int, seed: int, pipeline: bool = True,
@@ -90,7 +74,7 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
     marks = []
     start = time.perf_counter()
     report = train(config, progress=False, on_update=lambda m: marks.append(
-        (time.perf_counter(), m["env_steps"], _cpu_s()))).report
+        (time.perf_counter(), m["env_steps"], common.cpu_seconds(children=True)))).report
     wall_s = time.perf_counter() - start
     quarter = next(i for i, (_, steps, _) in enumerate(marks) if steps >= total_env_steps / 4)
     (t0, s0, c0), (t1, s1, c1) = marks[quarter], marks[-1]

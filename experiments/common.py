@@ -167,6 +167,25 @@ def median_rate_by_mode(rows: Sequence[Mapping[str, Any]],
             for mode in modes}
 
 
+def cpu_seconds(children: bool = False) -> float:
+    """CPU seconds of this process so far (all its threads); with ``children``, plus those
+    of its live child processes (actor processes)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    total = usage.ru_utime + usage.ru_stime
+    if children:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                times = child.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:  # ended meanwhile
+                pass
+    return total
+
+
 def median_time(fn, repeats: int) -> float:
     """Median wall seconds of ``repeats`` calls of ``fn``."""
     import statistics

@@ -31,26 +31,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import time
 
 import common
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _per_call(fn, calls: int) -> tuple[float, float]:
     """(wall ms, CPU ms) per call of ``fn`` over ``calls`` calls, after 10 unmeasured."""
     for _ in range(10):
         fn()
-    wall, cpu = time.perf_counter(), _cpu_s()
+    wall, cpu = time.perf_counter(), common.cpu_seconds()
     for _ in range(calls):
         fn()
-    return ((time.perf_counter() - wall) / calls * 1e3, (_cpu_s() - cpu) / calls * 1e3)
+    return ((time.perf_counter() - wall) / calls * 1e3, (common.cpu_seconds() - cpu) / calls * 1e3)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -74,7 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     marks = []
     train(config, progress=False,
-          on_update=lambda m: marks.append((time.perf_counter(), _cpu_s(), m["env_steps"])))
+          on_update=lambda m: marks.append(
+              (time.perf_counter(), common.cpu_seconds(), m["env_steps"])))
     quarter = next(i for i, m in enumerate(marks) if m[2] >= args.total_env_steps / 4)
     (t0, c0, _), (t1, c1, _) = marks[quarter], marks[-1]
     updates = len(marks) - 1 - quarter
@@ -106,17 +101,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     experiences = common.real_chunks(config, program, params)
     _learner_alone(config, program, params, experiences, update, True, 20)  # compiles its calls
-    cpu_start = _cpu_s()
+    cpu_start = common.cpu_seconds()
     learner_s = _learner_alone(config, program, params, experiences, update, True, args.calls)
-    learner_cpu = (_cpu_s() - cpu_start) / (args.calls + 20)  # its 20 warm-up updates count too
+    # Its 20 warm-up updates count too.
+    learner_cpu = (common.cpu_seconds() - cpu_start) / (args.calls + 20)
     rows["learner alone (replayed chunks)"] = (learner_s * 1e3, learner_cpu * 1e3)
 
     compiled = jax.jit(make_train(config)).lower(jax.random.key(0)).compile()
-    wall, cpu_start = time.perf_counter(), _cpu_s()
+    wall, cpu_start = time.perf_counter(), common.cpu_seconds()
     jax.block_until_ready(compiled(jax.random.key(0)))
     rows["twin (rollout and update in one program)"] = (
         (time.perf_counter() - wall) / config.num_updates * 1e3,
-        (_cpu_s() - cpu_start) / config.num_updates * 1e3)
+        (common.cpu_seconds() - cpu_start) / config.num_updates * 1e3)
 
     parts = rows["update alone"][1] + config.num_actors * rows["rollout alone (one actor's chunk)"][1]
     running = rows["train (the running system)"][1]

@@ -433,7 +433,8 @@ class _HangingCartPoles:
         from ppo_async.envs.host import GymnasiumVectorEnv
 
         self.envs = GymnasiumVectorEnv("CartPole-v1", num_envs)
-        self.observation_shape, self.action_space = self.envs.observation_shape, self.envs.action_space
+        self.observation_shape = self.envs.observation_shape
+        self.action_space = self.envs.action_space
         self.reset, self.close = self.envs.reset, self.envs.close
         self.hangs, self.steps = threading.current_thread().name == "ppo-actor-2", 0
         if native:
@@ -465,7 +466,8 @@ def test_an_env_hung_under_a_shared_sampler_is_named_by_its_actor_and_line(nativ
     register_host_env("hanging-cartpole", functools.partial(_HangingCartPoles, native=native))
     config = AsyncActorLearnerConfig(env_id="host:hanging-cartpole", num_actors=4,
                                      envs_per_actor=2, num_steps=8, num_minibatches=2,
-                                     num_epochs=1, hidden_sizes=(16,), total_env_steps=4 * 2 * 8 * 50,
+                                     num_epochs=1, hidden_sizes=(16,),
+                                     total_env_steps=4 * 2 * 8 * 50,
                                      sampler="shared", learner_timeout_s=3.0,
                                      shutdown_timeout_s=3.0)
     _HangingCartPoles.release.clear()
