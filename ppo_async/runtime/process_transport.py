@@ -89,6 +89,7 @@ logger = logging.getLogger(__name__)
 ACTOR_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 START_TIMEOUT_S = 120.0  # a process start, JAX's import, the envs and the first compile
 _WAIT_SLICE_S = 0.05  # the learner's receive looks at dead processes this often
+_WHERE_TIMEOUT_S = 1.0  # how long a process about to be killed may take to say where it is
 _PR_SET_PDEATHSIG = 1
 
 
@@ -263,6 +264,14 @@ class _ActorHost:
         self.handles[actor_id] = spawn_actor(actor_id, self.config, self.program, endpoint,
                                              self.device, stats, start, self.load_params, policy)
 
+    def where(self) -> list[str]:
+        """The threads of this process in an env's (or other non-runtime) code, with their frames."""
+        from ppo_async.runtime.inference import LockstepSampler
+        from ppo_async.runtime.transport import threads_outside_the_runtime
+
+        sampler = self.inference if isinstance(self.inference, LockstepSampler) else None
+        return threads_outside_the_runtime({sampler.thread: sampler.doing} if sampler else None)
+
     def serve_messages(self) -> None:
         """Read the learner's messages until ``stop``; the learner gone ends the process."""
         while True:
@@ -278,6 +287,8 @@ class _ActorHost:
                         inbox.put(message)
             elif kind == "start":
                 self.start(*detail)
+            elif kind == "where":  # the learner is about to kill this process
+                self.send(("where", self.where()))
             elif kind == "stop":
                 self.stop.set()
                 break
@@ -414,6 +425,9 @@ class ProcessTransport:
         # and those voided (the actor was found stuck itself: its kill explains its end).
         self._killed_along: dict[int, ActorFailure] = {}
         self._void: set[int] = set()  # ids of voided failures, skipped when received
+        # What each process killed for a hung actor said of its threads in env code, by pid.
+        self.where_killed: dict[int, str] = {}
+        self._where: dict[int, list[str]] = {}  # replies to "where", by slot
         self._every_version = config.exact_lag is not None
         # exact_policy_lag: the versions an actor starting now may still need
         self._recent: dict[int, PolicyBroadcast] = {}
@@ -545,6 +559,7 @@ class ProcessTransport:
             if failure is not None:  # killed with another actor already: no second restart
                 self._void.add(id(failure))
             return True
+        self._ask_where(slot, process)
         self._kill(slot, process)
         for other, member in process.members.items():
             if report_others and other != actor_id and not member.ended:
@@ -554,6 +569,26 @@ class ProcessTransport:
                 failure = self._killed_along[other] = ActorFailure(other, error, f"{error}\n")
                 self._received.append(failure)
         return True
+
+    def _ask_where(self, slot: int, process: _Process) -> None:
+        """Ask the process where its threads are (up to ``_WHERE_TIMEOUT_S``), before it is
+        killed: `where_killed` keeps the answer, and a warning says it. A thread holding
+        its GIL keeps it from answering."""
+        process.expected_end = True  # killed next: an end meanwhile is no failure of its own
+        self._send(process, ("where",))
+        deadline = time.monotonic() + _WHERE_TIMEOUT_S
+        while slot not in self._where and self.processes[slot] is process:
+            left = deadline - time.monotonic()
+            if left <= 0 or not process.connection.poll(left):
+                break
+            self._read_one(slot)  # the process's other messages go where they always go
+        threads = self._where.pop(slot, None)
+        pid = process.process.pid
+        text = ("no answer: a thread may hold its GIL" if threads is None else
+                "; ".join(threads) if threads else "no thread in env code")
+        self.where_killed[pid] = text
+        logger.warning("killing actor process %d (actors %s), hung; its threads in env code: %s",
+                       pid, ", ".join(map(str, sorted(process.members))), text)
 
     def _kill(self, slot: int, process: _Process) -> None:
         process.expected_end = True
@@ -613,6 +648,9 @@ class ProcessTransport:
             kind, *detail = process.connection.recv()
         except (EOFError, OSError):
             self._ended(slot, process)
+            return
+        if kind == "where":
+            self._where[slot] = detail[0]
             return
         if kind == "item":
             item, stats = detail

@@ -21,9 +21,11 @@ anyway). The learner publishes only params that passed its finiteness check.
 from __future__ import annotations
 
 import collections
+import os
 import pathlib
 import queue
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -316,6 +318,42 @@ def where(thread: threading.Thread) -> str:
     return " <- ".join(
         f"{pathlib.Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames)
     )
+
+
+_RUNTIME_DIR = str(pathlib.Path(__file__).resolve().parents[1])  # the ppo_async package
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"]
+_PACKAGE_DIRS = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+
+
+def _is_stdlib(filename: str) -> bool:
+    return filename.startswith(_STDLIB_DIR) and not filename.startswith(_PACKAGE_DIRS)
+
+
+def threads_outside_the_runtime(
+    doing: Mapping[threading.Thread, Callable[[], str]] | None = None,
+) -> list[str]:
+    """This process's threads now in code that is not the runtime's (an env's, a library's),
+    each as ``name (at frames)``: where a hung actor is stuck.
+
+    A thread counts when its innermost frame outside the standard library lies
+    outside the ``ppo_async`` package; the caller and threads waiting inside
+    the runtime (for a chunk, a call, a message) do not. ``doing[thread]()``
+    is put before the frames, as in `stop_threads`.
+    """
+    doing = doing or {}
+    frames = sys._current_frames()
+    found = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident)
+        if frame is None or thread is threading.current_thread():
+            continue
+        inner = next((f for f in reversed(traceback.extract_stack(frame))
+                      if not _is_stdlib(os.path.abspath(f.filename))), None)
+        if inner is None or os.path.abspath(inner.filename).startswith(_RUNTIME_DIR):
+            continue
+        found.append(f"{thread.name} ({doing[thread]() + ', ' if thread in doing else ''}"
+                     f"at {where(thread)})")
+    return found
 
 
 def stop_threads(threads: Sequence[threading.Thread], timeout_s: float,

@@ -88,3 +88,31 @@ def test_the_publisher_thread_ends_on_stop():
     publisher.stop()
     publisher.thread.join(5)
     assert not publisher.thread.is_alive()
+
+
+def test_threads_outside_the_runtime_are_those_in_env_code_not_those_waiting_in_it():
+    """What a hung actor process says before it is killed: a thread inside an env's code
+    (here this file's) is named with its line; one waiting inside the runtime is not."""
+    from ppo_async.runtime.inference import InferenceServer
+    from ppo_async.runtime.transport import threads_outside_the_runtime
+
+    stop, release = threading.Event(), threading.Event()
+
+    def env_step():  # an env's step that does not return until released
+        release.wait(10)
+
+    in_env = threading.Thread(target=env_step, name="ppo-test-in-env")
+    server = InferenceServer(lambda params, rows: rows, 1, stop.is_set,
+                             name="ppo-test-server").start()  # waits in the runtime
+    in_env.start()
+    try:
+        time.sleep(0.2)
+        found = threads_outside_the_runtime({in_env: lambda: "doing this"})
+    finally:
+        release.set()
+        stop.set()
+        in_env.join(5)
+        server.thread.join(5)
+    (line,) = [entry for entry in found if entry.startswith("ppo-test")]
+    assert line.startswith("ppo-test-in-env (doing this, at ")
+    assert "test_transport.py:" in line and "in env_step" in line
