@@ -119,11 +119,11 @@ def register_misbehaving_env(tmp_path: pathlib.Path, how: str,
     return f"host:{prefix}-{how}", marker
 
 
-def assert_spinning_actor_was_killed(train, config, marker: pathlib.Path, gone):
+def assert_spinning_actor_was_killed(train, config, marker: pathlib.Path, gone) -> None:
     """Train ``config`` (a `MisbehavingEnv` that spins) and check that the run failed with
     `LearnerTimeoutError` within the timeout and a few seconds, naming the one actor it killed,
-    and that its process is gone (``gone(pids)``: the pids still alive after a wait).
-    Returns the error."""
+    and that its process is gone (``gone(pids)``: the pids still alive after a wait), after it
+    said which thread was in the env's code."""
     import time
 
     import pytest
@@ -139,4 +139,7 @@ def assert_spinning_actor_was_killed(train, config, marker: pathlib.Path, gone):
     assert f"killed: actor {info.value.actor_ids[0]}" in "\n".join(info.value.__notes__)
     assert raised_at - marker.stat().st_mtime < config.learner_timeout_s + 6
     assert gone([spinning_pid]) == []  # it was killed, not left spinning
-    return info.value
+    (where,) = [note for note in info.value.__notes__ if "before it was killed" in note]
+    # The env's class travels by value (cloudpickle): its file is "<dynamic-code>".
+    assert (f"actor process {spinning_pid}, before it was killed: "
+            f"ppo-actor-{info.value.actor_ids[0]} (at " in where and " in step <- " in where)

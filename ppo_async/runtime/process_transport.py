@@ -79,7 +79,7 @@ from ppo_async.runtime.actor import (
 )
 from ppo_async.runtime.learner import LearnerTimeoutError
 from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast
-from ppo_async.runtime.transport import Publisher
+from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, stuck_in_words
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,6 @@ logger = logging.getLogger(__name__)
 ACTOR_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 START_TIMEOUT_S = 120.0  # a process start, JAX's import, the envs and the first compile
 _WAIT_SLICE_S = 0.05  # the learner's receive looks at dead processes this often
-_WHERE_TIMEOUT_S = 1.0  # how long a process about to be killed may take to say where it is
 _PR_SET_PDEATHSIG = 1
 
 
@@ -518,7 +517,7 @@ class ProcessTransport:
         not count."""
         member = self._member(actor_id)
         if member is not None and not member.ended:  # it may still run: its process goes
-            self.kill_actor(actor_id)
+            self.kill_actor(actor_id, ask_where=False)
         with self.publisher.lock:  # with exact_policy_lag, the oldest version it will have
             if self.publisher.latest is not None:
                 start = start._replace(first_version=self.publisher.latest.version)
@@ -549,9 +548,11 @@ class ProcessTransport:
         process = self._process_of(actor_id)
         return None if process is None else process.members.get(actor_id)
 
-    def kill_actor(self, actor_id: int, report_others: bool = True) -> bool:
-        """Kill the actor's process. The other actors it ran are reported failed (the
-        supervisor restarts them), unless they are being killed themselves."""
+    def kill_actor(self, actor_id: int, report_others: bool = True,
+                   ask_where: bool = True) -> bool:
+        """Kill the actor's process (a hung actor's: first asked where its threads are). The
+        other actors it ran are reported failed (the supervisor restarts them), unless they
+        are being killed themselves."""
         slot = actor_id // self.per_process
         process = self.processes[slot]
         if process is None:
@@ -559,7 +560,8 @@ class ProcessTransport:
             if failure is not None:  # killed with another actor already: no second restart
                 self._void.add(id(failure))
             return True
-        self._ask_where(slot, process)
+        if ask_where:
+            self._ask_where(slot, process)
         self._kill(slot, process)
         for other, member in process.members.items():
             if report_others and other != actor_id and not member.ended:
@@ -571,12 +573,12 @@ class ProcessTransport:
         return True
 
     def _ask_where(self, slot: int, process: _Process) -> None:
-        """Ask the process where its threads are (up to ``_WHERE_TIMEOUT_S``), before it is
+        """Ask the process where its threads are (up to ``WHERE_TIMEOUT_S``), before it is
         killed: `where_killed` keeps the answer, and a warning says it. A thread holding
         its GIL keeps it from answering."""
         process.expected_end = True  # killed next: an end meanwhile is no failure of its own
         self._send(process, ("where",))
-        deadline = time.monotonic() + _WHERE_TIMEOUT_S
+        deadline = time.monotonic() + WHERE_TIMEOUT_S
         while slot not in self._where and self.processes[slot] is process:
             left = deadline - time.monotonic()
             if left <= 0 or not process.connection.poll(left):
@@ -584,9 +586,7 @@ class ProcessTransport:
             self._read_one(slot)  # the process's other messages go where they always go
         threads = self._where.pop(slot, None)
         pid = process.process.pid
-        text = ("no answer: a thread may hold its GIL" if threads is None else
-                "; ".join(threads) if threads else "no thread in env code")
-        self.where_killed[pid] = text
+        text = self.where_killed[pid] = stuck_in_words(threads)
         logger.warning("killing actor process %d (actors %s), hung; its threads in env code: %s",
                        pid, ", ".join(map(str, sorted(process.members))), text)
 

@@ -59,7 +59,7 @@ from ppo_async.runtime.process_transport import (  # shared by every actor proce
     host_env_payload,
     outgoing,
 )
-from ppo_async.runtime.transport import Publisher
+from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, stuck_in_words
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +165,12 @@ class _ActorProcess:
     def where(self) -> tuple[int, str]:
         """(pid, Ray node id) of this process."""
         return self.stats.pid, self.stats.node_id
+
+    def stuck_in(self) -> list[str]:
+        """This process's threads in an env's (or other non-runtime) code, with their frames."""
+        from ppo_async.runtime.transport import threads_outside_the_runtime
+
+        return threads_outside_the_runtime()
 
     def deliver(self, version: int, refs: list) -> None:
         # The reference arrives wrapped in a list, so Ray does not fetch the bytes
@@ -274,6 +280,8 @@ class RayTransport:
         n = config.num_actors
         self.actors: list[Any] = [None] * n
         self._stats = [ActorStats(i) for i in range(n)]
+        # What each process killed for a hung actor said of its threads in env code, by pid.
+        self.where_killed: dict[int, str] = {}
         self._polls: dict[int, Any] = {}  # actor id -> its poll call in flight
         self._received: queue.Queue = queue.Queue()  # polled items and reported failures
         self._latest: tuple[int, Any] | None = None  # (version, ref) of the newest
@@ -346,7 +354,7 @@ class RayTransport:
         """Kill the old process, start a new one, and wait (up to ``ray_start_timeout_s``)
         until it is up: a process start and JAX's import take seconds, which the learner's
         hang clock, restarted when this returns, should not count."""
-        self.kill_actor(actor_id)
+        self._kill(actor_id, ask_where=False)  # a hung one was killed (and asked) already
         with self.publisher.lock:  # with exact_policy_lag, the oldest version it will have
             if self._latest is not None:
                 start = start._replace(first_version=self._latest[0])
@@ -372,14 +380,31 @@ class RayTransport:
                 "importing JAX and building the envs took longer)", slow)
 
     def kill_actor(self, actor_id: int) -> bool:
+        """Kill a hung actor's process, after asking it where its threads are."""
+        return self._kill(actor_id, ask_where=True)
+
+    def _kill(self, actor_id: int, ask_where: bool) -> bool:
         with self.publisher.lock:
             actor, self.actors[actor_id] = self.actors[actor_id], None
             self._in_flight.pop(actor_id, None)
             self._owed.discard(actor_id)
         self._polls.pop(actor_id, None)
         if actor is not None:
+            if ask_where:
+                self._ask_where(actor_id, actor)
             self._ray.kill(actor, no_restart=True)
         return True
+
+    def _ask_where(self, actor_id: int, actor: Any) -> None:
+        """As `ProcessTransport._ask_where`: where its threads in env code are, before the kill."""
+        try:
+            threads = self._ray.get(actor.stuck_in.remote(), timeout=WHERE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a timeout or a dead actor: no answer
+            threads = None
+        pid = self._stats[actor_id].pid
+        text = self.where_killed[pid] = stuck_in_words(threads)
+        logger.warning("killing actor %d's Ray process %s, hung; its threads in env code: %s",
+                       actor_id, pid, text)
 
     # --- experience in ------------------------------------------------------
 
@@ -464,7 +489,7 @@ class RayTransport:
                 setattr(self._stats[actor_id], field.name, getattr(stats, field.name))
         actors = [actor for actor in self.actors if actor is not None]
         for actor_id in range(len(self.actors)):
-            self.kill_actor(actor_id)
+            self._kill(actor_id, ask_where=False)
         self._confirm_dead(actors, deadline)
         self.publisher.thread.join(max(0.0, deadline - time.monotonic()))
         stragglers = []

@@ -332,20 +332,23 @@ def _is_stdlib(filename: str) -> bool:
 def threads_outside_the_runtime(
     doing: Mapping[threading.Thread, Callable[[], str]] | None = None,
 ) -> list[str]:
-    """This process's threads now in code that is not the runtime's (an env's, a library's),
-    each as ``name (at frames)``: where a hung actor is stuck.
+    """The runtime's threads (named ``ppo-...``) of this process now in code that is not
+    the runtime's (an env's, a library's), each as ``name (at frames)``: where a hung actor
+    is stuck.
 
     A thread counts when its innermost frame outside the standard library lies
     outside the ``ppo_async`` package; the caller and threads waiting inside
-    the runtime (for a chunk, a call, a message) do not. ``doing[thread]()``
-    is put before the frames, as in `stop_threads`.
+    the runtime (for a chunk, a call, a message) do not, nor do threads of
+    other libraries (Ray's own). ``doing[thread]()`` is put before the
+    frames, as in `stop_threads`.
     """
     doing = doing or {}
     frames = sys._current_frames()
     found = []
     for thread in threading.enumerate():
         frame = frames.get(thread.ident)
-        if frame is None or thread is threading.current_thread():
+        if frame is None or thread is threading.current_thread() or not thread.name.startswith(
+                "ppo-"):
             continue
         inner = next((f for f in reversed(traceback.extract_stack(frame))
                       if not _is_stdlib(os.path.abspath(f.filename))), None)
@@ -354,6 +357,17 @@ def threads_outside_the_runtime(
         found.append(f"{thread.name} ({doing[thread]() + ', ' if thread in doing else ''}"
                      f"at {where(thread)})")
     return found
+
+
+WHERE_TIMEOUT_S = 1.0  # how long a process about to be killed may take to say where it is
+
+
+def stuck_in_words(threads: list[str] | None) -> str:
+    """`threads_outside_the_runtime` of a process about to be killed, as a note says it
+    (None: it did not answer within ``WHERE_TIMEOUT_S``)."""
+    if threads is None:
+        return "no answer: a thread may hold its GIL"
+    return "; ".join(threads) if threads else "no thread in env code"
 
 
 def stop_threads(threads: Sequence[threading.Thread], timeout_s: float,
