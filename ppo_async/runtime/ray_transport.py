@@ -336,7 +336,7 @@ class RayTransport:
             num_cpus=self.config.ray_num_cpus_per_actor,
             resources=dict(self.config.ray_actor_resources),
             runtime_env={"env_vars": actor_env_vars()},
-            max_concurrency=4,  # deliver, poll and stop beside the loop's own thread
+            max_concurrency=4,  # deliver, poll, stop, stuck_in beside the loop's thread
         )
         actor = self._remote.options(**options).remote(
             actor_id, self.config, self._host_env, start, self._stats[actor_id])

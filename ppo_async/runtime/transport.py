@@ -320,7 +320,7 @@ def where(thread: threading.Thread) -> str:
     )
 
 
-_RUNTIME_DIR = str(pathlib.Path(__file__).resolve().parents[1])  # the ppo_async package
+_RUNTIME_DIR = str(pathlib.Path(__file__).resolve().parents[1]) + os.sep  # ppo_async's
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"]
 _PACKAGE_DIRS = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
 
