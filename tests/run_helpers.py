@@ -140,6 +140,7 @@ def assert_spinning_actor_was_killed(train, config, marker: pathlib.Path, gone) 
     assert raised_at - marker.stat().st_mtime < config.learner_timeout_s + 6
     assert gone([spinning_pid]) == []  # it was killed, not left spinning
     (where,) = [note for note in info.value.__notes__ if "before it was killed" in note]
-    # The env's class travels by value (cloudpickle): its file is "<dynamic-code>".
+    # The env's class traveled by value, and its file came back with it.
     assert (f"actor process {spinning_pid}, before it was killed: "
-            f"ppo-actor-{info.value.actor_ids[0]} (at " in where and " in step <- " in where)
+            f"ppo-actor-{info.value.actor_ids[0]} (at run_helpers.py:" in where
+            and " in step <- " in where)

@@ -46,6 +46,7 @@ import atexit
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -59,10 +60,11 @@ import sys
 import threading
 import time
 import traceback
+import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, NamedTuple
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import to_host
@@ -120,9 +122,18 @@ def inherited_cache_env() -> dict[str, str]:
                 str(jax.config.jax_persistent_cache_min_compile_time_secs)}
 
 
-def host_env_payload(pickler: Any, env_id: str) -> tuple[str, bytes] | None:
+class HostEnvPayload(NamedTuple):
+    """A ``host:NAME`` env's factory on its way to an actor process (`host_env_payload`)."""
+
+    name: str
+    factory: bytes  # pickled by cloudpickle
+    module: str | None = None  # the factory's module, when its code travels by value,
+    filename: str | None = None  # and that module's file
+
+
+def host_env_payload(pickler: Any, env_id: str) -> HostEnvPayload | None:
     """A ``host:NAME`` env's factory, pickled by value with ``pickler`` (cloudpickle) so an
-    actor process can register it; None for other ids."""
+    actor process can register it (`register_host_env_payload`); None for other ids."""
     backend, name = split_env_id(env_id)
     if backend != HOST:
         return None
@@ -138,10 +149,69 @@ def host_env_payload(pickler: Any, env_id: str) -> tuple[str, bytes] | None:
     if by_value:
         pickler.register_pickle_by_value(module)
     try:
-        return name, pickler.dumps(factory)
+        data = pickler.dumps(factory)
     finally:
         if by_value:
             pickler.unregister_pickle_by_value(module)
+    if not by_value or getattr(module, "__file__", None) is None:
+        return HostEnvPayload(name, data)
+    return HostEnvPayload(name, data, module.__name__, module.__file__)
+
+
+def register_host_env_payload(payload: HostEnvPayload, loads: Callable[[bytes], Any]) -> None:
+    """Register the env of ``payload`` in this (actor) process, its factory read by ``loads``.
+
+    Code that traveled by value comes back with ``<dynamic-code>`` for its file
+    (cloudpickle erases it); the functions of the factory's module get their
+    file back, so that a traceback or a hung actor's note from this process
+    names the env's file and shows its lines.
+    """
+    from ppo_async.envs.registry import register_host_env
+
+    factory = loads(payload.factory)
+    if payload.filename is not None:
+        _restore_filenames(factory, payload.module, payload.filename, set())
+    register_host_env(payload.name, factory)
+
+
+def _restore_filenames(obj: Any, module: str, filename: str, seen: set[int]) -> None:
+    """`register_host_env_payload`'s walk: ``obj`` and what it reaches (methods, wrapped
+    factories, the module-level functions its functions call) that comes from ``module``."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (staticmethod, classmethod)):
+        _restore_filenames(obj.__func__, module, filename, seen)
+    elif isinstance(obj, property):
+        for accessor in (obj.fget, obj.fset, obj.fdel):
+            if accessor is not None:
+                _restore_filenames(accessor, module, filename, seen)
+    elif isinstance(obj, functools.partial):
+        _restore_filenames(obj.func, module, filename, seen)
+    elif isinstance(obj, types.FunctionType):
+        if obj.__module__ != module:
+            return
+        if obj.__code__.co_filename == _DYNAMIC_CODE:
+            obj.__code__ = _code_in(obj.__code__, filename)
+        for value in list(obj.__globals__.values()):
+            _restore_filenames(value, module, filename, seen)
+    elif isinstance(obj, type):
+        for cls in obj.__mro__:
+            if cls.__module__ == module:
+                for value in list(vars(cls).values()):
+                    _restore_filenames(value, module, filename, seen)
+    elif getattr(obj, "make_env", None) is not None:  # register_single_env's wrapper
+        _restore_filenames(obj.make_env, module, filename, seen)
+
+
+_DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for code sent by value
+
+
+def _code_in(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` and the code objects nested in it, with ``filename`` for their file."""
+    consts = tuple(_code_in(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 class ActorProcessesWarning(UserWarning):
@@ -156,7 +226,7 @@ def unportable(env_id: str) -> str | None:
     try:
         payload = host_env_payload(cloudpickle, env_id)
         if payload is not None:
-            pickle.loads(payload[1])
+            pickle.loads(payload.factory)
     except Exception as error:  # noqa: BLE001 - any failure means: it stays in this process
         first_line = str(error).splitlines()[0] if str(error) else ""
         return (f"{env_id}'s factory cannot be sent to another process "
@@ -345,14 +415,13 @@ def serve(fd: int) -> None:
     config = setup["config"]
     _pin(setup["cpu"])
     try:
-        from ppo_async.envs.registry import import_env_modules, register_host_env
+        from ppo_async.envs.registry import import_env_modules
 
         # The config arrives unvalidated: the modules that register its env are
         # imported here, as its validation imports them in the learner's process.
         import_env_modules(config.env_modules)
         if setup["host_env"] is not None:  # the learner's registry does not exist here
-            name, factory = setup["host_env"]
-            register_host_env(name, pickle.loads(factory))
+            register_host_env_payload(setup["host_env"], pickle.loads)
     except BaseException as error:  # noqa: BLE001 - reported by _ActorHost to each actor
         host_error = ActorFailure(-1, error, traceback.format_exc())
     else:

@@ -55,9 +55,11 @@ from ppo_async.runtime.messages import (
     take_newest,
 )
 from ppo_async.runtime.process_transport import (  # shared by every actor process
+    HostEnvPayload,
     actor_env_vars,
     host_env_payload,
     outgoing,
+    register_host_env_payload,
 )
 from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, stuck_in_words
 
@@ -134,18 +136,17 @@ class _ActorProcess:
     """
 
     def __init__(self, actor_id: int, config: AsyncActorLearnerConfig,
-                 host_env: tuple[str, bytes] | None, start: ActorStart, stats: ActorStats):
+                 host_env: HostEnvPayload | None, start: ActorStart, stats: ActorStats):
         import jax
         import ray
 
-        from ppo_async.envs.registry import import_env_modules, register_host_env
+        from ppo_async.envs.registry import import_env_modules
 
         # The config arrives pickled, unvalidated: the modules that register its env are
         # imported here, as the config's validation imports them in the learner's process.
         import_env_modules(config.env_modules)
         if host_env is not None:  # the learner's registry does not exist in this process
-            name, factory = host_env
-            register_host_env(name, ray.cloudpickle.loads(factory))
+            register_host_env_payload(host_env, ray.cloudpickle.loads)
         self.endpoint = _ProcessEndpoint(ray)
         self.stats = stats
         self.stats.pid = os.getpid()

@@ -149,6 +149,9 @@ def test_an_actor_that_raises_is_restarted_in_its_process(tmp_path: pathlib.Path
     # The process that ran both actors runs the restarted one too.
     assert {s.pid for s in report.actor_stats} == {int(marker.read_text())}
     assert "RuntimeError: the env failed on purpose" in caplog.text
+    # The env's code traveled by value; its traceback names its file and shows the line.
+    assert 'run_helpers.py", line' in caplog.text and "<dynamic-code>" not in caplog.text
+    assert 'raise RuntimeError("the env failed on purpose")' in caplog.text
 
 
 def test_a_spinning_actor_takes_the_actors_of_its_process_along(tmp_path: pathlib.Path, caplog):
