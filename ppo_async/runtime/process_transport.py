@@ -69,6 +69,7 @@ from typing import Any, NamedTuple
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import to_host
 from ppo_async.envs.gymnax_env import EnvCarry
+from ppo_async.envs.host import SingleEnvFactory
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
 from ppo_async.envs.workers import PARENT_CPUS_ENV
@@ -200,7 +201,7 @@ def _restore_filenames(obj: Any, module: str, filename: str, seen: set[int]) -> 
             if cls.__module__ == module:
                 for value in list(vars(cls).values()):
                     _restore_filenames(value, module, filename, seen)
-    elif getattr(obj, "make_env", None) is not None:  # register_single_env's wrapper
+    elif isinstance(obj, SingleEnvFactory):  # register_single_env's wrapper
         _restore_filenames(obj.make_env, module, filename, seen)
 
 

@@ -254,3 +254,39 @@ def test_an_env_that_cannot_leave_the_process_runs_in_threads_with_one_warning()
         report = train(config, progress=False).report
     assert report.updates == config.num_updates
     assert {s.pid for s in report.actor_stats} == {os.getpid()}  # threads of this process
+
+
+class _SentByValue:
+    """A host env class of this (test) module: its code travels to actor processes by value."""
+
+    def __init__(self, num_envs):
+        self.num_envs = num_envs
+
+    def step(self, actions):
+        raise NotImplementedError
+
+
+def _one_env():
+    raise NotImplementedError
+
+
+def test_code_sent_by_value_gets_its_file_back_in_the_actor_process():
+    """cloudpickle names the file of code it sends by value ``<dynamic-code>``; registered in
+    an actor process, a class's methods and a single-env factory get this file back."""
+    import pickle
+
+    import cloudpickle
+
+    from ppo_async.envs.host import register_single_env
+    from ppo_async.envs.registry import host_env_factory
+    from ppo_async.runtime.process_transport import host_env_payload, register_host_env_payload
+
+    register_host_env("sent-by-value", _SentByValue)
+    register_single_env("single-sent-by-value", _one_env)
+    for name, code_of in [("sent-by-value", lambda factory: factory.step.__code__),
+                          ("single-sent-by-value", lambda factory: factory.make_env.__code__)]:
+        payload = host_env_payload(cloudpickle, f"host:{name}")
+        assert payload.filename == __file__
+        assert code_of(pickle.loads(payload.factory)).co_filename == "<dynamic-code>"
+        register_host_env_payload(payload._replace(name=f"{name}-here"), pickle.loads)
+        assert code_of(host_env_factory(f"{name}-here")).co_filename == __file__
