@@ -154,9 +154,11 @@ def host_env_payload(pickler: Any, env_id: str) -> HostEnvPayload | None:
     finally:
         if by_value:
             pickler.unregister_pickle_by_value(module)
-    if not by_value or getattr(module, "__file__", None) is None:
+    # Code from a script (__main__) travels by value too, whatever the pickler is told.
+    sent_by_value = by_value or (module is not None and module.__name__ == "__main__")
+    if not sent_by_value or getattr(module, "__file__", None) is None:  # a notebook has none
         return HostEnvPayload(name, data)
-    return HostEnvPayload(name, data, module.__name__, module.__file__)
+    return HostEnvPayload(name, data, module.__name__, os.path.abspath(module.__file__))
 
 
 def register_host_env_payload(payload: HostEnvPayload, loads: Callable[[bytes], Any]) -> None:

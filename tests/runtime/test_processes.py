@@ -290,3 +290,37 @@ def test_code_sent_by_value_gets_its_file_back_in_the_actor_process():
         assert code_of(pickle.loads(payload.factory)).co_filename == "<dynamic-code>"
         register_host_env_payload(payload._replace(name=f"{name}-here"), pickle.loads)
         assert code_of(host_env_factory(f"{name}-here")).co_filename == __file__
+
+
+def test_code_from_a_script_gets_the_scripts_file_back(tmp_path: pathlib.Path):
+    """A factory defined in the script being run (``__main__``, sent by value whatever
+    cloudpickle is told) gets the script's file back, as a module's does."""
+    script = tmp_path / "my_training_script.py"
+    script.write_text(textwrap.dedent("""
+        import pickle
+
+        import cloudpickle
+
+        from ppo_async.envs.registry import host_env_factory, register_host_env
+        from ppo_async.runtime.process_transport import (
+            host_env_payload, register_host_env_payload)
+
+
+        class MyEnv:
+            def __init__(self, num_envs):
+                pass
+
+            def step(self, actions):
+                raise NotImplementedError
+
+
+        register_host_env("scripted", MyEnv)
+        payload = host_env_payload(cloudpickle, "host:scripted")
+        print(pickle.loads(payload.factory).step.__code__.co_filename)
+        register_host_env_payload(payload._replace(name="scripted-here"), pickle.loads)
+        print(host_env_factory("scripted-here").step.__code__.co_filename)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["<dynamic-code>", str(script)]
