@@ -425,11 +425,11 @@ def test_a_shared_sampler_fails_only_the_chunk_whose_env_raised_and_ends_on_a_st
 
 class _HangingCartPoles:
     """gymnasium CartPole for a shared sampler; actor 2's envs never return from their
-    third step (until ``release``); with ``native``, from their own ``step_wait``."""
+    third step (until ``release``)."""
 
     release = threading.Event()
 
-    def __init__(self, num_envs, native=False):
+    def __init__(self, num_envs):
         from ppo_async.envs.host import GymnasiumVectorEnv
 
         self.envs = GymnasiumVectorEnv("CartPole-v1", num_envs)
@@ -437,8 +437,6 @@ class _HangingCartPoles:
         self.action_space = self.envs.action_space
         self.reset, self.close = self.envs.reset, self.envs.close
         self.hangs, self.steps = threading.current_thread().name == "ppo-actor-2", 0
-        if native:
-            self.step_async, self.step_wait = self._start, self._wait
 
     def step(self, actions):
         self.steps += 1
@@ -446,24 +444,46 @@ class _HangingCartPoles:
             self.release.wait(120)
         return self.envs.step(actions)
 
-    def _start(self, actions):
-        self.actions = actions
 
-    def _wait(self):
-        return self.step(self.actions)
+def test_a_sampler_stuck_in_a_chunk_says_whose_it_is():
+    """An env's own step_wait runs in the sampler's thread: stuck there, the sampler says
+    whose chunk it is in (the actor, counted from ``first_actor``), before its frames."""
+    from ppo_async.runtime.transport import stop_threads
+
+    stop, release, entered = threading.Event(), threading.Event(), threading.Event()
+
+    def steps():  # one policy call, then a step_wait that does not return until released
+        yield ("inputs",)
+        entered.set()
+        release.wait(10)
+        return "done"
+
+    sampler = LockstepSampler(lambda params, inputs: ["row 0", "row 1"], 2, stop.is_set,
+                              first_actor=4).start()
+    outcome = []
+    driver = threading.Thread(target=lambda: outcome.append(sampler.drive(1, "p", steps())))
+    driver.start()
+    try:
+        assert entered.wait(10)
+        (line,) = stop_threads([sampler.thread], 0.05, doing={sampler.thread: sampler.doing})
+    finally:
+        release.set()
+        driver.join(10)
+        stop.set()
+        sampler.thread.join(10)
+    assert line.startswith("ppo-sampler (in actor 5's chunk, at ") and "in steps" in line
+    assert outcome == ["done"] and sampler.doing() == "in its own loop"
 
 
-@pytest.mark.parametrize("native", [False, True], ids=["stepper", "step_wait"])
-def test_an_env_hung_under_a_shared_sampler_is_named_by_its_actor_and_line(native):
+def test_an_env_hung_under_a_shared_sampler_is_named_by_its_actor_and_line():
     """A hung env stops every actor of the sampler; the error names the thread left in the
-    env's own code, and the actor: its stepper thread (the sampler ends on the stop), or the
-    sampler, stuck in a native step_wait, with the actor whose chunk it was running."""
-    import functools
+    env's own code, with the actor: its stepper thread (the sampler ends on the stop). An
+    env hung in its own step_wait holds the sampler itself: the test above."""
     import time
 
     from ppo_async.runtime.learner import LearnerTimeoutError
 
-    register_host_env("hanging-cartpole", functools.partial(_HangingCartPoles, native=native))
+    register_host_env("hanging-cartpole", _HangingCartPoles)
     config = AsyncActorLearnerConfig(env_id="host:hanging-cartpole", num_actors=4,
                                      envs_per_actor=2, num_steps=8, num_minibatches=2,
                                      num_epochs=1, hidden_sizes=(16,),
@@ -485,11 +505,8 @@ def test_an_env_hung_under_a_shared_sampler_is_named_by_its_actor_and_line(nativ
     assert elapsed < config.learner_timeout_s + config.shutdown_timeout_s + 8
     (stuck,) = [note for note in info.value.__notes__ if "threads still running" in note]
     assert "test_inference.py:" in stuck and " in step" in stuck  # the env's own line
-    if native:
-        assert "ppo-sampler (in actor 2's chunk, at " in stuck
-    else:
-        assert "ppo-env-stepper-2-0 (at " in stuck
-        assert "ppo-sampler" not in stuck  # it ended on the stop
+    assert "ppo-env-stepper-2-0 (at " in stuck
+    assert "ppo-sampler" not in stuck  # it ended on the stop
     assert not any("also failed while stopping" in note for note in info.value.__notes__)
 
 
