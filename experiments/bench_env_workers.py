@@ -256,7 +256,7 @@ def random_row(config, loop: str, envs: int, seconds: float) -> dict:
         vec = EnvWorkers(config.env_id, envs, workers=config.num_actors, groups=1,
                          observation_shape=probe.observation_shape,
                          action_space=probe.action_space,
-                         factory=portable_factory(config.env_id)[0])
+                         payload=portable_factory(config.env_id)[0])
         space = probe.action_space
         vec.reset(0)
         step = vec.step

@@ -183,9 +183,9 @@ class HostRollout:
         self.action_space = action_space = probe.action_space
         close_envs(probe)
         self.workers, self.groups = config.env_layout()
-        self.factory = None  # a host: id's factory, pickled for the env workers
+        self.payload = None  # a host: id's factory, on its way to the env workers
         if self.workers:
-            self.factory, problem = portable_factory(self.env_id)
+            self.payload, problem = portable_factory(self.env_id)
             if problem is not None:
                 warnings.warn(f"{self.env_id}: {problem}; its envs step in the actor's thread "
                               "(env_workers=0)", EnvWorkersWarning, stacklevel=2)
@@ -255,7 +255,7 @@ class HostRollout:
             return EnvWorkers(
                 self.env_id, self.num_envs, workers=self.workers, groups=self.groups,
                 observation_shape=self.observation_shape, action_space=self.action_space,
-                env_modules=self.config.env_modules, factory=self.factory,
+                env_modules=self.config.env_modules, payload=self.payload,
                 make_kwargs=self.config.env_make_kwargs(),
                 owner=threading.current_thread().name.replace("ppo-actor-", "actor "),
                 reply_timeout_s=self.config.learner_timeout_s / 2,

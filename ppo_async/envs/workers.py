@@ -60,6 +60,7 @@ from ppo_async.envs.host import (
     make_host_env,
     steps_natively_async,
 )
+from ppo_async.envs.payload import HostEnvPayload, host_env_payload, register_host_env_payload
 
 # How often a waiting actor looks at its worker's health, and an idle worker at its parent.
 _POLL_S = 0.05
@@ -118,29 +119,30 @@ class EnvWorkersWarning(UserWarning):
     """A host env's envs step in the actor's thread although env workers were asked for."""
 
 
-def portable_factory(env_id: str) -> tuple[bytes | None, str | None]:
-    """``(factory pickled, None)`` for a ``host:`` id, ``(None, None)`` for a gymnasium id,
+def portable_factory(env_id: str) -> tuple[HostEnvPayload | None, str | None]:
+    """``(payload, None)`` for a ``host:`` id, ``(None, None)`` for a gymnasium id,
     or ``(None, why)`` when the factory cannot be sent to a worker process.
 
     cloudpickle (a gymnasium dependency) sends a class or closure defined in a
-    notebook or script by value; an object holding a lock or an open
-    simulator cannot travel at all.
+    notebook or script by value, with the script's file (`ppo_async.envs.payload`);
+    one from an importable module by name (a worker shares this process's
+    ``sys.path``); an object holding a lock or an open simulator cannot travel at all.
     """
     from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
 
     backend, name = split_env_id(env_id)
     if backend != HOST:
         return None, None
-    factory = host_env_factory(name)
     try:
         import cloudpickle
 
-        data = cloudpickle.dumps(factory)
-        pickle.loads(data)
+        payload = host_env_payload(cloudpickle, env_id, modules_by_value=False)
+        pickle.loads(payload.factory)
     except Exception as error:  # noqa: BLE001 - any failure means: it stays in this process
-        return None, (f"its factory {factory!r} cannot be sent to an env worker process "
+        return None, (f"its factory {host_env_factory(name)!r} cannot be sent to an env "
+                      "worker process "
                       f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
-    return data, None
+    return payload, None
 
 
 class _Stepper:
@@ -299,7 +301,7 @@ class EnvWorkers:
       num_envs, workers, groups: the layout; every group needs at least one env per worker.
       observation_shape, action_space: from a probe env made in the parent.
       env_modules: imported by each worker first (they register the env).
-      factory: for a ``host:`` id, its factory pickled (``pickle.dumps``); the
+      payload: for a ``host:`` id, its factory on its way (`portable_factory`); the
         worker registers it under the id's name.
       make_kwargs: what `ppo_async.envs.host.make_host_env` gets besides the id
         and size (the config's ``env_make_kwargs()``).
@@ -311,7 +313,7 @@ class EnvWorkers:
 
     def __init__(self, env_id: str, num_envs: int, *, workers: int, groups: int,
                  observation_shape: tuple[int, ...], action_space: Any,
-                 env_modules: Sequence[str] = (), factory: bytes | None = None,
+                 env_modules: Sequence[str] = (), payload: HostEnvPayload | None = None,
                  make_kwargs: dict[str, Any] | None = None, owner: str = "actor",
                  reply_timeout_s: float = 30.0,
                  start_timeout_s: float = _START_TIMEOUT_S, spin_s: float = _SPIN_S):
@@ -341,7 +343,7 @@ class EnvWorkers:
         _LIVE.add(self)
         try:
             for w in range(workers):
-                self._start(w, fields, env_modules, factory)
+                self._start(w, fields, env_modules, payload)
             for w in range(workers):
                 self._wait_reply(w, "start", start_timeout_s)
         except BaseException:
@@ -424,10 +426,11 @@ class EnvWorkers:
 
     # --- the parent's side of the protocol -------------------------------------------
 
-    def _start(self, w: int, fields, env_modules: Sequence[str], factory: bytes | None) -> None:
+    def _start(self, w: int, fields, env_modules: Sequence[str],
+               payload: HostEnvPayload | None) -> None:
         mine, theirs = socket.socketpair()
         setup = dict(env_id=self.env_id, held=self._held[w], memory=self._memory.name,
-                     fields=fields, env_modules=tuple(env_modules), factory=factory,
+                     fields=fields, env_modules=tuple(env_modules), payload=payload,
                      make_kwargs=self._make_kwargs, parent=os.getpid(), path=list(sys.path),
                      spin_s=self.spin_s)
         try:
@@ -555,14 +558,14 @@ def serve(fd: int, package: Any = None) -> None:
     memory = None
     envs: dict[int, Any] = {}
     try:
-        from ppo_async.envs.registry import import_env_modules, register_host_env, split_env_id
+        from ppo_async.envs.registry import import_env_modules
 
         memory = shared_memory.SharedMemory(name=setup["memory"])
         _untrack(memory)
         arrays = _views(memory.buf, setup["fields"])
         import_env_modules(setup["env_modules"])
-        if setup["factory"] is not None:
-            register_host_env(split_env_id(setup["env_id"])[1], pickle.loads(setup["factory"]))
+        if setup["payload"] is not None:
+            register_host_env_payload(setup["payload"], pickle.loads)
         for group, lo, hi in setup["held"]:
             envs[group] = (lo, hi, make_host_env(setup["env_id"], hi - lo,
                                                  **setup["make_kwargs"]))

@@ -46,7 +46,6 @@ import atexit
 import collections
 import contextlib
 import dataclasses
-import functools
 import logging
 import math
 import os
@@ -60,7 +59,6 @@ import sys
 import threading
 import time
 import traceback
-import types
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
@@ -69,9 +67,8 @@ from typing import Any, NamedTuple
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import to_host
 from ppo_async.envs.gymnax_env import EnvCarry
-from ppo_async.envs.host import SingleEnvFactory
+from ppo_async.envs.payload import HostEnvPayload, host_env_payload, register_host_env_payload
 from ppo_async.envs.program import ActorProgram
-from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
 from ppo_async.envs.workers import PARENT_CPUS_ENV
 from ppo_async.runtime.actor import (
     ActorHandle,
@@ -121,100 +118,6 @@ def inherited_cache_env() -> dict[str, str]:
     return {"JAX_COMPILATION_CACHE_DIR": str(cache_dir),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
                 str(jax.config.jax_persistent_cache_min_compile_time_secs)}
-
-
-class HostEnvPayload(NamedTuple):
-    """A ``host:NAME`` env's factory on its way to an actor process (`host_env_payload`)."""
-
-    name: str
-    factory: bytes  # pickled by cloudpickle
-    module: str | None = None  # the factory's module, when its code travels by value,
-    filename: str | None = None  # and that module's file
-
-
-def host_env_payload(pickler: Any, env_id: str) -> HostEnvPayload | None:
-    """A ``host:NAME`` env's factory, pickled by value with ``pickler`` (cloudpickle) so an
-    actor process can register it (`register_host_env_payload`); None for other ids."""
-    backend, name = split_env_id(env_id)
-    if backend != HOST:
-        return None
-    factory = host_env_factory(name)
-    # register_single_env wraps the user's env factory: its module is the one to look at.
-    module = sys.modules.get(getattr(getattr(factory, "make_env", factory), "__module__", ""), None)
-    by_value = module is not None and module.__name__ != "__main__" and not (
-        module.__name__.startswith("ppo_async")
-        or "site-packages" in str(getattr(module, "__file__", ""))
-    )
-    # A factory defined in a script or test module cannot be imported by name
-    # in another process; its code travels with it.
-    if by_value:
-        pickler.register_pickle_by_value(module)
-    try:
-        data = pickler.dumps(factory)
-    finally:
-        if by_value:
-            pickler.unregister_pickle_by_value(module)
-    # Code from a script (__main__) travels by value too, whatever the pickler is told.
-    sent_by_value = by_value or (module is not None and module.__name__ == "__main__")
-    if not sent_by_value or getattr(module, "__file__", None) is None:  # a notebook has none
-        return HostEnvPayload(name, data)
-    return HostEnvPayload(name, data, module.__name__, os.path.abspath(module.__file__))
-
-
-def register_host_env_payload(payload: HostEnvPayload, loads: Callable[[bytes], Any]) -> None:
-    """Register the env of ``payload`` in this (actor) process, its factory read by ``loads``.
-
-    Code that traveled by value comes back with ``<dynamic-code>`` for its file
-    (cloudpickle erases it); the functions of the factory's module get their
-    file back, so that a traceback or a hung actor's note from this process
-    names the env's file and shows its lines.
-    """
-    from ppo_async.envs.registry import register_host_env
-
-    factory = loads(payload.factory)
-    if payload.filename is not None:
-        _restore_filenames(factory, payload.module, payload.filename, set())
-    register_host_env(payload.name, factory)
-
-
-def _restore_filenames(obj: Any, module: str, filename: str, seen: set[int]) -> None:
-    """`register_host_env_payload`'s walk: ``obj`` and what it reaches (methods, wrapped
-    factories, the module-level functions its functions call) that comes from ``module``."""
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, (staticmethod, classmethod)):
-        _restore_filenames(obj.__func__, module, filename, seen)
-    elif isinstance(obj, property):
-        for accessor in (obj.fget, obj.fset, obj.fdel):
-            if accessor is not None:
-                _restore_filenames(accessor, module, filename, seen)
-    elif isinstance(obj, functools.partial):
-        _restore_filenames(obj.func, module, filename, seen)
-    elif isinstance(obj, types.FunctionType):
-        if obj.__module__ != module:
-            return
-        if obj.__code__.co_filename == _DYNAMIC_CODE:
-            obj.__code__ = _code_in(obj.__code__, filename)
-        for value in list(obj.__globals__.values()):
-            _restore_filenames(value, module, filename, seen)
-    elif isinstance(obj, type):
-        for cls in obj.__mro__:
-            if cls.__module__ == module:
-                for value in list(vars(cls).values()):
-                    _restore_filenames(value, module, filename, seen)
-    elif isinstance(obj, SingleEnvFactory):  # register_single_env's wrapper
-        _restore_filenames(obj.make_env, module, filename, seen)
-
-
-_DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for code sent by value
-
-
-def _code_in(code: types.CodeType, filename: str) -> types.CodeType:
-    """``code`` and the code objects nested in it, with ``filename`` for their file."""
-    consts = tuple(_code_in(c, filename) if isinstance(c, types.CodeType) else c
-                   for c in code.co_consts)
-    return code.replace(co_filename=filename, co_consts=consts)
 
 
 class ActorProcessesWarning(UserWarning):

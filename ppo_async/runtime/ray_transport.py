@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs.backends import make_actor_program
+from ppo_async.envs.payload import HostEnvPayload, host_env_payload, register_host_env_payload
 from ppo_async.envs.program import ActorProgram
 from ppo_async.runtime.actor import ActorStart, ActorStats, run_actor
 from ppo_async.runtime.learner import LearnerTimeoutError
@@ -54,13 +55,7 @@ from ppo_async.runtime.messages import (
     take_all,
     take_newest,
 )
-from ppo_async.runtime.process_transport import (  # shared by every actor process
-    HostEnvPayload,
-    actor_env_vars,
-    host_env_payload,
-    outgoing,
-    register_host_env_payload,
-)
+from ppo_async.runtime.process_transport import actor_env_vars, outgoing
 from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, stuck_in_words
 
 logger = logging.getLogger(__name__)

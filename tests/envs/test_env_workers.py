@@ -24,6 +24,7 @@ import pytest
 from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, train
 from ppo_async.envs.host import make_host_env
 from ppo_async.envs.host_rollout import HostRollout
+from ppo_async.envs.payload import HostEnvPayload
 from ppo_async.envs.registry import register_host_env
 from ppo_async.envs.workers import EnvWorkerError, EnvWorkers, EnvWorkersWarning
 
@@ -110,11 +111,11 @@ def test_a_worker_process_imports_no_jax(tmp_path, monkeypatch):
     probe = make_host_env("host:jax-probe", 1)
     from ppo_async.envs.workers import portable_factory
 
-    factory, problem = portable_factory("host:jax-probe")
+    payload, problem = portable_factory("host:jax-probe")
     assert problem is None
     pool = EnvWorkers("host:jax-probe", 2, workers=1, groups=1,
                       observation_shape=probe.observation_shape, action_space=probe.action_space,
-                      env_modules=("jax_probe_env",), factory=factory)
+                      env_modules=("jax_probe_env",), payload=payload)
     try:
         assert "jax" in sys.modules
         np.testing.assert_array_equal(pool.reset(0), [[0.0], [0.0]])
@@ -170,7 +171,8 @@ def breaking_workers(mode: str, **kwargs) -> EnvWorkers:
 
     return EnvWorkers("host:breaking", 4, workers=2, groups=1, observation_shape=(2,),
                       action_space=gymnasium.spaces.Discrete(2), owner="actor 3",
-                      factory=cloudpickle.dumps(functools.partial(BreakingEnv, mode=mode)),
+                      payload=HostEnvPayload("breaking", cloudpickle.dumps(
+                          functools.partial(BreakingEnv, mode=mode))),
                       **kwargs)
 
 

@@ -279,7 +279,7 @@ def test_code_sent_by_value_gets_its_file_back_in_the_actor_process():
 
     from ppo_async.envs.host import register_single_env
     from ppo_async.envs.registry import host_env_factory
-    from ppo_async.runtime.process_transport import host_env_payload, register_host_env_payload
+    from ppo_async.envs.payload import host_env_payload, register_host_env_payload
 
     register_host_env("sent-by-value", _SentByValue)
     register_single_env("single-sent-by-value", _one_env)
@@ -290,28 +290,40 @@ def test_code_sent_by_value_gets_its_file_back_in_the_actor_process():
         assert code_of(pickle.loads(payload.factory)).co_filename == "<dynamic-code>"
         register_host_env_payload(payload._replace(name=f"{name}-here"), pickle.loads)
         assert code_of(host_env_factory(f"{name}-here")).co_filename == __file__
+        # sent on from here (to env workers), it goes as it came, file included
+        assert host_env_payload(cloudpickle, f"host:{name}-here") == payload._replace(
+            name=f"{name}-here")
 
 
 def test_code_from_a_script_gets_the_scripts_file_back(tmp_path: pathlib.Path):
     """A factory defined in the script being run (``__main__``, sent by value whatever
-    cloudpickle is told) gets the script's file back, as a module's does."""
+    cloudpickle is told) gets the script's file back, as a module's does: registered from
+    its payload, and in an env worker process, whose traceback shows the env's line."""
     script = tmp_path / "my_training_script.py"
     script.write_text(textwrap.dedent("""
         import pickle
 
         import cloudpickle
+        import gymnasium
+        import numpy as np
 
+        from ppo_async.envs.payload import host_env_payload, register_host_env_payload
         from ppo_async.envs.registry import host_env_factory, register_host_env
-        from ppo_async.runtime.process_transport import (
-            host_env_payload, register_host_env_payload)
+        from ppo_async.envs.workers import EnvWorkerError, EnvWorkers, portable_factory
 
 
         class MyEnv:
+            observation_shape = (2,)
+            action_space = gymnasium.spaces.Discrete(2)
+
             def __init__(self, num_envs):
-                pass
+                self.num_envs = num_envs
+
+            def reset(self, seed):
+                return np.zeros((self.num_envs, 2), np.float32)
 
             def step(self, actions):
-                raise NotImplementedError
+                raise NotImplementedError("the scripted env has no step")
 
 
         register_host_env("scripted", MyEnv)
@@ -319,8 +331,21 @@ def test_code_from_a_script_gets_the_scripts_file_back(tmp_path: pathlib.Path):
         print(pickle.loads(payload.factory).step.__code__.co_filename)
         register_host_env_payload(payload._replace(name="scripted-here"), pickle.loads)
         print(host_env_factory("scripted-here").step.__code__.co_filename)
+        pool = EnvWorkers("host:scripted", 2, workers=1, groups=1, observation_shape=(2,),
+                          action_space=MyEnv.action_space,
+                          payload=portable_factory("host:scripted")[0])
+        try:
+            pool.reset(0)
+            pool.step(np.zeros(2, np.int32))
+        except EnvWorkerError as error:
+            print(error)
+        finally:
+            pool.close()
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["<dynamic-code>", str(script)]
+    assert done.stdout.split()[:2] == ["<dynamic-code>", str(script)]
+    raising = 'raise NotImplementedError("the scripted env has no step")'
+    line = [raising in text for text in script.read_text().splitlines()].index(True) + 1
+    assert f'File "{script}", line {line}, in step\n    {raising}' in done.stdout
