@@ -79,7 +79,7 @@ from ppo_async.runtime.actor import (
 )
 from ppo_async.runtime.learner import LearnerTimeoutError
 from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast
-from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, stuck_in_words
+from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, note_where_killed
 
 logger = logging.getLogger(__name__)
 
@@ -559,11 +559,10 @@ class ProcessTransport:
             if left <= 0 or not process.connection.poll(left):
                 break
             self._read_one(slot)  # the process's other messages go where they always go
-        threads = self._where.pop(slot, None)
         pid = process.process.pid
-        text = self.where_killed[pid] = stuck_in_words(threads)
-        logger.warning("killing actor process %d (actors %s), hung; its threads in env code: %s",
-                       pid, ", ".join(map(str, sorted(process.members))), text)
+        note_where_killed(self.where_killed, pid, self._where.pop(slot, None),
+                          f"actor process {pid} (actors "
+                          f"{', '.join(map(str, sorted(process.members)))})")
 
     def _kill(self, slot: int, process: _Process) -> None:
         process.expected_end = True

@@ -56,7 +56,7 @@ from ppo_async.runtime.messages import (
     take_newest,
 )
 from ppo_async.runtime.process_transport import actor_env_vars, outgoing
-from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, stuck_in_words
+from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, note_where_killed
 
 logger = logging.getLogger(__name__)
 
@@ -398,9 +398,8 @@ class RayTransport:
         except Exception:  # noqa: BLE001 - a timeout or a dead actor: no answer
             threads = None
         pid = self._stats[actor_id].pid
-        text = self.where_killed[pid] = stuck_in_words(threads)
-        logger.warning("killing actor %d's Ray process %s, hung; its threads in env code: %s",
-                       actor_id, pid, text)
+        note_where_killed(self.where_killed, pid, threads,
+                          f"actor {actor_id}'s Ray process {pid}")
 
     # --- experience in ------------------------------------------------------
 

@@ -62,8 +62,7 @@ class Supervisor:
             error.add_note(
                 f"killed: {', '.join(f'actor {i}' for i in self.killed)} (its process ended; "
                 f"max_actor_restarts={self.config.max_actor_restarts} allowed no restart)")
-            where = getattr(self.transport, "where_killed", {})  # actor processes say it
-            for pid, text in where.items():
+            for pid, text in self.transport.where_killed.items():  # actor processes say it
                 error.add_note(f"actor process {pid}, before it was killed: {text}")
 
     def on_stuck(self, actor_ids: list[int], produced_steps: int) -> bool:

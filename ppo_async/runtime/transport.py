@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import os
+import logging
 import pathlib
 import queue
 import sys
@@ -48,6 +49,8 @@ from ppo_async.runtime.actor import (
 from ppo_async.runtime.inference import InferenceServer, LockstepSampler, SharedParams
 from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast, serialize_policy
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["ActorEndpoint", "LearnerTransport", "Publisher", "ThreadTransport",
            "PUBLISHER_ID", "stop_threads", "where"]
 
@@ -59,6 +62,10 @@ class LearnerTransport(Protocol):
     Actor ids are ``0 .. num_actors - 1``; experience of one actor arrives in
     the order it was sent. Every method returns within its timeout.
     """
+
+    where_killed: dict[int, str]
+    """Actor processes killed for a hung actor: pid -> where their threads in env code
+    were (`note_where_killed`); empty for thread actors, which cannot be killed."""
 
     def start_actor(self, actor_id: int, start: ActorStart) -> None:
         """Start actor ``actor_id`` from ``start``; it waits for a broadcast before acting."""
@@ -223,6 +230,7 @@ class ThreadTransport:
         self.broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
         self.stop_event = threading.Event()
         self.handles: list[ActorHandle | None] = [None] * config.num_actors
+        self.where_killed: dict[int, str] = {}  # never filled: threads are not killed
         self.publisher = Publisher(self._deliver, self.report_failure,
                                    every_version=config.exact_lag is not None)
         # One load of each version for all actors (they then share batched calls).
@@ -286,7 +294,8 @@ class ThreadTransport:
         """Every thread of the transport: publisher, shared caller, actors, env steppers."""
         server = [] if self.inference is None or self.inference.thread.ident is None else [
             self.inference.thread]
-        steppers = getattr(self.inference, "env_threads", [])
+        steppers = self.inference.env_threads if isinstance(
+            self.inference, LockstepSampler) else []
         return [self.publisher.thread, *server, *(h.thread for h in self.handles if h is not None),
                 *steppers]
 
@@ -368,6 +377,14 @@ def stuck_in_words(threads: list[str] | None) -> str:
     if threads is None:
         return "no answer: a thread may hold its GIL"
     return "; ".join(threads) if threads else "no thread in env code"
+
+
+def note_where_killed(where_killed: dict[int, str], pid: int, threads: list[str] | None,
+                      process: str) -> None:
+    """Keep where the threads of ``process`` (pid ``pid``, about to be killed for a hung
+    actor) are in env code, in ``where_killed``, and say it in a warning."""
+    text = where_killed[pid] = stuck_in_words(threads)
+    logger.warning("killing %s, hung; its threads in env code: %s", process, text)
 
 
 def stop_threads(threads: Sequence[threading.Thread], timeout_s: float,
