@@ -11,7 +11,7 @@ compile) and its ratio to the ideal.
 
     python experiments/bench_scaling.py [--actors 1 2 4 8 16 32 64] [--envs-per-actor 1]
         [--step-ms 2] [--seconds 8] [--backend threads|processes|ray]
-        [--inference batched per-actor]
+        [--inference batched per-actor] [--env-groups G]
 
 With thread actors each count runs twice by default, in alternation: with
 batched inference (``batch_inference=True``, the default: one policy call
@@ -95,7 +95,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
             num_steps: int, skip: int, backend: str = "threads",
             batch_inference: bool = True, env_workers: int | None = 0,
             actors_per_process: int | None = None, sampler: str | None = None,
-            env_async: bool = False, pinned: bool = True) -> dict:
+            env_async: bool = False, pinned: bool = True, env_groups: int | None = None) -> dict:
     """Steady env steps/s of one `train` with ``num_actors`` actors (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, StopTraining, train
     from ppo_async.envs.registry import register_host_env
@@ -107,8 +107,8 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
         num_steps=num_steps, num_minibatches=1, num_epochs=1,
         total_env_steps=num_actors * envs_per_actor * num_steps * 100_000,
         learner_timeout_s=120.0, actor_backend=backend, batch_inference=batch_inference,
-        env_workers=env_workers, actors_per_process=actors_per_process, sampler=sampler,
-        pin_actor_processes=pinned,
+        env_workers=env_workers, env_groups=env_groups, actors_per_process=actors_per_process,
+        sampler=sampler, pin_actor_processes=pinned,
         # Ray: the actors share the machine's cores (each a process), as threads do.
         ray_num_cpus_per_actor=min(1.0, (os.cpu_count() or 1) / num_actors),
     )
@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--env-workers", default="0",
                         help="env_workers: 0 (the envs step in the actors' threads, the "
                              "default here), a number per actor, or auto")
+    parser.add_argument("--env-groups", type=int, default=None,
+                        help="env_groups: each actor's envs in this many double-buffered "
+                             "groups (default: the config's)")
     parser.add_argument("--actors-per-process", type=int, default=None,
                         help="actor processes: actors in each (default: a process per core)")
     parser.add_argument("--sampler", choices=["auto", "actors", "shared"], default="auto",
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
                                  None if args.env_workers == "auto" else int(args.env_workers),
                                  args.actors_per_process,
                                  None if args.sampler == "auto" else args.sampler,
-                                 args.env_async, not args.unpinned)))
+                                 args.env_async, not args.unpinned, args.env_groups)))
         return {}
     modes = args.inference if args.backend != "ray" else ["per-actor"]
     load_before = os.getloadavg()[0]
@@ -193,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "--env-workers", args.env_workers, "--sampler", args.sampler,
                  *(["--env-async"] if args.env_async else []),
                  *(["--unpinned"] if args.unpinned else []),
+                 *([] if args.env_groups is None else ["--env-groups", str(args.env_groups)]),
                  *([] if args.actors_per_process is None else
                    ["--actors-per-process", str(args.actors_per_process)])],
                 f"{num_actors} actors", env={**os.environ, "RAY_AUTH_MODE": "disabled"},
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{args.backend}{per_process} {mode:>9} sampler {args.sampler} "
                   f"{'async env ' if args.env_async else ''}"
                   f"{'unpinned ' if args.unpinned else ''}"
-                  f"env workers {args.env_workers}: "
+                  f"env workers {args.env_workers} groups {row['env_layout'][1]}: "
                   f"{num_actors:>3} actors x {args.envs_per_actor} env: "
                   f"{row['env_steps_per_s']:>9,.0f} env steps/s, "
                   f"ideal {row['ideal_env_steps_per_s']:>9,.0f} -> {row['ratio']:.2f}, "
