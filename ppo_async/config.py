@@ -563,7 +563,8 @@ def _validate_env_layout(cfg: AsyncActorLearnerConfig) -> None:
              cfg.env_groups if cfg.env_groups is not None else cfg.env_workers,
              f"{groups} groups of {workers} env workers need envs_per_actor "
              f"({cfg.envs_per_actor}) divisible by {groups} with at least {workers} envs "
-             "per group (one per worker)")
+             "per group (one per worker)" if workers else
+             f"{groups} groups need envs_per_actor ({cfg.envs_per_actor}) divisible by {groups}")
 
 
 def _validate_ppo(cfg: AsyncActorLearnerConfig) -> None:

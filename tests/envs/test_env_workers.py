@@ -160,6 +160,9 @@ def test_the_layout_defaults_and_bad_layouts():
         AsyncActorLearnerConfig(env_id="CartPole-v1", env_workers=2)
     with pytest.raises(ConfigError, match="env_groups.*divisible by 3"):
         dataclasses.replace(TINY, env_groups=3, env_workers=1)
+    with pytest.raises(ConfigError, match=r"env_groups=3: 3 groups need envs_per_actor \(4\) "
+                                          r"divisible by 3$"):
+        dataclasses.replace(TINY, env_groups=3)
     with pytest.raises(ConfigError, match="at least 4 envs per group"):
         dataclasses.replace(TINY, env_workers=4)
 
