@@ -60,14 +60,14 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any, NamedTuple
+from typing import Any
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import to_host
 from ppo_async.envs.gymnax_env import EnvCarry
-from ppo_async.envs.payload import HostEnvPayload, host_env_payload, register_host_env_payload
+from ppo_async.envs.payload import host_env_payload, register_host_env_payload
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.workers import PARENT_CPUS_ENV
 from ppo_async.runtime.actor import (

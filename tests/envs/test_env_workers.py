@@ -9,7 +9,6 @@ outlives its owner.
 
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import textwrap
