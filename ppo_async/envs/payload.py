@@ -60,14 +60,10 @@ def host_env_payload(pickler: Any, env_id: str, *,
     received = _RECEIVED.get(name)
     if received is not None and received[0] is factory:
         return received[1]
-    # register_single_env wraps the user's env factory: its module is the one to look at.
-    module = sys.modules.get(getattr(getattr(factory, "make_env", factory), "__module__", ""), None)
+    module = _users_module(factory)
     # A factory defined in a script or test module may not be importable by name in
     # another process; its code travels with it.
-    by_value = modules_by_value and module is not None and module.__name__ != "__main__" and not (
-        module.__name__.startswith("ppo_async")
-        or "site-packages" in str(getattr(module, "__file__", ""))
-    )
+    by_value = modules_by_value and module is not None and module.__name__ != "__main__"
     if by_value:
         pickler.register_pickle_by_value(module)
     try:
@@ -80,6 +76,20 @@ def host_env_payload(pickler: Any, env_id: str, *,
     if not sent_by_value or getattr(module, "__file__", None) is None:  # a notebook has none
         return HostEnvPayload(name, data)
     return HostEnvPayload(name, data, module.__name__, os.path.abspath(module.__file__))
+
+
+def _users_module(factory: Any) -> types.ModuleType | None:
+    """The module of the user's code behind ``factory`` (a class, a function, or those
+    wrapped by `register_single_env` or `functools.partial`); None when that code is the
+    package's, an installed library's or the standard library's (imported by name)."""
+    while isinstance(factory, (SingleEnvFactory, functools.partial)):
+        factory = factory.make_env if isinstance(factory, SingleEnvFactory) else factory.func
+    name = getattr(factory, "__module__", None) or ""
+    module = sys.modules.get(name)
+    if module is None or name.partition(".")[0] in sys.stdlib_module_names or (
+            name.startswith("ppo_async") or "site-packages" in str(getattr(module, "__file__", ""))):
+        return None
+    return module
 
 
 def load_host_env_payload(payload: HostEnvPayload, loads: Callable[[bytes], Any]) -> Any:

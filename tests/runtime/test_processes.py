@@ -272,7 +272,9 @@ def _one_env():
 
 def test_code_sent_by_value_gets_its_file_back_in_the_actor_process():
     """cloudpickle names the file of code it sends by value ``<dynamic-code>``; registered in
-    an actor process, a class's methods and a single-env factory get this file back."""
+    an actor process, a class's methods, a single-env factory and a class behind a
+    ``functools.partial`` get this file back."""
+    import functools
     import pickle
 
     import cloudpickle
@@ -283,8 +285,10 @@ def test_code_sent_by_value_gets_its_file_back_in_the_actor_process():
 
     register_host_env("sent-by-value", _SentByValue)
     register_single_env("single-sent-by-value", _one_env)
+    register_host_env("partial-sent-by-value", functools.partial(_SentByValue))
     for name, code_of in [("sent-by-value", lambda factory: factory.step.__code__),
-                          ("single-sent-by-value", lambda factory: factory.make_env.__code__)]:
+                          ("single-sent-by-value", lambda factory: factory.make_env.__code__),
+                          ("partial-sent-by-value", lambda factory: factory.func.step.__code__)]:
         payload = host_env_payload(cloudpickle, f"host:{name}")
         assert payload.filename == __file__
         assert code_of(pickle.loads(payload.factory)).co_filename == "<dynamic-code>"
