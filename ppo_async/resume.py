@@ -199,6 +199,10 @@ def validate_checkpoint(loaded: LoadedCheckpoint) -> None:
 def _carries_template(config: AsyncActorLearnerConfig, program: ActorProgram,
                       saved: dict[str, Any]) -> tuple:
     """Env carries shaped as the saved run's actors had them (``()`` for host envs)."""
+    if program.chunk_spec is None:
+        # Host envs: their carries (live simulators, env worker processes) are not
+        # saved, and a reset here would start envs and workers that nothing closes.
+        return ()
     cpu = jax.devices("cpu")[0]
     if not isinstance(program.reset(jax.random.key(0), cpu), EnvCarry):
         return ()

@@ -218,3 +218,19 @@ def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path):
     assert all(p.read_bytes() == b"partial" for p in kept)
     assert [p.name for p in list_checkpoints(checkpoints)] == [
         "ckpt_000000009.msgpack", "ckpt_000000010.msgpack"]
+
+
+def test_resuming_a_host_env_run_starts_no_envs_for_its_checkpoint_template():
+    """Host envs' carries are not saved: reading a checkpoint must not reset the program,
+    which would start envs (and env worker processes, with shared memory) nothing closes."""
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.resume import _carries_template
+
+    config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", num_actors=2,
+                                     envs_per_actor=2, env_workers=1)
+
+    def reset(key, device):
+        raise AssertionError("the template reset the host program")
+
+    program = make_actor_program(config)._replace(reset=reset)
+    assert _carries_template(config, program, {"num_actors": 2, "envs_per_actor": 2}) == ()
