@@ -55,6 +55,7 @@ or, for a simulator that steps a batch itself::
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -267,6 +268,15 @@ class SingleEnvFactory:
 
     def __init__(self, make_env: Callable[..., Any]):
         self.make_env = make_env
+
+    def takes_render_mode(self) -> bool:
+        """Whether ``make_env`` takes a ``render_mode`` argument (True where its signature
+        cannot be read: calling it tells)."""
+        try:
+            parameters = inspect.signature(self.make_env).parameters.values()
+        except (TypeError, ValueError):
+            return True
+        return any(p.name == "render_mode" or p.kind is p.VAR_KEYWORD for p in parameters)
 
     def __call__(self, num_envs: int, render_mode: str | None = None) -> GymnasiumVectorEnv:
         env_fn = (self.make_env if render_mode is None

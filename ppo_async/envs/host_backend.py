@@ -151,7 +151,17 @@ class HostPlayer(HostEpisodes):
     def __init__(self, run_env_id: str, env_id: str, make_kwargs: Mapping[str, Any]):
         import gymnasium
 
+        from ppo_async.envs.host import SingleEnvFactory
+        from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
+
         self.run_env_id = run_env_id
+        backend, name = split_env_id(env_id)
+        factory = host_env_factory(name) if backend == HOST else None
+        if isinstance(factory, SingleEnvFactory) and not factory.takes_render_mode():
+            raise RenderError(
+                f"{run_env_id}: this env cannot be rendered: {factory.make_env!r} takes no "
+                "render_mode argument (a gymnasium.Env that can be watched takes "
+                "render_mode='rgb_array' and then returns an [H, W, 3] uint8 frame from render())")
         try:
             super().__init__(env_id, 1, make_kwargs, render=True)
         except gymnasium.error.DependencyNotInstalled as error:

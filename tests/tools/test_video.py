@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ppo_async import AsyncActorLearnerConfig
+from ppo_async.envs.host import register_single_env
 from ppo_async.envs.registry import register_host_env
 from ppo_async.tools.cli import main
 
@@ -85,12 +86,26 @@ class _Unrenderable:
         return obs, np.ones(self.num_envs, np.float32), done, np.zeros_like(done), obs
 
 
-def _enjoy_error(name, env_class, run_dir, capsys) -> str:
+class _OneEnvWithoutRenderMode(gymnasium.Env):
+    """One gymnasium env whose constructor takes no ``render_mode``."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 1.0, True, False, {}
+
+
+def _enjoy_error(name, env_class, run_dir, capsys, register=register_host_env) -> str:
     """The one stderr line of ``ppo-async enjoy`` on a saved run of ``host:name`` (exit 2)."""
     from ppo_async.envs.backends import make_actor_program
     from ppo_async.runs.run_dir import PARAMS_FILE
 
-    register_host_env(name, env_class)
+    register(name, env_class)
     config = AsyncActorLearnerConfig(env_id=f"host:{name}", num_actors=1,
                                      envs_per_actor=1, num_minibatches=1)
     (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
@@ -107,6 +122,10 @@ def _enjoy_error(name, env_class, run_dir, capsys) -> str:
 def test_enjoy_says_when_an_env_cannot_be_rendered(tmp_path, capsys):
     err = _enjoy_error("unrenderable", _Unrenderable, tmp_path, capsys)
     assert "host:unrenderable: this host env cannot be rendered" in err
+    err = _enjoy_error("no-render-mode", _OneEnvWithoutRenderMode, tmp_path, capsys,
+                       register_single_env)
+    assert ("host:no-render-mode: this env cannot be rendered: <class 'test_video."
+            "_OneEnvWithoutRenderMode'> takes no render_mode argument") in err
 
 
 def test_a_gymnax_env_without_a_renderer_is_refused_before_playing():
