@@ -339,6 +339,11 @@ def plot_command(
 
     if not run_dirs:
         raise ConfigError("plot needs at least one run directory: ppo-async plot runs/NAME")
+    for run_dir in run_dirs:
+        if not run_dir.is_dir():
+            what = "is not a directory" if run_dir.exists() else "no such directory"
+            raise ConfigError(f"run_dir={str(run_dir)!r}: {what}; give a run directory that "
+                              "ppo-async train wrote (runs/<env>-<time>) or a sweep's directory")
     if out is None:
         out = run_dirs[0] / "curves.png" if len(run_dirs) == 1 else pathlib.Path("runs_overview.png")
     run_dirs = tuple(expand_sweep_dirs(run_dirs))

@@ -297,11 +297,17 @@ def test_plot_skips_a_run_without_updates_and_fails_when_none_has_any(three_runs
     assert out.stat().st_size > 20_000
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"ppo-async: plot: skipping {refused}: ")
+    stray = tmp_path / "stray"  # a directory that is no run at all
+    stray.mkdir()
     with pytest.raises(SystemExit) as info:
-        main(["plot", str(refused), str(tmp_path / "missing"), "--out", str(out)])
+        main(["plot", str(refused), str(stray), "--out", str(out)])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and "none of the 2 run directories has an update recorded" in err[-1]
+    with pytest.raises(SystemExit):  # a directory not there is a typo: said before any plot
+        main(["plot", *map(str, three_runs), str(tmp_path / "missing"), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing': no such directory" in err[0]
 
 
 @pytest.mark.parametrize("content, expected", [

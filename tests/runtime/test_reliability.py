@@ -549,6 +549,7 @@ def test_metrics_are_strict_json_and_provenance_is_recorded(tmp_path):
 
 @pytest.mark.parametrize("args, expected", [
     (["plot", "{empty}"], "no metrics"),
+    (["plot", "{empty}/does-not-exist"], "does-not-exist': no such directory; give a run "),
     (["eval", "{empty}"], "no config.json"),
     (["eval", "{empty}/does-not-exist"], "does-not-exist': no such directory; give a run directory"),
     (["enjoy", "{empty}/does-not-exist"], "no such directory"),
