@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ppo_async.config import ConfigError
+from ppo_async.errors import one_line
 from ppo_async.runs.run_dir import ERROR_FILE, write_atomically
 from ppo_async.sweep.spec import MAX_LABEL, NAME_CHARS, SweepRun, SweepSpec, point_label
 from ppo_async.sweep.table import run_state
@@ -103,7 +104,7 @@ def _worker_main() -> None:
 
 
 def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
+    text = one_line(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

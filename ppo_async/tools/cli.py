@@ -48,6 +48,7 @@ import tyro
 
 from ppo_async._deprecated import moved_name_getattr
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.errors import one_line
 from ppo_async.presets import PRESETS, load_config_file, preset
 from ppo_async.version import __version__
 
@@ -95,27 +96,6 @@ def _new_run_dir(run_root: pathlib.Path, env_id: str) -> pathlib.Path:
     return unique_run_dir(run_root, f"{env_id.replace(':', '_')}-{stamp}")
 
 
-def _failure_line(error: BaseException) -> str:
-    """A failed run's error in one line: its first line, and for an actor's failure what
-    the actor (or its env, through every ``__cause__``) raised in the first place (with
-    the last line of a traceback its message quotes: an env worker's, say)."""
-    from ppo_async.runtime.actor import ActorError
-
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else type(error).__name__
-    if isinstance(error, ActorError):
-        inner, seen = error, {id(error)}
-        while inner.__cause__ is not None and id(inner.__cause__) not in seen:
-            inner = inner.__cause__
-            seen.add(id(inner))
-        if inner is not error:
-            said = [text for text in str(inner).splitlines() if text.strip()]
-            line += f" {type(inner).__name__}" + (f": {said[0].strip()}" if said else "")
-            if len(said) > 1 and said[0].endswith(":"):  # it quotes a traceback: its last line
-                line += f" {said[-1].strip()}"
-    return line
-
-
 def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathlib.Path | None,
            progress: bool, wandb: Any = None) -> None:
     from ppo_async.runs.run_dir import ERROR_FILE, checkpoint_dir, write_atomically
@@ -134,7 +114,7 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
                        wandb=wandb).report
     except (ActorError, LearnerTimeoutError, NonFiniteError, ShutdownTimeoutError) as error:
         log = write_atomically(run_dir / ERROR_FILE, traceback.format_exc().encode())
-        first_line = _failure_line(error)
+        first_line = one_line(error) or type(error).__name__
         checkpoints = checkpoint_dir(run_dir)
         resumable = checkpoints.is_dir() and any(checkpoints.iterdir())
         print(

@@ -590,24 +590,24 @@ def test_unknown_fields_of_a_run_config_are_named_in_one_warning_line(tmp_path, 
     assert capsys.readouterr().err == ""  # nothing to say about a config of this version
 
 
-def test_a_failed_runs_line_says_what_the_actor_or_its_env_raised():
+def test_a_failed_runs_one_line_says_what_the_actor_or_its_env_raised():
     from ppo_async.envs.host import HostEnvError
     from ppo_async.envs.workers import EnvWorkerError
-    from ppo_async.tools.cli import _failure_line
+    from ppo_async.errors import one_line
 
     error = ActorError(1, "Traceback (most recent call last):\n  ...\nHostEnvError: ...\n")
     error.__cause__ = HostEnvError("host:x: obs has shape (4, 3), expected (4, 2)")
-    assert _failure_line(error) == (
+    assert one_line(error) == (
         "actor 1 failed: HostEnvError: host:x: obs has shape (4, 3), expected (4, 2)")
     # an env worker's error quotes the worker's traceback: its last line says what broke
     error.__cause__ = EnvWorkerError(
         "host:x: env worker 0 of actor 1 (envs 0-1, pid 7) raised during its step of group 0:"
         "\nTraceback (most recent call last):\n  File \"my_env.py\", line 3, in step\n"
         "RuntimeError: it broke\n")
-    assert _failure_line(error) == (
+    assert one_line(error) == (
         "actor 1 failed: EnvWorkerError: host:x: env worker 0 of actor 1 (envs 0-1, pid 7) "
         "raised during its step of group 0: RuntimeError: it broke")
-    assert _failure_line(LearnerTimeoutError("nothing came\nfrom anyone")) == "nothing came"
+    assert one_line(LearnerTimeoutError("nothing came\nfrom anyone")) == "nothing came"
 
 
 @pytest.mark.parametrize("args, expected", [
