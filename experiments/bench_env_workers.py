@@ -8,8 +8,8 @@ left out of the rate: the first ``--skip`` updates or chunks are not timed):
    threads), thread-stepped envs at the default exact lag 1
    (``env_workers=0``, the default), env workers (one per actor, two groups), actor
    processes (``actor_backend="processes"``; ``processes-unpinned``: with
-   ``pin_actor_processes=False``) and Ray actor processes (all
-   ``env_workers=0``). Ratios: each against lock-step, and env workers and
+   ``pin_actor_processes=False``) and Ray actor processes (``ray-unpinned``
+   likewise; all ``env_workers=0``). Ratios: each against lock-step, and env workers and
    actor processes against Ray.
 2. **Collection alone** (no learner, the preset's jitted policy with its
    initial params, ``num_actors`` actor threads each running its rollout in a
@@ -54,6 +54,7 @@ TRAIN_MODES = {  # name -> config fields over the preset (whatever actors it cho
     "processes-unpinned": dict(actor_backend="processes", env_workers=0,
                                pin_actor_processes=False),
     "ray": dict(actor_backend="ray", env_workers=0),
+    "ray-unpinned": dict(actor_backend="ray", env_workers=0, pin_actor_processes=False),
 }
 COLLECT_MODES = ("env-workers", "threads", "shared", "processes", "random:EnvWorkers",
                  "random:AsyncVectorEnv", "random:SyncVectorEnv")
@@ -363,7 +364,8 @@ def main(argv: list[str] | None = None) -> dict:
     rate = {(r["part"], r["mode"]): r["env_steps_per_s"] for r in rows}
     ratios = {}
     if all(("train", mode) in rate for mode in TRAIN_MODES):
-        for mode in ("threads", "env-workers", "processes", "processes-unpinned", "ray"):
+        for mode in ("threads", "env-workers", "processes", "processes-unpinned", "ray",
+                     "ray-unpinned"):
             ratios[f"train {mode} / lock-step"] = rate["train", mode] / rate["train", "lock-step"]
         for mode in ("env-workers", "processes"):
             ratios[f"train {mode} / ray"] = rate["train", mode] / rate["train", "ray"]

@@ -78,6 +78,9 @@ class ActorStats:
     cpu_s: float = 0.0
     pid: int = 0  # the process the actor runs in (the learner's, for threads)
     node_id: str = ""  # the Ray node it runs on; "" for threads
+    # The CPUs its thread may run on (its affinity, one where its process was pinned:
+    # pin_actor_processes); () where the platform does not say.
+    cpus: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +200,8 @@ def run_actor(
     rollout or loading raises; the transport reports it (`spawn_actor`).
     """
     stats = stats if stats is not None else ActorStats(actor_id)
+    if hasattr(os, "sched_getaffinity"):
+        stats.cpus = tuple(sorted(os.sched_getaffinity(0)))
     # Host-side keys (`ppo_async.core.keys`): JAX's bits, without compiling on the way to the reset.
     key = keys.fold_in(keys.key(config.seed), actor_id)
     if start.restart:

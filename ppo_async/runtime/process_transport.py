@@ -291,9 +291,10 @@ def actor_cpus(config: AsyncActorLearnerConfig, processes: int) -> list[int | No
     return cpus[:processes]
 
 
-def _pin(cpu: int | None) -> None:
-    """Run this process (its threads to come: call it before JAX starts) on ``cpu`` alone;
-    the env worker processes it starts take back the CPUs it had (`PARENT_CPUS_ENV`)."""
+def pin_to_cpu(cpu: int | None) -> None:
+    """Run the calling thread, and the threads and processes it starts from now on, on
+    ``cpu`` alone (call it before JAX starts, so that XLA's threads are among them); the
+    env worker processes started take back the CPUs it had (`PARENT_CPUS_ENV`)."""
     if cpu is None:
         return
     os.environ[PARENT_CPUS_ENV] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
@@ -319,7 +320,7 @@ def serve(fd: int) -> None:
     if os.getppid() != setup["parent"]:
         os._exit(1)  # the learner died before the prctl took hold
     config = setup["config"]
-    _pin(setup["cpu"])
+    pin_to_cpu(setup["cpu"])
     try:
         from ppo_async.envs.registry import import_env_modules
 

@@ -55,7 +55,7 @@ from ppo_async.runtime.messages import (
     take_all,
     take_newest,
 )
-from ppo_async.runtime.process_transport import actor_env_vars, outgoing
+from ppo_async.runtime.process_transport import actor_cpus, actor_env_vars, outgoing, pin_to_cpu
 from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, note_where_killed
 
 logger = logging.getLogger(__name__)
@@ -131,9 +131,12 @@ class _ActorProcess:
     """
 
     def __init__(self, actor_id: int, config: AsyncActorLearnerConfig,
-                 host_env: HostEnvPayload | None, start: ActorStart, stats: ActorStats):
+                 host_env: HostEnvPayload | None, start: ActorStart, stats: ActorStats,
+                 cpu: int | None = None):
         import jax
         import ray
+
+        pin_to_cpu(cpu)  # before JAX starts here: its threads, and the actor's, stay on it
 
         from ppo_async.envs.registry import import_env_modules
 
@@ -274,6 +277,10 @@ class RayTransport:
             raise
         self._remote = ray.remote(_ActorProcess)
         n = config.num_actors
+        # A core each, as actor processes get (pin_actor_processes), on a private instance
+        # only: the nodes of a cluster joined (or of a caller's Ray) are not this machine's.
+        self._cpus = (actor_cpus(config, n) if self._connected_here and config.ray_address is None
+                      else [None] * n)
         self.actors: list[Any] = [None] * n
         self._stats = [ActorStats(i) for i in range(n)]
         # What each process killed for a hung actor said of its threads in env code, by pid.
@@ -335,7 +342,8 @@ class RayTransport:
             max_concurrency=4,  # deliver, poll, stop, stuck_in beside the loop's thread
         )
         actor = self._remote.options(**options).remote(
-            actor_id, self.config, self._host_env, start, self._stats[actor_id])
+            actor_id, self.config, self._host_env, start, self._stats[actor_id],
+            self._cpus[actor_id])
         with self.publisher.lock:
             self.actors[actor_id] = actor
             self._in_flight.pop(actor_id, None)

@@ -107,8 +107,10 @@ def test_actor_processes_run_on_a_core_each_and_their_env_workers_on_all(tmp_pat
     actors = {s.pid for s in result.report.actor_stats}
     seen = {int(pid): cpus for pid, cpus in (line.split() for line in record.read_text().split("\n")
                                              if line)}
-    # Each actor process made its probe env on one CPU, a different one each ...
+    # Each actor process made its probe env on one CPU, a different one each (as its
+    # stats say) ...
     assert sorted(seen[pid] for pid in actors) == [str(c) for c in mine[:len(actors)]]
+    assert sorted(s.cpus for s in result.report.actor_stats) == [(c,) for c in mine[:len(actors)]]
     # ... and its env workers (the other pids, not this process) got every CPU back.
     workers = set(seen) - actors - {os.getpid()}
     assert len(workers) == len(actors)

@@ -109,8 +109,13 @@ def test_lock_step_ray_run_on_a_private_instance_equals_the_thread_run():
     pids = [stats.pid for stats in result.report.actor_stats]
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert _wait_gone(pids) == []
+    # On a private instance each actor process ran on a core of its own (pin_actor_processes).
+    mine = tuple(sorted(os.sched_getaffinity(0)))
+    assert sorted(s.cpus for s in result.report.actor_stats) == (
+        [(c,) for c in mine[:2]] if len(mine) >= 2 else [mine, mine])
     assert result.report.updates == 6 and result.report.policy_lag_max == 0
     threads = train(dataclasses.replace(LOCK_STEP, actor_backend="threads"), progress=False)
+    assert all(s.cpus == mine for s in threads.report.actor_stats)  # the learner's process
     # The actor processes run XLA with one thread, the thread actors with the
     # learner's settings: the rollouts still agree to the bit.
     assert _bytes(result.params) == _bytes(threads.params)
