@@ -454,7 +454,8 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
     _require(isinstance(cfg.env_modules, tuple)
              and all(isinstance(m, str) and m.strip() for m in cfg.env_modules),
              "env_modules", cfg.env_modules,
-             "must be a tuple of module names, e.g. ('my_pkg.envs',)")
+             "must be a tuple (or list) of module names, e.g. ('my_pkg.envs',); in a TOML "
+             "file env_modules = [\"my_pkg.envs\"]")
     try:  # before the env id: the modules register it
         import_env_modules(cfg.env_modules)
     except EnvModuleError as error:
