@@ -358,7 +358,7 @@ class RayTransport:
         """Kill the old process, start a new one, and wait (up to ``ray_start_timeout_s``)
         until it is up: a process start and JAX's import take seconds, which the learner's
         hang clock, restarted when this returns, should not count."""
-        self._kill(actor_id, ask_where=False)  # a hung one was killed (and asked) already
+        self.kill_actor(actor_id, ask_where=False)  # a hung one was killed (and asked) already
         with self.publisher.lock:  # with exact_policy_lag, the oldest version it will have
             if self._latest is not None:
                 start = start._replace(first_version=self._latest[0])
@@ -383,11 +383,8 @@ class RayTransport:
                 f"ray_start_timeout_s={timeout_s} s (its Ray process was not placed, or "
                 "importing JAX and building the envs took longer)", slow)
 
-    def kill_actor(self, actor_id: int) -> bool:
-        """Kill a hung actor's process, after asking it where its threads are."""
-        return self._kill(actor_id, ask_where=True)
-
-    def _kill(self, actor_id: int, ask_where: bool) -> bool:
+    def kill_actor(self, actor_id: int, ask_where: bool = True) -> bool:
+        """Kill the actor's process (a hung actor's: first asked where its threads are)."""
         with self.publisher.lock:
             actor, self.actors[actor_id] = self.actors[actor_id], None
             self._in_flight.pop(actor_id, None)
@@ -492,7 +489,7 @@ class RayTransport:
                 setattr(self._stats[actor_id], field.name, getattr(stats, field.name))
         actors = [actor for actor in self.actors if actor is not None]
         for actor_id in range(len(self.actors)):
-            self._kill(actor_id, ask_where=False)
+            self.kill_actor(actor_id, ask_where=False)
         self._confirm_dead(actors, deadline)
         self.publisher.thread.join(max(0.0, deadline - time.monotonic()))
         stragglers = []

@@ -21,8 +21,8 @@ anyway). The learner publishes only params that passed its finiteness check.
 from __future__ import annotations
 
 import collections
-import os
 import logging
+import os
 import pathlib
 import queue
 import sys
@@ -371,19 +371,16 @@ def threads_outside_the_runtime(
 WHERE_TIMEOUT_S = 1.0  # how long a process about to be killed may take to say where it is
 
 
-def stuck_in_words(threads: list[str] | None) -> str:
-    """`threads_outside_the_runtime` of a process about to be killed, as a note says it
-    (None: it did not answer within ``WHERE_TIMEOUT_S``)."""
-    if threads is None:
-        return "no answer: a thread may hold its GIL"
-    return "; ".join(threads) if threads else "no thread in env code"
-
-
 def note_where_killed(where_killed: dict[int, str], pid: int, threads: list[str] | None,
                       process: str) -> None:
     """Keep where the threads of ``process`` (pid ``pid``, about to be killed for a hung
-    actor) are in env code, in ``where_killed``, and say it in a warning."""
-    text = where_killed[pid] = stuck_in_words(threads)
+    actor) are in env code (its `threads_outside_the_runtime`; None: no answer within
+    ``WHERE_TIMEOUT_S``), in ``where_killed``, and say it in a warning."""
+    if threads is None:
+        text = "no answer: a thread may hold its GIL"
+    else:
+        text = "; ".join(threads) if threads else "no thread in env code"
+    where_killed[pid] = text
     logger.warning("killing %s, hung; its threads in env code: %s", process, text)
 
 
