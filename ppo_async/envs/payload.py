@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import sys
 import types
 from collections.abc import Callable
@@ -76,6 +77,24 @@ def host_env_payload(pickler: Any, env_id: str, *,
     if not sent_by_value or getattr(module, "__file__", None) is None:  # a notebook has none
         return HostEnvPayload(name, data)
     return HostEnvPayload(name, data, module.__name__, os.path.abspath(module.__file__))
+
+
+def sendable_payload(env_id: str, *, modules_by_value: bool = True
+                     ) -> tuple[HostEnvPayload | None, str | None]:
+    """``(payload, None)``: `host_env_payload` with cloudpickle, checked by loading it
+    back here (``(None, None)`` for ids that are not ``host:``); or ``(None, why)`` when
+    the factory cannot travel (it holds a lock or an open simulator), ``why`` the
+    error in one line."""
+    import cloudpickle  # a gymnasium dependency
+
+    try:
+        payload = host_env_payload(cloudpickle, env_id, modules_by_value=modules_by_value)
+        if payload is not None:
+            pickle.loads(payload.factory)
+    except Exception as error:  # noqa: BLE001 - any failure means: it stays in this process
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        return None, f"{type(error).__name__}: {first_line}"
+    return payload, None
 
 
 def _users_module(factory: Any) -> types.ModuleType | None:

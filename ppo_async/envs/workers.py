@@ -60,7 +60,7 @@ from ppo_async.envs.host import (
     make_host_env,
     steps_natively_async,
 )
-from ppo_async.envs.payload import HostEnvPayload, host_env_payload, register_host_env_payload
+from ppo_async.envs.payload import HostEnvPayload, register_host_env_payload, sendable_payload
 
 # How often a waiting actor looks at its worker's health, and an idle worker at its parent.
 _POLL_S = 0.05
@@ -128,21 +128,13 @@ def portable_factory(env_id: str) -> tuple[HostEnvPayload | None, str | None]:
     one from an importable module by name (a worker shares this process's
     ``sys.path``); an object holding a lock or an open simulator cannot travel at all.
     """
-    from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
+    payload, why = sendable_payload(env_id, modules_by_value=False)
+    if why is None:
+        return payload, None
+    from ppo_async.envs.registry import host_env_factory, split_env_id
 
-    backend, name = split_env_id(env_id)
-    if backend != HOST:
-        return None, None
-    try:
-        import cloudpickle
-
-        payload = host_env_payload(cloudpickle, env_id, modules_by_value=False)
-        pickle.loads(payload.factory)
-    except Exception as error:  # noqa: BLE001 - any failure means: it stays in this process
-        return None, (f"its factory {host_env_factory(name)!r} cannot be sent to an env "
-                      "worker process "
-                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
-    return payload, None
+    return None, (f"its factory {host_env_factory(split_env_id(env_id)[1])!r} cannot be sent "
+                  f"to an env worker process ({why})")
 
 
 class _Stepper:

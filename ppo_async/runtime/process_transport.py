@@ -67,7 +67,11 @@ from typing import Any
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import to_host
 from ppo_async.envs.gymnax_env import EnvCarry
-from ppo_async.envs.payload import host_env_payload, register_host_env_payload
+from ppo_async.envs.payload import (
+    host_env_payload,
+    register_host_env_payload,
+    sendable_payload,
+)
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.workers import PARENT_CPUS_ENV
 from ppo_async.runtime.actor import (
@@ -127,17 +131,8 @@ class ActorProcessesWarning(UserWarning):
 def unportable(env_id: str) -> str | None:
     """Why the actors of ``env_id`` cannot run in processes (a ``host:`` factory that holds a
     lock or an open simulator cannot be sent); None when they can."""
-    import cloudpickle  # a gymnasium dependency
-
-    try:
-        payload = host_env_payload(cloudpickle, env_id)
-        if payload is not None:
-            pickle.loads(payload.factory)
-    except Exception as error:  # noqa: BLE001 - any failure means: it stays in this process
-        first_line = str(error).splitlines()[0] if str(error) else ""
-        return (f"{env_id}'s factory cannot be sent to another process "
-                f"({type(error).__name__}: {first_line})")
-    return None
+    why = sendable_payload(env_id)[1]
+    return None if why is None else f"{env_id}'s factory cannot be sent to another process ({why})"
 
 
 def picklable_failure(failure: ActorFailure) -> ActorFailure:
