@@ -167,7 +167,7 @@ class AsyncActorLearnerConfig:
     init_log_std: float = 0.0
     """Continuous actions: the initial log-std of the policy's Gaussian (a learned vector, one number per action dimension, independent of the state); 0 is a std of 1, as cleanrl's PPO; lower starts with smaller, cheaper exploratory actions."""
     torso: TorsoName = "auto"
-    """What reads the observation before the actor and critic MLPs: none (vectors), minatar (one 3x3 conv, MinAtar's 10x10 images), nature (the Nature-DQN CNN, 84x84 frames scaled by 1/255 inside the network), or auto: nature for envpool: Atari ids, minatar for other images, none for vectors."""
+    """What reads the observation before the actor and critic MLPs: none (vectors; any other shape but an image, such as a grid (H, W) or a scalar, flattened into one), minatar (one 3x3 conv, MinAtar's 10x10 images), nature (the Nature-DQN CNN, 84x84 frames scaled by 1/255 inside the network), or auto: nature for envpool: Atari ids, minatar for other images (H, W, C), none for the rest. A Discrete observation space (FrozenLake) reaches the network one-hot."""
 
     # --- reliability ---
     max_actor_restarts: int = 0

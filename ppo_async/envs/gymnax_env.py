@@ -143,16 +143,30 @@ class EnvCarry(NamedTuple):
 
 
 class BatchedEnv:
-    """``num_envs`` copies of one gymnax env, stepped together with ``vmap``."""
+    """``num_envs`` copies of one gymnax env, stepped together with ``vmap``.
+
+    Observations leave it as float32; an env whose observations are one of
+    ``n`` discrete states (a ``Discrete`` space, as FrozenLake-misc's) gives
+    them one-hot, ``(n,)``.
+    """
 
     def __init__(self, env_id: str, num_envs: int):
         self.env_id = env_id
         self.num_envs = num_envs
         self.env, self.env_params = make_gymnax_env(env_id)
-        self.observation_shape = tuple(self.env.observation_space(self.env_params).shape)
+        space = self.env.observation_space(self.env_params)
+        self._states = int(space.n) if hasattr(space, "n") else None  # Discrete: one-hot
+        self.observation_shape = ((self._states,) if self._states is not None
+                                  else tuple(space.shape))
         self.action_space = self.env.action_space(self.env_params)
         self.continuous = not hasattr(self.action_space, "n")
         self.max_episode_steps = int(self.env_params.max_steps_in_episode)
+
+    def _features(self, obs: jax.Array) -> jax.Array:
+        """gymnax observations ``[E, ...]`` as the float32 ones of `observation_shape`."""
+        if self._states is not None:
+            return jax.nn.one_hot(obs, self._states, dtype=jnp.float32)
+        return obs.astype(jnp.float32)
 
     def reset(self, key: jax.Array, state_size: int | None = None, *,
               track_return: bool = False) -> EnvCarry:
@@ -177,7 +191,7 @@ class BatchedEnv:
         env_state = jax.tree.map(lambda x: jnp.asarray(x, dtype=x.dtype), env_state)
         return EnvCarry(
             env_state=env_state,
-            obs=obs.astype(jnp.float32),
+            obs=self._features(obs),
             episode_return=jnp.zeros((self.num_envs,), jnp.float32),
             episode_length=jnp.zeros((self.num_envs,), jnp.int32),
             key=carry_key,
@@ -199,12 +213,12 @@ class BatchedEnv:
             self.env.step, in_axes=(0, 0, 0, None)
         )(jax.random.split(key, self.num_envs), env_state, action, self.env_params)
         return (
-            obs.astype(jnp.float32),
+            self._features(obs),
             env_state,
             reward.astype(jnp.float32),
             terminated.astype(bool),
             truncated.astype(bool) & ~terminated.astype(bool),
-            info["final_observation"].astype(jnp.float32),
+            self._features(info["final_observation"]),
         )
 
 

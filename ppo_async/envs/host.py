@@ -153,6 +153,10 @@ class GymnasiumVectorEnv:
     puts the ended episode's last one in ``info["final_obs"]`` (masked by
     ``info["_final_obs"]``): exactly the `HostVectorEnv` contract. gymnasium's
     ``TimeLimit`` sets ``truncated``; an MDP end sets ``terminated``.
+
+    Observations: a ``Box`` as it is; a ``Discrete`` space's states (FrozenLake,
+    CliffWalking) one-hot, ``(n,)``. Any other space (``Tuple``, ``Dict``) is a
+    `HostEnvError` that says how to flatten it.
     """
 
     def __init__(self, name: str, num_envs: int, *, env_fn: Callable[[], Any] | None = None,
@@ -167,12 +171,20 @@ class GymnasiumVectorEnv:
             )
         else:  # one env of the user's, copied num_envs times (`SingleEnvFactory`)
             self.env = SyncVectorEnv([env_fn] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
-        self.observation_shape = tuple(self.env.single_observation_space.shape)
+        space = self.env.single_observation_space
+        self._states = _discrete_states(name, space)  # None: a Box, as it is
+        self.observation_shape = ((self._states,) if self._states is not None
+                                  else tuple(space.shape))
         self.action_space = self.env.single_action_space
+
+    def _features(self, obs: np.ndarray) -> np.ndarray:
+        if self._states is None:
+            return obs
+        return np.eye(self._states, dtype=np.float32)[np.asarray(obs, np.int64)]
 
     def reset(self, seed: int) -> np.ndarray:
         obs, _ = self.env.reset(seed=seed)
-        return obs
+        return self._features(obs)
 
     def step(self, actions: np.ndarray) -> HostStep:
         obs, reward, terminated, truncated, info = self.env.step(actions)
@@ -181,7 +193,8 @@ class GymnasiumVectorEnv:
             final_obs = np.array(obs)
             for i in np.flatnonzero(info["_final_obs"]):
                 final_obs[i] = info["final_obs"][i]
-        return HostStep(obs, reward, terminated, truncated, final_obs)
+        return HostStep(self._features(obs), reward, terminated, truncated,
+                        self._features(final_obs))
 
     def render(self) -> np.ndarray:
         """``[E, H, W, 3]`` uint8 frames (made with ``render_mode="rgb_array"``)."""
@@ -189,6 +202,22 @@ class GymnasiumVectorEnv:
 
     def close(self) -> None:
         self.env.close()
+
+
+def _discrete_states(name: str, space: Any) -> int | None:
+    """How many states a gymnasium ``Discrete`` observation space has (the start must be 0),
+    None for a ``Box``; `HostEnvError` for any other space."""
+    import gymnasium
+
+    if isinstance(space, gymnasium.spaces.Box):
+        return None
+    if isinstance(space, gymnasium.spaces.Discrete) and int(space.start) == 0:
+        return int(space.n)
+    raise HostEnvError(
+        f"{name}: observation space {space} is not supported: ppo_async takes a Box, or "
+        "a Discrete space (from 0, one-hot); flatten the observations in a factory of "
+        "your own, e.g. ppo_async.register_single_env(NAME, lambda: "
+        "gymnasium.wrappers.FlattenObservation(gymnasium.make(...))) and env_id host:NAME")
 
 
 class EnvpoolVectorEnv:

@@ -2,7 +2,8 @@
 
 ``make_network(observation_shape, action_space, torso=...)`` puts a torso
 (`TORSOS`) in front of the actor and critic MLPs: "none" (vectors go straight
-into the MLPs), "minatar" (one small conv, for MinAtar-shaped ``[10, 10, C]``
+into the MLPs; an observation of any other shape that is not an image, a
+grid ``(H, W)`` or a scalar, is flattened into one), "minatar" (one small conv, for MinAtar-shaped ``[10, 10, C]``
 images) or "nature" (the Nature-DQN CNN for ``[84, 84, 4]`` Atari frames,
 which it scales from [0, 255] to [0, 1] itself); "auto" picks "none" for
 vectors and "minatar" for images. The head follows the action space
@@ -168,11 +169,14 @@ _TORSO_MODULES = {"minatar": MinAtarTorso, "nature": NatureTorso}
 NATURE_MIN_SIZE = 36  # the smallest height and width the Nature torso's VALID convs accept
 
 
-def _apply_torso(torso: str, obs: jax.Array) -> jax.Array:
-    """``obs`` as float32 features after ``torso`` (one of `TORSOS`)."""
+def _apply_torso(torso: str, obs: jax.Array, observation_rank: int) -> jax.Array:
+    """``obs`` (``[..., *obs_shape]``, ``observation_rank`` dims per observation) as
+    float32 features after ``torso`` (one of `TORSOS`); "none" flattens each observation."""
     x = obs.astype(jnp.float32)
     if torso == "none":
-        return x
+        if observation_rank == 1:
+            return x
+        return x.reshape(*x.shape[:x.ndim - observation_rank], -1)
     return _TORSO_MODULES[torso]()(x)
 
 
@@ -184,10 +188,11 @@ class ActorCritic(nn.Module):
     hidden_sizes: Sequence[int] = (64, 64)
     torso: str = "none"
     init_log_std: float = 0.0  # the Gaussian's initial log-std (continuous actions only)
+    observation_rank: int = 1  # dims of one observation (1: a vector, 3: an image)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[Distribution, jax.Array]:
-        x = _apply_torso(self.torso, obs)
+        x = _apply_torso(self.torso, obs, self.observation_rank)
         actor = MLP(self.hidden_sizes)(x)
         critic = MLP(self.hidden_sizes)(x)
         value = _dense(1, 1.0)(critic)[..., 0]
@@ -213,15 +218,16 @@ def make_network(
 
     Args:
       observation_shape: shape of one observation: ``(D,)`` for a vector,
-        ``(H, W, C)`` for an image.
+        ``(H, W, C)`` for an image; any other shape (a grid ``(H, W)``, a
+        scalar ``()``) is read as the vector of its flattened elements.
       action_space: anything with ``n`` (discrete; gymnax and gymnasium
         ``Discrete``) or a 1-D ``shape`` (continuous; ``Box``).
       hidden_sizes: widths of the actor and critic MLPs.
       network: "mlp" (feed-forward `ActorCritic`), or "lstm" / "gru"
         (`RecurrentActorCritic` with that cell).
       rnn_hidden_size: features of the recurrent cell (recurrent networks only).
-      torso: one of `TORSOS`, or "auto": "none" for a vector, "minatar" for
-        an image. A torso that cannot read the observation raises ValueError.
+      torso: one of `TORSOS`, or "auto": "minatar" for an image, "none" for
+        any other shape. A torso that cannot read the observation raises ValueError.
       init_log_std: the initial log-std of a continuous policy's Gaussian
         (one learned number per action dimension, state-independent).
     """
@@ -232,28 +238,29 @@ def make_network(
         )
     observation_shape = tuple(observation_shape)
     torso = resolve_torso(torso, observation_shape)
+    rank = len(observation_shape)
     if hasattr(action_space, "n"):
-        return ActorCritic(int(action_space.n), False, tuple(hidden_sizes), torso)
+        return ActorCritic(int(action_space.n), False, tuple(hidden_sizes), torso,
+                           observation_rank=rank)
     shape = tuple(getattr(action_space, "shape", ()))
     if len(shape) != 1:
         raise ValueError(
             f"action space {action_space!r}: expected a discrete space (with n) or a "
             "1-D box"
         )
-    return ActorCritic(shape[0], True, tuple(hidden_sizes), torso, float(init_log_std))
+    return ActorCritic(shape[0], True, tuple(hidden_sizes), torso, float(init_log_std), rank)
 
 
 def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
     """The torso (one of `TORSOS`) that ``torso`` names for ``observation_shape``.
 
-    "auto" is "none" for a vector ``(D,)`` and "minatar" for an image
-    ``(H, W, C)``. Raises ValueError for an unknown name, or a torso that
-    cannot read the observation (a conv on a vector, "none" on an image, the
-    Nature torso on an image under `NATURE_MIN_SIZE` pixels a side).
+    "auto" is "minatar" for an image ``(H, W, C)`` and "none" for any other
+    shape (a vector ``(D,)``; a grid ``(H, W)`` or a scalar, which "none"
+    flattens). Raises ValueError for an unknown name, or a torso that cannot
+    read the observation (a conv on anything but an image, "none" on an
+    image, the Nature torso on an image under `NATURE_MIN_SIZE` pixels a side).
     """
     shape = tuple(observation_shape)
-    if len(shape) not in (1, 3):
-        raise ValueError(f"observation_shape {shape}: expected a vector (D,) or an image (H, W, C)")
     image = len(shape) == 3
     if torso == "auto":
         return "minatar" if image else "none"
@@ -262,7 +269,8 @@ def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
     if image != (torso != "none"):
         raise ValueError(
             f"torso {torso!r} cannot read observations of shape {shape}: 'none' takes "
-            "vectors (D,), 'minatar' and 'nature' take images (H, W, C)"
+            "vectors (D,) (and flattens other shapes), 'minatar' and 'nature' take images "
+            "(H, W, C)"
         )
     if torso == "nature" and min(shape[:2]) < NATURE_MIN_SIZE:
         raise ValueError(
@@ -365,6 +373,7 @@ class RecurrentActorCritic(nn.Module):
     cell: str = "lstm"
     rnn_hidden_size: int = 128
     init_log_std: float = 0.0
+    observation_rank: int = 1  # dims of one observation (1: a vector, 3: an image)
 
     @property
     def state_size(self) -> int:
@@ -379,7 +388,7 @@ class RecurrentActorCritic(nn.Module):
     def __call__(
         self, hidden: jax.Array, obs: jax.Array
     ) -> tuple[jax.Array, Distribution, jax.Array]:
-        x = _apply_torso(self.torso, obs)
+        x = _apply_torso(self.torso, obs, self.observation_rank)
         size = self.rnn_hidden_size
         # The project's orthogonal init, not flax's default for the recurrent
         # kernel: flax's uses QR, which deadlocks a vmapped init on CPU (see
@@ -420,6 +429,7 @@ def _make_recurrent_network(
     return RecurrentActorCritic(
         feed_forward.action_dim, feed_forward.continuous, feed_forward.hidden_sizes,
         feed_forward.torso, cell, int(rnn_hidden_size), feed_forward.init_log_std,
+        feed_forward.observation_rank,
     )
 
 

@@ -453,6 +453,25 @@ def test_unknown_env_id_lists_valid_ids(env_id):
         BatchedEnv(env_id, 2)
 
 
+def test_discrete_observations_leave_a_batched_env_one_hot():
+    # FrozenLake-misc's observation is its state, one of 16: the actors, the
+    # learner and the network see it one-hot, the rest of the env as gymnax's.
+    env = BatchedEnv("FrozenLake-misc", 3)
+    assert env.observation_shape == (16,)
+    env_keys = jax.random.split(jax.random.key(1), 3)
+    carry = env.reset_from(env_keys, jax.random.key(2))
+    raw_obs, raw_state = jax.vmap(env.env.reset, in_axes=(0, None))(env_keys, env.env_params)
+    np.testing.assert_array_equal(carry.obs, np.eye(16, dtype=np.float32)[raw_obs])
+    actions, step_key = jnp.array([0, 1, 2]), jax.random.key(3)
+    obs, _, reward, *_, final_obs = env.step(step_key, carry.env_state, actions)
+    raw_obs, _, raw_reward, *_, info = jax.vmap(env.env.step, in_axes=(0, 0, 0, None))(
+        jax.random.split(step_key, 3), raw_state, actions, env.env_params)
+    np.testing.assert_array_equal(obs, np.eye(16, dtype=np.float32)[raw_obs])
+    np.testing.assert_array_equal(
+        final_obs, np.eye(16, dtype=np.float32)[info["final_observation"]])
+    np.testing.assert_array_equal(reward, raw_reward)
+
+
 def test_pendulum_rollout_does_not_recompile_on_its_own_carry(pendulum_run):
     # Pendulum's reset leaves `last_u` weakly typed while step makes it strong:
     # unless reset() normalizes the carry, the second call compiles again.

@@ -294,6 +294,30 @@ def test_host_rollout_matches_gymnax_shapes_and_dtypes(gymnax_id, host_id):
     assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(host[0]))
 
 
+def test_discrete_observations_are_one_hot_and_other_spaces_are_refused_naming_the_fix():
+    envs = make_host_env("gymnasium:FrozenLake-v1", 2)
+    raw = gymnasium.make_vec("FrozenLake-v1", num_envs=2, vectorization_mode="sync")
+    assert envs.observation_shape == (16,)
+    obs, (raw_obs, _) = envs.reset(seed=3), raw.reset(seed=3)
+    np.testing.assert_array_equal(obs, np.eye(16, dtype=np.float32)[raw_obs])
+    # Walk until an episode ends: the next episode's first obs and the final obs,
+    # each the one-hot of the state gymnasium gives.
+    for _ in range(200):
+        step = envs.step(np.array([1, 2]))
+        assert step.obs.shape == step.final_obs.shape == (2, 16)
+        for states in (step.obs, step.final_obs):
+            assert np.all(states.sum(axis=1) == 1) and np.all(np.isin(states, (0.0, 1.0)))
+        if np.any(step.terminated | step.truncated):
+            break
+    else:
+        pytest.fail("no FrozenLake episode ended in 200 steps")
+    ended = np.flatnonzero(step.terminated | step.truncated)[0]
+    assert not np.array_equal(step.obs[ended], step.final_obs[ended])
+    envs.close(), raw.close()
+    with pytest.raises(HostEnvError, match="Tuple.*not supported.*FlattenObservation"):
+        make_host_env("gymnasium:Blackjack-v1", 2)
+
+
 def test_envpool_rollout_is_same_step_and_matches_gymnax_dtypes():
     pytest.importorskip("envpool")
     base = AsyncActorLearnerConfig(

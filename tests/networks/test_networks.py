@@ -217,10 +217,30 @@ def test_params_round_trip_through_flax_serialization(built):
     )
 
 
-@pytest.mark.parametrize("observation_shape", [(), (10, 10), (1, 10, 10, 4)])
-def test_wrong_observation_rank_raises(observation_shape):
-    with pytest.raises(ValueError, match="observation_shape"):
-        make_network(observation_shape, gymnasium.spaces.Discrete(3))
+@pytest.mark.parametrize("observation_shape, network_kind", [
+    ((), "mlp"), ((10, 5), "mlp"), ((2, 3, 4, 2), "mlp"), ((10, 5), "gru")])
+def test_other_observation_shapes_are_read_as_their_flattened_vector(observation_shape,
+                                                                       network_kind):
+    # A grid (Catch-bsuite's (10, 5)), a scalar or any shape but an image: the
+    # same params and outputs, bit for bit, as the network of the flat vector.
+    flat_shape = (int(np.prod(observation_shape)),)
+    network = make_network(observation_shape, _Discrete(), network=network_kind,
+                           rnn_hidden_size=8)
+    flat = make_network(flat_shape, _Discrete(), network=network_kind, rnn_hidden_size=8)
+    assert network.torso == "none" and network.observation_rank == len(observation_shape)
+    params = init_params(network, jax.random.key(0), observation_shape)
+    chex.assert_trees_all_equal(params, init_params(flat, jax.random.key(0), flat_shape))
+    observations = _random_observations(np.random.default_rng(4), (2, BATCH), observation_shape)
+    flat_observations = observations.reshape(2, BATCH, *flat_shape)
+    if network_kind == "mlp":
+        chex.assert_trees_all_equal(network.apply(params, observations),
+                                    flat.apply(params, flat_observations))
+    else:
+        hidden = network.zero_hidden(BATCH)
+        chex.assert_trees_all_equal(network.apply(params, hidden, observations[0]),
+                                    flat.apply(params, hidden, flat_observations[0]))
+    with pytest.raises(ValueError, match="cannot read observations"):
+        make_network(observation_shape, _Discrete(), torso="minatar")
 
 
 @pytest.mark.parametrize(
