@@ -64,6 +64,7 @@ import numpy as np
 
 from ppo_async.envs.registry import (
     ENVPOOL,
+    BackendNotInstalledError,
     GYMNASIUM,
     HOST,
     UnknownEnvError,
@@ -341,8 +342,12 @@ def make_host_env(env_id: str, num_envs: int, *, envpool_kwargs: Any = (),
     backend, name = split_env_id(env_id)
     render_kwargs = {"render_mode": "rgb_array"} if render else {}
     if backend == GYMNASIUM:
+        import gymnasium
+
         try:
             return GymnasiumVectorEnv(name, num_envs, **dict(gymnasium_kwargs), **render_kwargs)
+        except gymnasium.error.DependencyNotInstalled as error:  # Box2D, MuJoCo, ...
+            raise BackendNotInstalledError(f"{env_id}: {error}") from error
         except TypeError as error:  # an argument the env's constructor does not take
             if not gymnasium_kwargs:
                 raise

@@ -23,6 +23,7 @@ import pytest
 
 from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, StopTraining, train
 from ppo_async.envs.backends import make_actor_program
+from ppo_async import BackendNotInstalledError
 from ppo_async.envs.host import HostEnvError, HostStep, HostVectorEnv, make_host_env
 from ppo_async.envs.host_rollout import make_host_actor_program
 from ppo_async.envs.workers import EnvWorkers
@@ -316,6 +317,21 @@ def test_discrete_observations_are_one_hot_and_other_spaces_are_refused_naming_t
     envs.close(), raw.close()
     with pytest.raises(HostEnvError, match="Tuple.*not supported.*FlattenObservation"):
         make_host_env("gymnasium:Blackjack-v1", 2)
+
+
+def _needs_a_missing_package(**kwargs):
+    raise gymnasium.error.DependencyNotInstalled("Box2D is not installed, pip install box2d")
+
+
+def test_a_gymnasium_env_whose_package_is_missing_says_so_in_one_line():
+    # As gymnasium:LunarLander-v3 without Box2D: the CLI prints the error's line.
+    gymnasium.register("NeedsAMissingPackage-v0", entry_point=_needs_a_missing_package)
+    try:
+        with pytest.raises(BackendNotInstalledError,
+                           match="gymnasium:NeedsAMissingPackage-v0: Box2D is not installed"):
+            make_host_env("gymnasium:NeedsAMissingPackage-v0", 2)
+    finally:
+        del gymnasium.registry["NeedsAMissingPackage-v0"]
 
 
 def test_envpool_rollout_is_same_step_and_matches_gymnax_dtypes():
