@@ -358,8 +358,8 @@ class AsyncActorLearnerConfig:
 
         The one place actors, learner, evaluation and the twin build their
         network, so all of them get the same one. A torso that cannot read the
-        env's observations (known only once the env exists) is a `ConfigError`
-        naming the field.
+        env's observations, or an action space no head acts in (known only
+        once the env exists), is a `ConfigError` naming the field.
         """
         from ppo_async.networks.actor_critic import make_network
 
@@ -368,6 +368,8 @@ class AsyncActorLearnerConfig:
                                 network=self.network, rnn_hidden_size=self.rnn_hidden_size,
                                 torso=self.network_torso, init_log_std=self.init_log_std)
         except ValueError as error:
+            if "action space" in str(error):
+                raise ConfigError(f"env_id={self.env_id!r}: {error}") from None
             if "torso" not in str(error):
                 raise
             raise ConfigError(

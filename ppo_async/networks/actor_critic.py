@@ -239,16 +239,32 @@ def make_network(
     observation_shape = tuple(observation_shape)
     torso = resolve_torso(torso, observation_shape)
     rank = len(observation_shape)
-    if hasattr(action_space, "n"):
-        return ActorCritic(int(action_space.n), False, tuple(hidden_sizes), torso,
-                           observation_rank=rank)
-    shape = tuple(getattr(action_space, "shape", ()))
-    if len(shape) != 1:
-        raise ValueError(
-            f"action space {action_space!r}: expected a discrete space (with n) or a "
-            "1-D box"
-        )
-    return ActorCritic(shape[0], True, tuple(hidden_sizes), torso, float(init_log_std), rank)
+    action_dim, continuous = action_head(action_space)
+    return ActorCritic(action_dim, continuous, tuple(hidden_sizes), torso, float(init_log_std),
+                       rank)
+
+
+def action_head(action_space: Any) -> tuple[int, bool]:
+    """``(action_dim, continuous)`` of the head for ``action_space``.
+
+    Discrete: a space with ``n`` and no shape beyond a scalar (gymnax's and
+    gymnasium's ``Discrete``). Continuous: a 1-D box of floats, without ``n``
+    (gymnasium's ``MultiBinary`` has one) or ``nvec`` (``MultiDiscrete``).
+    Anything else raises ValueError: acting in it with either head would send
+    the env actions of another kind.
+    """
+    shape = tuple(getattr(action_space, "shape", None) or ())
+    if hasattr(action_space, "n") and shape == ():
+        return int(action_space.n), False
+    dtype = getattr(action_space, "dtype", None)
+    floating = dtype is None or np.issubdtype(np.dtype(dtype), np.floating)
+    if (len(shape) == 1 and floating and not hasattr(action_space, "n")
+            and not hasattr(action_space, "nvec")):
+        return shape[0], True
+    raise ValueError(
+        f"action space {action_space!r} is not supported: the policy acts in a discrete "
+        "space (Discrete, with n) or a 1-D box of floats (Box, shape (action_dim,))"
+    )
 
 
 def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
+from ppo_async import AsyncActorLearnerConfig, ConfigError
 from ppo_async.networks.actor_critic import ActorCritic, init_params, make_network, params_template
 from ppo_async.networks.distributions import Categorical, DiagGaussian
 
@@ -249,12 +250,20 @@ def test_other_observation_shapes_are_read_as_their_flattened_vector(observation
         gymnasium.spaces.Box(-1.0, 1.0, shape=(2, 2)),
         gymnax.environments.spaces.Box(-1.0, 1.0, shape=(2, 3)),
         gymnasium.spaces.Box(-1.0, 1.0, shape=()),
+        # Spaces with a 1-D shape that are not boxes of floats: a Gaussian head
+        # would send them float actions (MultiDiscrete was trained so, silently).
+        gymnasium.spaces.MultiDiscrete([2, 3]),
+        gymnasium.spaces.MultiBinary(4),
+        gymnasium.spaces.Box(0, 5, shape=(2,), dtype=np.int64),
     ],
-    ids=["gymnasium-2d", "gymnax-2d", "gymnasium-scalar"],
+    ids=["gymnasium-2d", "gymnax-2d", "gymnasium-scalar", "multi-discrete", "multi-binary",
+         "integer-box"],
 )
-def test_non_vector_box_action_space_raises(action_space):
-    with pytest.raises(ValueError, match="action space"):
+def test_action_spaces_no_head_acts_in_are_refused(action_space):
+    with pytest.raises(ValueError, match="action space .* is not supported"):
         make_network((4,), action_space)
+    with pytest.raises(ConfigError, match="env_id='CartPole-v1': action space"):
+        AsyncActorLearnerConfig(env_id="CartPole-v1").make_network((4,), action_space)
 
 
 # Shapes cross the gymnax cases (a conv torso with a Gaussian head, a vector
@@ -433,7 +442,6 @@ def test_a_torso_that_cannot_read_the_observation_is_refused(shape, torso, probl
 
 def test_auto_torso_picks_nature_for_envpool_atari_and_minatar_for_minatar():
     from ppo_async import config as config_module
-    from ppo_async.config import AsyncActorLearnerConfig
     from ppo_async.networks import actor_critic as networks
 
     assert config_module.TORSOS == ("auto", *networks.TORSOS)
@@ -451,7 +459,6 @@ def test_auto_torso_picks_nature_for_envpool_atari_and_minatar_for_minatar():
 
 
 def test_a_torso_the_env_cannot_feed_is_a_config_error():
-    from ppo_async.config import AsyncActorLearnerConfig, ConfigError
     from ppo_async.envs.backends import make_actor_program
 
     with pytest.raises(ConfigError, match="torso='nature' with env_id='CartPole-v1'"):
@@ -462,8 +469,6 @@ def test_a_torso_the_env_cannot_feed_is_a_config_error():
 
 @pytest.mark.parametrize("network", ["mlp", "gru"])
 def test_init_log_std_sets_the_gaussians_starting_spread(network):
-    from ppo_async import AsyncActorLearnerConfig, ConfigError
-
     space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
     config = AsyncActorLearnerConfig(env_id="Pendulum-v1", network=network, init_log_std=-1.5)
     net = config.make_network((5,), space)
