@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
+import flax.serialization
 import jax
 import numpy as np
 
@@ -24,7 +25,12 @@ from ppo_async.envs.episodes import EpisodePolicy, episode_shares
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.registry import env_backend
 from ppo_async.networks.actor_critic import is_recurrent, params_template
-from ppo_async.runtime.messages import PolicyBroadcast, load_policy_from_broadcast
+from ppo_async.runtime.messages import (
+    PolicyBroadcast,
+    PolicyLoadError,
+    load_policy_from_broadcast,
+    params_mismatch,
+)
 
 MAX_EVAL_ENVS = 16  # envs stepped together; more episodes than this take several rounds
 
@@ -111,7 +117,16 @@ class Evaluator:
         give the same result.
         """
         if isinstance(params, (bytes, bytearray)):
-            params = self._decode(PolicyBroadcast(-1, bytes(params)))
+            try:
+                params = flax.serialization.from_bytes(self.params_template, bytes(params))
+            except Exception as error:  # msgpack and flax raise several types
+                raise PolicyLoadError(
+                    f"{self.env_id}: the params' bytes do not decode into the config's "
+                    f"network's params ({type(error).__name__}: {error})") from error
+        mismatch = params_mismatch(params, self.params_template)
+        if mismatch is not None:
+            raise PolicyLoadError(f"{self.env_id}: the params do not fit the config's network: "
+                                  f"{mismatch}")
         params = jax.device_put(params, self.device)
         with self._lock:
             try:

@@ -107,11 +107,33 @@ def load_policy_from_broadcast(
             f"policy version {broadcast.version}: bytes do not decode into this "
             f"network's params ({type(error).__name__}: {error})"
         ) from error
-    expected = jax.tree.map(lambda x: (np.shape(x), np.asarray(x).dtype), template)
-    received = jax.tree.map(lambda x: (np.shape(x), np.asarray(x).dtype), params)
-    if jax.tree.structure(expected) != jax.tree.structure(received) or expected != received:
-        raise PolicyLoadError(
-            f"policy version {broadcast.version}: params shapes/dtypes {received} "
-            f"do not match this network's {expected}"
-        )
+    mismatch = params_mismatch(params, template)
+    if mismatch is not None:
+        raise PolicyLoadError(f"policy version {broadcast.version}: {mismatch}")
     return place(params, device)
+
+
+def params_mismatch(params: Any, template: Any) -> str | None:
+    """What in ``params`` differs from ``template``'s structure, shapes and dtypes (the first
+    leaf that differs, by its path); None if nothing does. Reads no array's values."""
+    def signature(tree):
+        leaves, structure = jax.tree_util.tree_flatten_with_path(tree)
+        return structure, {jax.tree_util.keystr(path): (
+            tuple(np.shape(leaf)), np.dtype(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype))
+            for path, leaf in leaves}
+
+    (structure, received), (expected_structure, expected) = signature(params), signature(template)
+    missing = sorted(expected.keys() - received.keys())
+    extra = sorted(received.keys() - expected.keys())
+    if missing:
+        return f"the params have no params{missing[0]}, which this network has"
+    if extra:
+        return f"the params have params{extra[0]}, which this network has not"
+    for path, (shape, dtype) in received.items():
+        if (shape, dtype) != expected[path]:
+            want_shape, want_dtype = expected[path]
+            return (f"params{path} is {dtype}{list(shape)}, this network's "
+                    f"{want_dtype}{list(want_shape)}")
+    if structure != expected_structure:
+        return f"the params are a {structure}, this network's a {expected_structure}"
+    return None

@@ -157,6 +157,24 @@ def test_other_architecture_bytes_are_refused():
         evaluator.evaluate_broadcast(PolicyBroadcast(7, payload))
 
 
+def test_params_of_another_network_are_refused_naming_what_differs(cartpole_params):
+    # evaluate(config, params) with params of another env or width: one line that
+    # names the leaf, for a pytree as for its bytes (flax's own error named an
+    # initializer).
+    acrobot = AsyncActorLearnerConfig(env_id="Acrobot-v1")
+    for params in (cartpole_params, serialize_policy(cartpole_params)):
+        with pytest.raises(PolicyLoadError, match=r"Acrobot-v1: the params do not fit the "
+                           r"config's network: params\['params'\]\['Dense_1'\]\['bias'\] is "
+                           r"float32\[2\], this network's float32\[3\]"):
+            evaluate(acrobot, params, num_episodes=2)
+    recurrent = AsyncActorLearnerConfig(env_id="CartPole-v1", network="gru", rnn_hidden_size=8)
+    with pytest.raises(PolicyLoadError, match=r"the params have no params\['params'\]\['MLP_0'\]"
+                       r"\['memory_in'\]\['kernel'\], which this network has"):
+        evaluate(recurrent, cartpole_params, num_episodes=2)
+    with pytest.raises(PolicyLoadError, match="bytes do not decode"):
+        evaluate(recurrent, serialize_policy(cartpole_params), num_episodes=2)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="num_episodes"):
         Evaluator(CARTPOLE, 0)
