@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import pathlib
+import textwrap
 import warnings
 from collections.abc import Sequence
 
@@ -47,6 +48,7 @@ PANELS = (
     ("env_steps_per_s_window", "env steps/s (over 10 updates)"),
     ("policy_lag_mean", "policy lag (mean; max dashed)"),
 )
+_LEGEND_CHARS = 190  # characters of legend a line across the figure holds at its font size
 X_AXES = {"env_steps": "env steps",
           "wall_time_s": "wall-clock time (s) from each run's first update"}
 
@@ -97,10 +99,22 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
         raise ValueError("no runs to plot")
     groups = group_runs(runs)
     import matplotlib
+    from matplotlib.lines import Line2D
 
-    fig = _figure(figsize=(15, 10.5))
-    axes = fig.subplots(3, 3).ravel()
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    # The legend goes under the panels, in as many columns as its labels allow: a
+    # sweep's labels name every field that differs and can be long.
+    labels = [label + (f" ({len(group)} seeds)" if len(group) > 1 else "")
+              for label, group in groups.items()]
+    longest = max(len(label) for label in labels)
+    columns = 1 if longest > _LEGEND_CHARS // 2 else 2 if longest > _LEGEND_CHARS // 3 else 3
+    labels = [textwrap.fill(label, _LEGEND_CHARS // columns) for label in labels]
+    per_column = -(-len(labels) // columns)  # matplotlib fills the columns one after another
+    lines = max(sum(label.count("\n") + 1 for label in labels[i:i + per_column])
+                for i in range(0, len(labels), per_column))
+    legend_in = 0.3 + 0.16 * lines
+    fig = _figure(figsize=(15, 10.5 + legend_in))
+    axes = fig.subplots(3, 3).ravel()
     from_start = x == "wall_time_s"
     for (metric, panel_title), ax in zip(PANELS, axes):
         drawn = False
@@ -115,8 +129,7 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
                     _draw_points(ax, run, metric, x, from_start, color=color, alpha=0.25,
                                  linewidth=0.7)
                 ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
-            seeds = f" ({len(group)} seeds)" if len(group) > 1 else ""
-            ax.plot(grid, mean, color=color, linewidth=1.8, label=f"{label}{seeds}")
+            ax.plot(grid, mean, color=color, linewidth=1.8)
             if metric == "policy_lag_mean":
                 _, lag_max = aligned(group, "policy_lag_max", x, from_start=from_start)
                 with warnings.catch_warnings():
@@ -138,10 +151,12 @@ def plot_runs(run_dirs: Sequence[str | pathlib.Path] | Sequence[Run], out: str |
         if x == "env_steps":
             ax.xaxis.set_major_formatter(_steps_formatter())
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="best", fontsize=8)
     _lag_histogram(axes[-1], groups, colors)
     fig.suptitle(title or (runs[0].name if len(runs) == 1 else f"{len(runs)} runs, {len(groups)} groups"))
-    fig.tight_layout()
+    handles = [Line2D([], [], color=colors[g % len(colors)], linewidth=1.8)
+               for g in range(len(groups))]
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=90)
     return write_atomically(out, image.getvalue())

@@ -324,3 +324,37 @@ def test_plot_of_a_damaged_config_is_one_line(three_runs, capsys, content, expec
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err and "config.json" in err, err
     assert "Traceback" not in err
+
+
+def test_a_sweeps_long_labels_go_under_the_panels_without_overlapping_them(tmp_path,
+                                                                          monkeypatch):
+    # Five groups that differ in eight fields: each label is ~150 characters. In the
+    # return panel they covered its curves and ran off the figure's left edge, and
+    # matplotlib gave up its layout ("Tight layout not applied").
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    dirs = []
+    for i in range(5):
+        run_dir = write_run(tmp_path / f"g{i}", seed=0)
+        config = json.loads((run_dir / "config.json").read_text())
+        config.update(learning_rate=1e-4 * (i + 1), ent_coef=0.01 * i, vf_coef=0.5 + i,
+                      clip_eps=0.1 + 0.01 * i, gamma=0.9 + 0.01 * i, gae_lambda=0.9 + 0.01 * i,
+                      max_grad_norm=0.5 + i, num_epochs=1 + i)
+        (run_dir / "config.json").write_text(json.dumps(config))
+        dirs.append(run_dir)
+    figures = drawn_figures(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_runs(dirs, tmp_path / "sweep.png")
+    assert not [w for w in caught if "layout" in str(w.message)]
+    (figure,) = figures
+    (legend,) = figure.legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert len(labels) == 5 and all("learning_rate=" in label for label in labels)
+    assert min(len(label) for label in labels) > 120
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    box, page = legend.get_window_extent(renderer), figure.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0
+    assert all(box.y1 < ax.get_tightbbox(renderer).y0 for ax in figure.axes)
