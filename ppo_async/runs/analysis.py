@@ -147,11 +147,22 @@ def _wall_time(metrics: dict[str, np.ndarray], segments: list[dict[str, Any]]) -
     return wall
 
 
-def _windowed_rate(env_steps: np.ndarray, wall_time_s: np.ndarray, window: int = RATE_WINDOW) -> np.ndarray:
-    """Env steps per second over the last ``window`` updates (fewer at the start; NaN at the first)."""
+def _segment_of(update: np.ndarray, segments: list[dict[str, Any]]) -> np.ndarray:
+    """The ``start_update`` of the segment each update belongs to (0 for a run never resumed)."""
+    starts = np.array(sorted(int(s.get("start_update", 0)) for s in segments) or [0])
+    return starts[np.maximum(np.searchsorted(starts, update, side="left") - 1, 0)]
+
+
+def _windowed_rate(env_steps: np.ndarray, wall_time_s: np.ndarray, segment: np.ndarray,
+                   window: int = RATE_WINDOW) -> np.ndarray:
+    """Env steps per second over the last ``window`` updates of the same segment (`_segment_of`:
+    a window never spans a resume's start-up); fewer at a segment's start, NaN at the run's
+    first update and at a resumed segment's."""
     rate = np.full(env_steps.shape, math.nan)
     for i in range(1, len(env_steps)):
         j = max(0, i - window)
+        while segment[j] != segment[i]:
+            j += 1
         seconds = wall_time_s[i] - wall_time_s[j]
         if seconds > 0:
             rate[i] = (env_steps[i] - env_steps[j]) / seconds
@@ -160,8 +171,9 @@ def _windowed_rate(env_steps: np.ndarray, wall_time_s: np.ndarray, window: int =
 
 def load_run(run_dir: str | pathlib.Path) -> Run:
     """A run directory as arrays: every scalar of ``metrics.jsonl``, plus ``wall_time_s`` and
-    ``env_steps_per_s_window`` (the throughput over the last `RATE_WINDOW` updates; the file's
-    ``env_steps_per_s`` averages over the whole segment, the first update's compile included).
+    ``env_steps_per_s_window`` (the throughput over the last `RATE_WINDOW` updates of a
+    segment; the file's ``env_steps_per_s`` averages over the whole segment, the first
+    update's compile included).
 
     Raises FileNotFoundError if the run has no metrics yet, and `ConfigError` if its
     ``config.json`` is not a JSON object (`ppo_async.runs.run_dir.read_config_fields`).
@@ -181,7 +193,10 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
     if "wall_time_s" not in metrics and {"env_steps", "env_steps_per_s"} <= metrics.keys():
         metrics["wall_time_s"] = _wall_time(metrics, segments)
     if "wall_time_s" in metrics:
-        metrics["env_steps_per_s_window"] = _windowed_rate(metrics["env_steps"], metrics["wall_time_s"])
+        segment = (_segment_of(metrics["update"], segments) if "update" in metrics
+                   else np.zeros(len(metrics["wall_time_s"]), int))
+        metrics["env_steps_per_s_window"] = _windowed_rate(
+            metrics["env_steps"], metrics["wall_time_s"], segment)
     return Run(path, config or {}, metrics, summary)
 
 

@@ -96,11 +96,18 @@ def test_wall_time_adds_up_the_segments_of_a_resumed_run(tmp_path):
         segment_steps = record["env_steps"] - 6 * BATCH
         record["env_steps_per_s"] = segment_steps / (2.0 + segment_steps / 1000.0)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    wall = load_run(run_dir).metrics["wall_time_s"]
+    run = load_run(run_dir)
+    wall = run.metrics["wall_time_s"]
     first = 2.0 + 6 * BATCH / 1000.0
     np.testing.assert_allclose(wall[:6], 2.0 + np.arange(1, 7) * BATCH / 1000.0)
     np.testing.assert_allclose(wall[6:], first + 2.0 + np.arange(1, 7) * BATCH / 1000.0)
     assert np.all(np.diff(wall) > 0)
+    # The plot's throughput: no window spans the resume's 2 s start-up (it read 3.5x
+    # slower for the ten updates after it); the resumed segment's first update has
+    # none, as the run's first.
+    rate = run.metrics["env_steps_per_s_window"]
+    assert np.isnan(rate[0]) and np.isnan(rate[6])
+    np.testing.assert_allclose(np.delete(rate, [0, 6]), 1000.0)
 
 
 def test_runs_differing_only_by_seed_form_a_group(three_runs):
