@@ -51,7 +51,7 @@ class AsyncActorLearnerConfig:
     envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
     """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.envs.registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False. An actor's pool gets num_threads = cores / (actors x env groups), at least 1, unless given here."""
     gymnasium_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
-    """gymnasium: ids only: keyword arguments of the env's constructor as (name, value) pairs, given to gymnasium.make_vec for training and evaluation alike, e.g. --gymnasium-kwargs include_cfrc_ext_in_observation False."""
+    """gymnasium: ids only: keyword arguments of the env's constructor as (name, value) pairs, given to gymnasium.make_vec for training and evaluation alike, e.g. --gymnasium-kwargs include_cfrc_ext_in_observation False; also max_episode_steps N, gymnasium.make's time limit (for an env without one, such as CliffWalking-v1)."""
     total_env_steps: int = 500_000
     """Environment steps the learner consumes before the run ends."""
     seed: int = 0

@@ -22,10 +22,16 @@ import jax
 import numpy as np
 
 from ppo_async.core.normalization import NormalizationOptions, acting_apply
+from ppo_async.envs.host import HostEnvError
 from ppo_async.networks.actor_critic import is_recurrent, reset_hidden
 
-# An env that never ends an episode would loop forever; no task here comes near.
-MAX_EPISODE_LOOP_STEPS = 1_000_000
+# The most steps one episode may take here: an env without a time limit under a policy
+# that never ends it would otherwise loop forever (Atari's evaluation cap is 27,000).
+MAX_EPISODE_STEPS = 100_000
+
+
+class EndlessEpisodeError(HostEnvError):
+    """An episode ran `MAX_EPISODE_STEPS` steps without ending: the env has no time limit."""
 
 
 def episode_shares(num_episodes: int, num_envs: int) -> np.ndarray:
@@ -77,8 +83,11 @@ def run_episodes(
     Returns ``(returns [N], lengths [N], episodes done [B])`` with episodes
     listed env by env. ``observe()`` is called after the reset and after every
     step but the last (a video keeps a snapshot there). The envs are reset
-    with ``seed`` and the policy's key is ``jax.random.key(seed)``.
+    with ``seed`` and the policy's key is ``jax.random.key(seed)``. Raises
+    `EndlessEpisodeError` once an episode that counts has run `MAX_EPISODE_STEPS`
+    steps without ending.
     """
+    max_episode_steps = MAX_EPISODE_STEPS
     share = np.asarray(episodes_per_env, np.int32)
     num_envs, num_episodes = len(share), int(share.sum())
     first_slot = np.cumsum(share) - share
@@ -92,7 +101,7 @@ def run_episodes(
     obs = envs.reset(seed)
     if observe is not None:
         observe()
-    for _ in range(MAX_EPISODE_LOOP_STEPS):
+    while True:
         key, action, hidden = policy.act(params, obs, key, hidden, episode_length == 0)
         obs, reward, done = envs.step(np.asarray(action))
         episode_return += reward
@@ -105,6 +114,12 @@ def run_episodes(
         episode_length[done] = 0
         if np.all(done_count >= share):
             break
+        if np.any((episode_length >= max_episode_steps) & (done_count < share)):
+            raise EndlessEpisodeError(
+                f"{getattr(envs, 'env_id', 'the env')}: an episode ran {max_episode_steps:,} "
+                "steps without ending under these params; the env has no time limit that "
+                "ends it: give it one (gymnasium_kwargs max_episode_steps N for a "
+                "gymnasium: id, gymnasium.wrappers.TimeLimit around your own env)")
         if observe is not None:
             observe()
     return returns, lengths, done_count

@@ -64,9 +64,9 @@ import numpy as np
 
 from ppo_async.envs.registry import (
     ENVPOOL,
-    BackendNotInstalledError,
     GYMNASIUM,
     HOST,
+    BackendNotInstalledError,
     UnknownEnvError,
     envpool_make_kwargs,
     host_env_factory,

@@ -149,8 +149,6 @@ class HostPlayer(HostEpisodes):
     """One host env made to render (``render_mode="rgb_array"``); its frames kept as they come."""
 
     def __init__(self, run_env_id: str, env_id: str, make_kwargs: Mapping[str, Any]):
-        import gymnasium
-
         from ppo_async.envs.host import SingleEnvFactory
         from ppo_async.envs.registry import HOST, host_env_factory, split_env_id
 
@@ -164,9 +162,9 @@ class HostPlayer(HostEpisodes):
                 "render_mode='rgb_array' and then returns an [H, W, 3] uint8 frame from render())")
         try:
             super().__init__(env_id, 1, make_kwargs, render=True)
-        except gymnasium.error.DependencyNotInstalled as error:
+        except BackendNotInstalledError as error:  # gymnasium's DependencyNotInstalled (pygame)
             raise RenderError(f"{run_env_id}: rendering it needs a package "
-                              f"({VIDEO_EXTRA}): {error}") from None
+                              f"({VIDEO_EXTRA}): {error.__cause__ or error}") from None
         if not callable(getattr(self.envs, "render", None)):
             self.close()
             raise RenderError(

@@ -249,17 +249,29 @@ def envpool_make_kwargs(env_id: str, overrides: Any = (), *, evaluation: bool = 
     return kwargs
 
 
+# The one argument of gymnasium.make itself that gymnasium_kwargs may hold (a time limit).
+GYMNASIUM_TIME_LIMIT = "max_episode_steps"
+
+
 def gymnasium_kwargs_problem(env_id: str, kwargs: Any) -> str | None:
     """Why ``kwargs`` cannot be given to ``gymnasium.make_vec`` for ``env_id``, or None.
 
     Checked by the config: only ``gymnasium:`` ids take them, and an env
-    class whose constructor takes no ``**kwargs`` must name each of them.
+    class whose constructor takes no ``**kwargs`` must name each of them;
+    ``max_episode_steps`` is ``gymnasium.make``'s own (a `TimeLimit`, for
+    any env), a positive integer.
     """
     if not kwargs:
         return None
     backend, name = split_env_id(env_id)
     if backend != GYMNASIUM:
         return f"only gymnasium: env ids take gymnasium make() arguments (env_id is {env_id!r})"
+    limit = dict(kwargs).get(GYMNASIUM_TIME_LIMIT)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        return f"{GYMNASIUM_TIME_LIMIT}={limit!r}: must be an integer >= 1"
+    kwargs = [(key, value) for key, value in kwargs if key != GYMNASIUM_TIME_LIMIT]
+    if not kwargs:
+        return None
     import inspect
 
     import gymnasium
@@ -276,7 +288,8 @@ def gymnasium_kwargs_problem(env_id: str, kwargs: Any) -> str | None:
     for key, _ in kwargs:
         if key not in parameters:
             return (f"{key!r} is not an argument of {name}'s constructor; choose from "
-                    + ", ".join(sorted(p for p in parameters if p != "self")))
+                    + ", ".join(sorted(p for p in parameters if p != "self"))
+                    + f" (or {GYMNASIUM_TIME_LIMIT}, gymnasium.make's time limit)")
     return None
 
 

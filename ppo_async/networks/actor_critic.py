@@ -2,13 +2,13 @@
 
 ``make_network(observation_shape, action_space, torso=...)`` puts a torso
 (`TORSOS`) in front of the actor and critic MLPs: "none" (vectors go straight
-into the MLPs; an observation of any other shape that is not an image, a
-grid ``(H, W)`` or a scalar, is flattened into one), "minatar" (one small conv, for MinAtar-shaped ``[10, 10, C]``
-images) or "nature" (the Nature-DQN CNN for ``[84, 84, 4]`` Atari frames,
-which it scales from [0, 255] to [0, 1] itself); "auto" picks "none" for
-vectors and "minatar" for images. The head follows the action space
-(categorical for a space with ``n``, diagonal Gaussian with a
-state-independent log-std for a box). Calling the network returns ``(distribution, value)``: a
+into the MLPs; any other shape but an image, a grid ``(H, W)`` or a scalar,
+is flattened into one), "minatar" (one small conv, for MinAtar-shaped
+``[10, 10, C]`` images) or "nature" (the Nature-DQN CNN for ``[84, 84, 4]``
+Atari frames, which it scales from [0, 255] to [0, 1] itself); "auto" picks
+"minatar" for images and "none" for the rest. The head follows the action
+space (`action_head`: categorical for a ``Discrete`` space, diagonal Gaussian
+with a state-independent log-std for a 1-D box of floats). Calling the network returns ``(distribution, value)``: a
 `ppo_async.networks.distributions` NamedTuple holding the distribution's parameters, and
 the value ``[...]``.
 
@@ -220,8 +220,9 @@ def make_network(
       observation_shape: shape of one observation: ``(D,)`` for a vector,
         ``(H, W, C)`` for an image; any other shape (a grid ``(H, W)``, a
         scalar ``()``) is read as the vector of its flattened elements.
-      action_space: anything with ``n`` (discrete; gymnax and gymnasium
-        ``Discrete``) or a 1-D ``shape`` (continuous; ``Box``).
+      action_space: a discrete space (``n``, no shape; gymnax and gymnasium
+        ``Discrete``) or a 1-D box of floats (continuous; ``Box``); any
+        other raises ValueError (`action_head`).
       hidden_sizes: widths of the actor and critic MLPs.
       network: "mlp" (feed-forward `ActorCritic`), or "lstm" / "gru"
         (`RecurrentActorCritic` with that cell).

@@ -91,6 +91,7 @@ class Evaluator:
             self.params_template = wrap_params(
                 params_template(self.network, self.env.observation_shape),
                 self.env.observation_shape, self.normalization)
+        self._template_network = self.network
         self.recurrent = is_recurrent(self.network)
         self.episodes_per_env = episode_shares(num_episodes, self.num_envs)  # [B]
         self.first_slot_of_env = np.cumsum(self.episodes_per_env) - self.episodes_per_env  # [B]
@@ -123,7 +124,10 @@ class Evaluator:
                 raise PolicyLoadError(
                     f"{self.env_id}: the params' bytes do not decode into the config's "
                     f"network's params ({type(error).__name__}: {error})") from error
-        mismatch = params_mismatch(params, self.params_template)
+        # Checked against the template of the network it was built for (a caller may
+        # have set another network since, with params of its own).
+        mismatch = (params_mismatch(params, self.params_template)
+                    if self.network is self._template_network else None)
         if mismatch is not None:
             raise PolicyLoadError(f"{self.env_id}: the params do not fit the config's network: "
                                   f"{mismatch}")

@@ -49,6 +49,10 @@ from ppo_async.envs.episodes import EpisodePolicy, run_episodes
 from ppo_async.envs.registry import env_backend
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
+# What a recording may hold in memory before it is refused (an episode that did not end
+# filled 24 GiB with frames): about 6,000 frames of 600 x 400 (CartPole's), 42,000 of
+# 210 x 160 (Atari's).
+MAX_VIDEO_BYTES = 4 * 2**30
 __all__ = ["RenderError", "Recording", "check_video_path", "headless_backends",
            "record_episodes", "use_headless_backends", "write_video"]
 
@@ -146,9 +150,21 @@ def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: 
         policy = EpisodePolicy(network, greedy=True, normalization=config.normalization_options())
         params = jax.device_put(params, resolve_device(config.actor_device))
         snapshots: list[Any] = []
+        held = [0]  # bytes of the snapshots so far
+
+        def observe() -> None:
+            snapshot = player.snapshot()
+            held[0] += sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(snapshot))
+            if held[0] > MAX_VIDEO_BYTES:
+                raise RenderError(
+                    f"{config.env_id}: the {num_episodes} episode(s) filled "
+                    f"{MAX_VIDEO_BYTES / 2**30:.3g} GiB with {len(snapshots):,} frames "
+                    "without ending; watch fewer episodes (--num-episodes 1), or give the env "
+                    "a time limit")
+            snapshots.append(snapshot)
+
         returns, lengths, _ = run_episodes(player, policy, params, seed,
-                                           np.array([num_episodes], np.int32),
-                                           observe=lambda: snapshots.append(player.snapshot()))
+                                           np.array([num_episodes], np.int32), observe=observe)
         frames = np.stack(player.draw(snapshots))
     finally:
         player.close()

@@ -483,6 +483,18 @@ def test_gymnasium_kwargs_are_validated_and_survive_config_json():
     # and the error names the setting.
     with pytest.raises(HostEnvError, match="gymnasium_kwargs .*'no_such_setting'"):
         make_host_env("gymnasium:CartPole-v1", 1, gymnasium_kwargs=(("no_such_setting", 1),))
+    # gymnasium.make's own time limit, for an env without one (CliffWalking's
+    # episodes need not end): accepted beside the constructor's arguments.
+    with pytest.raises(ConfigError, match="max_episode_steps=0: must be an integer >= 1"):
+        AsyncActorLearnerConfig(env_id="gymnasium:CliffWalking-v1",
+                                gymnasium_kwargs=(("max_episode_steps", 0),))
+    limit = (("max_episode_steps", 3), ("is_slippery", False))
+    AsyncActorLearnerConfig(env_id="gymnasium:CliffWalking-v1", gymnasium_kwargs=limit)
+    limited = make_host_env("gymnasium:CliffWalking-v1", 2, gymnasium_kwargs=limit)
+    limited.reset(seed=0)
+    steps = [limited.step(np.array([0, 0])) for _ in range(3)]  # up, away from the cliff
+    assert [bool(step.truncated.all()) for step in steps] == [False, False, True]
+    limited.close()
     config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1",
                                      gymnasium_kwargs=(("sutton_barto_reward", True),))
     fields = json.loads(json.dumps(config.to_dict()))  # as config.json stores it

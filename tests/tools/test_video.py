@@ -100,8 +100,10 @@ class _OneEnvWithoutRenderMode(gymnasium.Env):
         return np.zeros(3, np.float32), 1.0, True, False, {}
 
 
-def _enjoy_error(name, env_class, run_dir, capsys, register=register_host_env) -> str:
-    """The one stderr line of ``ppo-async enjoy`` on a saved run of ``host:name`` (exit 2)."""
+def _enjoy_error(name, env_class, run_dir, capsys, register=register_host_env,
+                 command="enjoy") -> str:
+    """The one stderr line of ``ppo-async enjoy`` (or ``eval``) on a saved run of ``host:name``
+    (exit 2)."""
     from ppo_async.envs.backends import make_actor_program
     from ppo_async.runs.run_dir import PARAMS_FILE
 
@@ -112,7 +114,8 @@ def _enjoy_error(name, env_class, run_dir, capsys, register=register_host_env) -
     template = make_actor_program(config).params_template
     (run_dir / PARAMS_FILE).write_bytes(flax.serialization.to_bytes(template))
     with pytest.raises(SystemExit) as info:
-        main(["enjoy", str(run_dir), "--out", str(run_dir / "video.gif")])
+        main([command, str(run_dir)] + (["--out", str(run_dir / "video.gif")]
+                                        if command == "enjoy" else []))
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
@@ -126,6 +129,34 @@ def test_enjoy_says_when_an_env_cannot_be_rendered(tmp_path, capsys):
                        register_single_env)
     assert ("host:no-render-mode: this env cannot be rendered: <class 'test_video."
             "_OneEnvWithoutRenderMode'> takes no render_mode argument") in err
+
+
+class _Endless(_Unrenderable):
+    """A host env whose episodes never end (no time limit), with 4 x 4 frames."""
+
+    def step(self, actions):
+        obs, reward, _, truncated, final_obs = super().step(actions)
+        return obs, reward, np.zeros_like(truncated), truncated, final_obs
+
+    def render(self):
+        return np.zeros((self.num_envs, 4, 4, 3), np.uint8)
+
+
+def test_eval_and_enjoy_of_an_env_whose_episodes_never_end_stop_saying_so(tmp_path, capsys,
+                                                                           monkeypatch):
+    # gymnasium:CliffWalking-v1 (no time limit) under a policy that never reaches
+    # the goal: eval stepped on for good, enjoy held frames until the OOM killer came.
+    from ppo_async.envs import episodes
+    from ppo_async.tools import video
+
+    monkeypatch.setattr(episodes, "MAX_EPISODE_STEPS", 40)
+    err = _enjoy_error("endless", _Endless, tmp_path, capsys, command="eval")
+    assert "host:endless: an episode ran 40 steps without ending" in err
+    assert "gymnasium_kwargs max_episode_steps" in err
+    monkeypatch.setattr(episodes, "MAX_EPISODE_STEPS", 10**6)
+    monkeypatch.setattr(video, "MAX_VIDEO_BYTES", 48 * 30)  # 30 frames of 48 bytes
+    err = _enjoy_error("endless", _Endless, tmp_path, capsys)
+    assert "host:endless: the 3 episode(s) filled" in err and "with 30 frames without ending" in err
 
 
 def test_a_gymnax_env_without_a_renderer_is_refused_before_playing():
