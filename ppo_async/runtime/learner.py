@@ -229,13 +229,43 @@ ActorFailureHandler = Callable[[ActorFailure, int], bool]
 StuckActorHandler = Callable[[list[int], int], bool]
 
 
-def _check_finite(metrics: dict[str, float], update: int) -> None:
-    """Raise `NonFiniteError` naming the first non-finite metric of ``update``."""
+def _check_finite(metrics: dict[str, float], update: int,
+                  experiences: Sequence[Experience] = ()) -> None:
+    """Raise `NonFiniteError` naming the first non-finite metric of ``update``, and where
+    the chunks it consumed (``experiences``) held NaN or inf, if they did."""
     if metrics["params_finite"] != 1.0:
-        raise NonFiniteError(f"update {update}: the updated params contain NaN or inf")
-    for name, value in metrics.items():
-        if not np.isfinite(value):
-            raise NonFiniteError(f"update {update}: metric {name} is {value}")
+        problem = "the updated params contain NaN or inf"
+    else:
+        problem = next((f"metric {name} is {value}" for name, value in metrics.items()
+                        if not np.isfinite(value)), None)
+    if problem is not None:
+        source = _non_finite_input(experiences)
+        raise NonFiniteError(f"update {update}: {problem}"
+                             + (f"; it trained on {source}" if source else ""))
+
+
+def _non_finite_input(experiences: Sequence[Experience]) -> str | None:
+    """The first NaN or inf in ``experiences``' float arrays, in words; None if there is none.
+
+    Read only once an update has failed: an env that returned a NaN observation or
+    reward is then named, where the update's own numbers cannot say where it came from.
+    """
+    for experience in experiences:
+        arrays = {**{f"trajectory.{name}": value
+                     for name, value in experience.trajectory._asdict().items()},
+                  "bootstrap_obs": experience.bootstrap_obs,
+                  "bootstrap_value": experience.bootstrap_value}
+        for name, value in arrays.items():
+            if value is None or not np.issubdtype(np.asarray(value).dtype, np.floating):
+                continue
+            bad = np.argwhere(~np.isfinite(np.asarray(value)))
+            if len(bad):
+                index = tuple(int(i) for i in bad[0])
+                where = (f"env {index[0]}" if name.startswith("bootstrap")
+                         else f"step {index[0]}, env {index[1]}")
+                return (f"actor {experience.actor_id}'s chunk, which has "
+                        f"{np.asarray(value)[index]} in {name} at {where}")
+    return None
 
 
 # after_update(state, report, actor_carries): called after every update with a
@@ -401,7 +431,7 @@ class _Learner:
         """Read ``done`` back, check it, count it, publish it; False if ``on_update`` stopped the run."""
         # Waits for this update only: one dispatched after it may still be running.
         host_metrics = {k: float(v) for k, v in to_host(done.metrics).items()}
-        _check_finite(host_metrics, self.report.updates + 1)
+        _check_finite(host_metrics, self.report.updates + 1, done.experiences)
         self._count(done)
         broadcast_s = self._publish(done.state)
         self._evaluate(done.state)
