@@ -478,7 +478,9 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
         _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
     _require(cfg.exact_policy_lag is None or cfg.exact_policy_lag == "auto"
              or (_is_int(cfg.exact_policy_lag) and cfg.exact_policy_lag >= 0),
-             "exact_policy_lag", cfg.exact_policy_lag, "must be 'auto', None or an integer >= 0")
+             "exact_policy_lag", cfg.exact_policy_lag,
+             "must be 'auto', None (free-running actors; a TOML file, which has no null, "
+             "leaves it out and sets max_lead_steps) or an integer >= 0")
     if cfg.max_lead_steps is not None:
         _require(_is_int(cfg.max_lead_steps) and cfg.max_lead_steps >= 1,
                  "max_lead_steps", cfg.max_lead_steps,
