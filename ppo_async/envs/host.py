@@ -311,8 +311,56 @@ class SingleEnvFactory:
     def __call__(self, num_envs: int, render_mode: str | None = None) -> GymnasiumVectorEnv:
         env_fn = (self.make_env if render_mode is None
                   else functools.partial(self.make_env, render_mode=render_mode))
-        return GymnasiumVectorEnv(getattr(self.make_env, "__name__", "env"), num_envs,
-                                  env_fn=env_fn)
+        name = getattr(self.make_env, "__name__", "env")
+        return GymnasiumVectorEnv(name, num_envs,
+                                  env_fn=functools.partial(_api_checked, env_fn, name))
+
+
+def _api_checked(make_env: Callable[[], Any], name: str) -> Any:
+    """``make_env()``, a user's ``gymnasium.Env``, whose resets and steps are checked against
+    gymnasium's API (an env of the old gym API otherwise failed inside gymnasium's vector
+    env with ``not enough values to unpack``)."""
+    import gymnasium
+
+    env = make_env()
+    if not isinstance(env, gymnasium.Env):
+        return env  # duck-typed: gymnasium's vector env says what it lacks
+    return _api_checked_env_class()(env, name)
+
+
+@functools.cache
+def _api_checked_env_class() -> type:
+    """The wrapper of `_api_checked` (built once, so that importing this module imports no gymnasium)."""
+    import gymnasium
+
+    class ApiCheckedEnv(gymnasium.Wrapper):
+        def __init__(self, env: Any, name: str):
+            super().__init__(env)
+            self.checked_name = name
+
+        def reset(self, **kwargs):
+            result = self.env.reset(**kwargs)
+            if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+                raise HostEnvError(
+                    f"{self.checked_name}: reset() returned {_described(result)}; gymnasium's "
+                    "API returns (obs, info) (the old gym API returned the observation alone)")
+            return result
+
+        def step(self, action):
+            result = self.env.step(action)
+            if not (isinstance(result, tuple) and len(result) == 5):
+                raise HostEnvError(
+                    f"{self.checked_name}: step() returned {_described(result)}; gymnasium's "
+                    "API returns five: (obs, reward, terminated, truncated, info) (the old gym "
+                    "API returned four: obs, reward, done, info)")
+            return result
+
+    return ApiCheckedEnv
+
+
+def _described(result: Any) -> str:
+    return (f"{len(result)} values" if isinstance(result, tuple)
+            else f"one value of type {type(result).__name__}")
 
 
 def register_single_env(name: str, make_env: Callable[..., Any]) -> None:

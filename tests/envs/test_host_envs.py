@@ -23,7 +23,7 @@ import pytest
 
 from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, StopTraining, train
 from ppo_async.envs.backends import make_actor_program
-from ppo_async import BackendNotInstalledError
+from ppo_async import BackendNotInstalledError, register_single_env
 from ppo_async.envs.host import HostEnvError, HostStep, HostVectorEnv, make_host_env
 from ppo_async.envs.host_rollout import make_host_actor_program
 from ppo_async.envs.workers import EnvWorkers
@@ -317,6 +317,39 @@ def test_discrete_observations_are_one_hot_and_other_spaces_are_refused_naming_t
     envs.close(), raw.close()
     with pytest.raises(HostEnvError, match="Tuple.*not supported.*FlattenObservation"):
         make_host_env("gymnasium:Blackjack-v1", 2)
+
+
+class _OldGymStep(gymnasium.Env):
+    """An env of the old gym API: step returns four values."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, {}
+
+
+class _OldGymReset(_OldGymStep):
+    def reset(self, seed=None, options=None):
+        return np.zeros(2, np.float32)
+
+
+def test_a_single_env_of_the_old_gym_api_is_named_with_what_gymnasium_expects():
+    # It failed inside gymnasium's vector env: "not enough values to unpack
+    # (expected 5, got 4)", or "'numpy.float32' object has no attribute 'items'".
+    register_single_env("old-gym-step", _OldGymStep)
+    register_single_env("old-gym-reset", _OldGymReset)
+    envs = make_host_env("host:old-gym-step", 2)
+    envs.reset(seed=0)
+    with pytest.raises(HostEnvError, match=r"_OldGymStep: step\(\) returned 4 values; "
+                                           r"gymnasium's API returns five"):
+        envs.step(np.array([0, 1]))
+    with pytest.raises(HostEnvError, match=r"_OldGymReset: reset\(\) returned one value of "
+                                           r"type ndarray; gymnasium's API returns \(obs, info\)"):
+        make_host_env("host:old-gym-reset", 2).reset(seed=0)
 
 
 def _needs_a_missing_package(**kwargs):
