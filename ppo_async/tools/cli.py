@@ -218,7 +218,7 @@ def _check_seed(seed: int) -> None:
 
 def eval_command(
     run_dir: tyro.conf.Positional[pathlib.Path],
-    num_episodes: int = 20,
+    num_episodes: Annotated[int, tyro.conf.arg(aliases=("--episodes",))] = 20,
     seed: int = 0,
     greedy: bool = True,
 ) -> None:
@@ -248,7 +248,7 @@ def eval_command(
 
 def enjoy_command(
     run_dir: tyro.conf.Positional[pathlib.Path],
-    episodes: int = 3,
+    episodes: Annotated[int, tyro.conf.arg(aliases=("--num-episodes",))] = 3,
     out: pathlib.Path = pathlib.Path("video.gif"),
     seed: int = 0,
     fps: float = 30.0,
@@ -568,7 +568,8 @@ def one_line_parse_error(text: str, help_command: str) -> str:
     for head, *rest in sections:
         if head.startswith("For full helptext"):
             continue
-        flags = [line for line in rest if line.startswith("-")]
+        # A flag and its alias may be listed once per subcommand, in either order.
+        flags = list(dict.fromkeys(_flag_names(line) for line in rest if line.startswith("-")))
         if head in _FLAG_SECTIONS and flags:
             parts.append(f"{_FLAG_SECTIONS[head]}: {', '.join(flags)}")
         else:
@@ -577,6 +578,14 @@ def one_line_parse_error(text: str, help_command: str) -> str:
     if title and not message.lower().startswith(title.lower()):
         message = f"{title}: {message}"
     return f"{message}; see {help_command}"
+
+
+def _flag_names(line: str) -> str:
+    """A flag line of tyro's (``--num-episodes, --episodes INT``) with its names sorted."""
+    names, _, metavar = line.rpartition(" ")
+    if not names or metavar.startswith("-"):  # no metavar: --greedy, --no-greedy
+        names, metavar = line, ""
+    return " ".join([", ".join(sorted(n.strip() for n in names.split(","))), metavar]).strip()
 
 
 @contextlib.contextmanager

@@ -614,11 +614,12 @@ def test_a_failed_runs_one_line_says_what_the_actor_or_its_env_raised():
     # A misspelled flag keeps tyro's suggestion.
     (["train", "--num-actor", "4"], ["--num-actor", "perhaps you meant: --num-actors INT",
                                      "see ppo-async train --help"]),
-    (["enjoy", "r", "--episodez", "3"], ["perhaps you meant: --episodes INT"]),
+    # enjoy's --episodes and eval's --num-episodes are each the other's alias: listed once.
+    (["enjoy", "r", "--episodez", "3"], ["perhaps you meant: --episodes, --num-episodes INT;"]),
     (["train", "--num-actors", "x"], ["Error parsing --num-actors", "'x'", "--num-actors INT"]),
     (["train", "--network", "cnn"], ["invalid choice 'cnn'", "'mlp', 'lstm', 'gru'"]),
     (["eval"], ["Missing from ppo-async eval", "see ppo-async eval --help"]),
-    (["eval", "r", "--num-episodes"], ["Missing value for argument '--num-episodes'"]),
+    (["eval", "r", "--num-episodes"], ["Missing value for argument '--episodes/--num-episodes'"]),
     (["evaluate", "r"], ["Unrecognized options: evaluate", "train, eval, enjoy, plot",
                          "see ppo-async --help"]),
     ([], ["Missing subcommand", "train, eval, enjoy, plot"]),

@@ -34,7 +34,7 @@ def cartpole_run(tmp_path_factory):
 def test_enjoy_writes_a_gif_of_greedy_cartpole_episodes(cartpole_run, tmp_path, capsys):
     pytest.importorskip("pygame")  # gymnasium's classic-control renderer
     out = tmp_path / "video.gif"
-    main(["enjoy", str(cartpole_run), "--episodes", "2", "--out", str(out)])
+    main(["enjoy", str(cartpole_run), "--num-episodes", "2", "--out", str(out)])  # as eval's
     assert "wrote" in capsys.readouterr().out
     frames = imageio.imread(out, index=None)  # every frame: [F, H, W, 3]
     assert out.stat().st_size > 1000
