@@ -455,6 +455,13 @@ def load_run_config(run_dir: str | pathlib.Path) -> AsyncActorLearnerConfig:
                           "ppo-async train wrote (runs/<env>-<time>)")
     fields = read_config_fields(run_dir)
     if fields is None:
+        runs = sorted(p.name for p in pathlib.Path(run_dir).iterdir() if (p / CONFIG_FILE).is_file())
+        if runs:  # a sweep's or a population's directory
+            raise ConfigError(
+                f"run_dir={str(run_dir)!r} is not a run but holds "
+                f"{len(runs)} run director{'y' if len(runs) == 1 else 'ies'} (a sweep's or a "
+                f"population's); name one, e.g. "
+                f"{str(pathlib.Path(run_dir) / runs[0])!r}")
         raise ConfigError(f"run_dir={str(run_dir)!r}: no {CONFIG_FILE} there; is it a run directory?")
     known = {f.name for f in dataclasses.fields(AsyncActorLearnerConfig)}
     unknown = sorted(set(fields) - known)

@@ -112,6 +112,12 @@ def test_load_run_gives_a_run_directorys_config_and_params(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ppo_async.ConfigError, match="no config.json there"):
         ppo_async.load_run(tmp_path / "empty")
+    # A sweep's directory (its runs below it): told to name one of them.
+    (tmp_path / "sweep" / "seed=0").mkdir(parents=True)
+    (tmp_path / "sweep" / "seed=0" / "config.json").write_text(json.dumps(config.to_dict()))
+    with pytest.raises(ppo_async.ConfigError, match=r"sweep' is not a run but holds 1 run "
+                       r"directory \(a sweep's or a population's\); name one, e.g. .*seed=0'"):
+        ppo_async.load_run(tmp_path / "sweep")
 
 
 def test_the_table_of_old_paths_is_the_list_of_moves():
