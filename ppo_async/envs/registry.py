@@ -12,6 +12,8 @@ no env.
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -56,10 +58,14 @@ def import_env_modules(modules: Any) -> None:
             importlib.import_module(module)
         except Exception as error:  # noqa: BLE001 - user code: any failure, said in one line
             message = " ".join(str(error).split()) or "(no message)"
+            name = getattr(error, "name", None) or ""
+            not_found = isinstance(error, ModuleNotFoundError) and (
+                module == name or module.startswith(name + "."))
+            where = ("it must be importable here: on PYTHONPATH, installed, or in the current "
+                     "directory for ppo-async" if not_found else "its code raised it")
             raise EnvModuleError(
-                f"cannot import {module!r} ({type(error).__name__}: {message}); it must be "
-                "importable here: on PYTHONPATH, installed, or in the current directory for "
-                f"ppo-async (python -c 'import {module}' shows the traceback)"
+                f"cannot import {module!r} ({type(error).__name__}: {message}); {where} "
+                f"(python -c 'import {module}' shows the traceback)"
             ) from error
 
 
@@ -80,6 +86,19 @@ def register_host_env(name: str, factory: HostEnvFactory) -> None:
         raise ValueError(f"host env name {name!r}: must be a non-empty string without ':'")
     if not callable(factory):
         raise TypeError(f"host env {name!r}: factory {factory!r} is not callable")
+    gymnasium = sys.modules.get("gymnasium")  # a gymnasium.Env subclass has imported it
+    if gymnasium is not None and isinstance(factory, type) and issubclass(factory, gymnasium.Env):
+        raise TypeError(
+            f"host env {name!r}: {factory!r} is one gymnasium.Env, and register_host_env takes "
+            "a factory of a batch (factory(num_envs) -> HostVectorEnv); register it with "
+            "ppo_async.register_single_env, which batches copies of it")
+    try:
+        inspect.signature(factory).bind(1)
+    except TypeError as error:
+        raise TypeError(f"host env {name!r}: factory {factory!r} cannot be called as "
+                        f"factory(num_envs) ({error})") from None
+    except ValueError:  # no signature to read (some builtins): calling it will tell
+        pass
     _REGISTRY[name] = factory
 
 
@@ -272,8 +291,6 @@ def gymnasium_kwargs_problem(env_id: str, kwargs: Any) -> str | None:
     kwargs = [(key, value) for key, value in kwargs if key != GYMNASIUM_TIME_LIMIT]
     if not kwargs:
         return None
-    import inspect
-
     import gymnasium
     from gymnasium.envs.registration import load_env_creator
 

@@ -141,6 +141,13 @@ def test_register_host_env_refuses_bad_names():
         register_host_env("a:b", ScriptedEnv)
     with pytest.raises(TypeError, match="not callable"):
         register_host_env("not-callable", 3)
+    # Two mistakes that failed only once an actor called the factory: one
+    # gymnasium.Env given where a batch factory goes, and a class that takes no num_envs.
+    with pytest.raises(TypeError, match="is one gymnasium.Env.*register_single_env"):
+        register_host_env("single", _OldGymStep)
+    with pytest.raises(TypeError, match=r"cannot be called as factory\(num_envs\)"):
+        register_host_env("no-num-envs", lambda: ScriptedEnv(2))
+    assert not {"single", "no-num-envs"} & set(registered_host_envs())
 
 
 # --------------------------------------------------------------------------
