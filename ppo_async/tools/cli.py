@@ -657,7 +657,7 @@ def main(argv: list[str] | None = None) -> None:
             _parse(_commands(argv), argv)()
     except KeyboardInterrupt as interrupt:
         # train() raises TrainingInterrupted, whose message names the update and the resume command.
-        print(f"\nppo-async: {interrupt or 'interrupted'}", file=sys.stderr)
+        print(f"\nppo-async: {str(interrupt) or 'interrupted'}", file=sys.stderr)
         raise SystemExit(130) from None
     except ConfigError as error:
         print(f"ppo-async: invalid configuration: {error}", file=sys.stderr)

@@ -574,6 +574,21 @@ def test_cli_errors_are_one_line(tmp_path, capsys, args, expected):
     assert len(err.splitlines()) == 1 and expected in err, err
 
 
+def test_ctrl_c_in_eval_says_interrupted(monkeypatch, capsys):
+    # A bare KeyboardInterrupt (eval, enjoy, plot) printed "ppo-async: " and nothing else.
+    from ppo_async import resume
+    from ppo_async.tools.cli import main
+
+    def interrupted(run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(resume, "load_run_config", interrupted)
+    with pytest.raises(SystemExit) as info:
+        main(["eval", "some-run"])
+    assert info.value.code == 130
+    assert capsys.readouterr().err.strip() == "ppo-async: interrupted"
+
+
 def test_unknown_fields_of_a_run_config_are_named_in_one_warning_line(tmp_path, capsys):
     from ppo_async.resume import (
         load_run_config,  # what eval, enjoy and --resume read a run with
