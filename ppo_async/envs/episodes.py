@@ -87,7 +87,6 @@ def run_episodes(
     `EndlessEpisodeError` once an episode that counts has run `MAX_EPISODE_STEPS`
     steps without ending.
     """
-    max_episode_steps = MAX_EPISODE_STEPS
     share = np.asarray(episodes_per_env, np.int32)
     num_envs, num_episodes = len(share), int(share.sum())
     first_slot = np.cumsum(share) - share
@@ -114,9 +113,9 @@ def run_episodes(
         episode_length[done] = 0
         if np.all(done_count >= share):
             break
-        if np.any((episode_length >= max_episode_steps) & (done_count < share)):
+        if np.any((episode_length >= MAX_EPISODE_STEPS) & (done_count < share)):
             raise EndlessEpisodeError(
-                f"{getattr(envs, 'env_id', 'the env')}: an episode ran {max_episode_steps:,} "
+                f"{getattr(envs, 'env_id', 'the env')}: an episode ran {MAX_EPISODE_STEPS:,} "
                 "steps without ending under these params; the env has no time limit that "
                 "ends it: give it one (gymnasium_kwargs max_episode_steps N for a "
                 "gymnasium: id, gymnasium.wrappers.TimeLimit around your own env)")
