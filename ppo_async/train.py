@@ -442,6 +442,11 @@ def train(
     With thread actors, a learner that cannot run for ``2 x learner_timeout_s``
     (a thread holds the GIL) ends the process instead (`ppo_async.runtime.watchdog`).
     """
+    if not isinstance(config, AsyncActorLearnerConfig):
+        raise TypeError(
+            f"train(config): config must be an AsyncActorLearnerConfig "
+            f"(AsyncActorLearnerConfig(**fields), or ppo_async.preset(NAME)), not "
+            f"{type(config).__name__}")
     with contextlib.ExitStack() as cleanup:  # what must be undone on every way out
         return _train(config, cleanup, run_dir=run_dir, resume_from=resume_from,
                       progress=progress, on_update=on_update, wandb=wandb)

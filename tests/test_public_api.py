@@ -92,6 +92,16 @@ def test_the_user_facing_names_are_the_objects_where_they_live():
                                              register_host_env)
 
 
+def test_train_refuses_a_config_that_is_not_one_naming_what_it_takes():
+    # A dict of fields (as run_sweep takes) failed deep inside with "'dict' object
+    # has no attribute 'compilation_cache_dir'".
+    for config in ({"env_id": "CartPole-v1"}, "CartPole-v1"):
+        with pytest.raises(TypeError, match="config must be an AsyncActorLearnerConfig "
+                                            r"\(AsyncActorLearnerConfig\(\*\*fields\), or "
+                                            r"ppo_async.preset\(NAME\)\), not "):
+            ppo_async.train(config, progress=False)
+
+
 def test_load_run_gives_a_run_directorys_config_and_params(tmp_path):
     import flax.serialization
     import jax

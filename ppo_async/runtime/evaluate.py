@@ -214,4 +214,10 @@ def evaluate(
     with the evaluation settings (`ppo_async.envs.registry.ATARI_EVAL_KWARGS`:
     whole games, unclipped score, sticky actions), not the training ones.
     """
+    if not isinstance(config, AsyncActorLearnerConfig):
+        raise TypeError(f"evaluate(config, params): config must be an AsyncActorLearnerConfig, "
+                        f"not {type(config).__name__}")
+    if params is None:
+        raise TypeError("evaluate(config, params): params is None; pass a run's params "
+                        "(train(config).params, or ppo_async.load_run(RUN_DIR).params)")
     return _cached_evaluator(config, num_episodes, greedy)(params, seed)

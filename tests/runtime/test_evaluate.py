@@ -178,6 +178,11 @@ def test_params_of_another_network_are_refused_naming_what_differs(cartpole_para
 def test_bad_arguments():
     with pytest.raises(ValueError, match="num_episodes"):
         Evaluator(CARTPOLE, 0)
+    # From a notebook: a dict for the config, or params not yet loaded.
+    with pytest.raises(TypeError, match="config must be an AsyncActorLearnerConfig, not dict"):
+        evaluate({"env_id": "CartPole-v1"}, None)
+    with pytest.raises(TypeError, match="params is None; pass a run's params"):
+        evaluate(CARTPOLE, None)
     unknown = types.SimpleNamespace(env_id="nosuchbackend:CartPole-v1", hidden_sizes=(64, 64),
                                     actor_device="cpu")
     with pytest.raises(ValueError, match="unknown backend prefix 'nosuchbackend'"):
