@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
-import flax.serialization
 import jax
 import numpy as np
 
@@ -28,6 +27,7 @@ from ppo_async.networks.actor_critic import is_recurrent, params_template
 from ppo_async.runtime.messages import (
     PolicyBroadcast,
     PolicyLoadError,
+    decode_params,
     load_policy_from_broadcast,
     params_mismatch,
 )
@@ -117,20 +117,14 @@ class Evaluator:
         says which batch a gymnax env starts from); the same params and seed
         give the same result.
         """
+        what = f"{self.env_id}: the params do not fit the config's network"
         if isinstance(params, (bytes, bytearray)):
-            try:
-                params = flax.serialization.from_bytes(self.params_template, bytes(params))
-            except Exception as error:  # msgpack and flax raise several types
-                raise PolicyLoadError(
-                    f"{self.env_id}: the params' bytes do not decode into the config's "
-                    f"network's params ({type(error).__name__}: {error})") from error
-        # Checked against the template of the network it was built for (a caller may
-        # have set another network since, with params of its own).
-        mismatch = (params_mismatch(params, self.params_template)
-                    if self.network is self._template_network else None)
-        if mismatch is not None:
-            raise PolicyLoadError(f"{self.env_id}: the params do not fit the config's network: "
-                                  f"{mismatch}")
+            params = decode_params(bytes(params), self.params_template, what)
+        elif self.network is self._template_network:
+            # (A caller may have set another network since, with params of its own.)
+            mismatch = params_mismatch(params, self.params_template)
+            if mismatch is not None:
+                raise PolicyLoadError(f"{what}: {mismatch}")
         params = jax.device_put(params, self.device)
         with self._lock:
             try:

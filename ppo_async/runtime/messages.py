@@ -100,29 +100,40 @@ def load_policy_from_broadcast(
     Raises `PolicyLoadError` when the bytes hold another architecture (other
     keys, shapes or dtypes): loading them would silently act with garbage.
     """
+    return place(decode_params(broadcast.payload, template,
+                               f"policy version {broadcast.version}"), device)
+
+
+def decode_params(payload: bytes, template: Any, what: str) -> Any:
+    """``payload`` (`serialize_policy`'s bytes) as host params shaped like ``template``;
+    `PolicyLoadError`, its message starting with ``what``, when they do not fit it."""
     try:
-        params = flax.serialization.from_bytes(template, broadcast.payload)
+        params = flax.serialization.from_bytes(template, payload)
     except Exception as error:  # msgpack and flax raise several types
         raise PolicyLoadError(
-            f"policy version {broadcast.version}: bytes do not decode into this "
-            f"network's params ({type(error).__name__}: {error})"
+            f"{what}: bytes do not decode into this network's params "
+            f"({type(error).__name__}: {error})"
         ) from error
     mismatch = params_mismatch(params, template)
     if mismatch is not None:
-        raise PolicyLoadError(f"policy version {broadcast.version}: {mismatch}")
-    return place(params, device)
+        raise PolicyLoadError(f"{what}: {mismatch}")
+    return params
 
 
 def params_mismatch(params: Any, template: Any) -> str | None:
     """What in ``params`` differs from ``template``'s structure, shapes and dtypes (the first
-    leaf that differs, by its path); None if nothing does. Reads no array's values."""
-    def signature(tree):
-        leaves, structure = jax.tree_util.tree_flatten_with_path(tree)
-        return structure, {jax.tree_util.keystr(path): (
-            tuple(np.shape(leaf)), np.dtype(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype))
-            for path, leaf in leaves}
+    leaf that differs, by its path); None if nothing does. Reads no array's values.
 
-    (structure, received), (expected_structure, expected) = signature(params), signature(template)
+    On every version an actor loads: the leaves are compared as they come, and their
+    paths are worked out only to say what differs.
+    """
+    leaves, structure = jax.tree.flatten(params)
+    expected_leaves, expected_structure = jax.tree.flatten(template)
+    if structure == expected_structure and all(
+            _signature(leaf) == _signature(expected)
+            for leaf, expected in zip(leaves, expected_leaves, strict=True)):
+        return None
+    received, expected = _signatures_by_path(params), _signatures_by_path(template)
     missing = sorted(expected.keys() - received.keys())
     extra = sorted(received.keys() - expected.keys())
     if missing:
@@ -134,6 +145,15 @@ def params_mismatch(params: Any, template: Any) -> str | None:
             want_shape, want_dtype = expected[path]
             return (f"params{path} is {dtype}{list(shape)}, this network's "
                     f"{want_dtype}{list(want_shape)}")
-    if structure != expected_structure:
-        return f"the params are a {structure}, this network's a {expected_structure}"
-    return None
+    return f"the params are a {structure}, this network's a {expected_structure}"
+
+
+def _signature(leaf: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """A leaf's shape and dtype, without reading it (a device array stays where it is)."""
+    dtype = getattr(leaf, "dtype", None)
+    return tuple(np.shape(leaf)), np.dtype(dtype) if dtype is not None else np.asarray(leaf).dtype
+
+
+def _signatures_by_path(tree: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {jax.tree_util.keystr(path): _signature(leaf) for path, leaf in leaves}

@@ -150,12 +150,13 @@ def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: 
         policy = EpisodePolicy(network, greedy=True, normalization=config.normalization_options())
         params = jax.device_put(params, resolve_device(config.actor_device))
         snapshots: list[Any] = []
-        held = [0]  # bytes of the snapshots so far
+        held = 0  # bytes of the snapshots so far (a frame, or a gymnax state's arrays)
 
         def observe() -> None:
+            nonlocal held
             snapshot = player.snapshot()
-            held[0] += sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(snapshot))
-            if held[0] > MAX_VIDEO_BYTES:
+            held += sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(snapshot))
+            if held > MAX_VIDEO_BYTES:
                 raise RenderError(
                     f"{config.env_id}: the {num_episodes} episode(s) filled "
                     f"{MAX_VIDEO_BYTES / 2**30:.3g} GiB with {len(snapshots):,} frames "
