@@ -96,6 +96,21 @@ def _new_run_dir(run_root: pathlib.Path, env_id: str) -> pathlib.Path:
     return unique_run_dir(run_root, f"{env_id.replace(':', '_')}-{stamp}")
 
 
+ROUNDING_NOTE_FRACTION = 0.01  # a budget rounded down by this share or more is noted
+
+
+def _rounding_note(config: AsyncActorLearnerConfig) -> str | None:
+    """What the run leaves out of ``total_env_steps`` by training whole batches, where it
+    is at least `ROUNDING_NOTE_FRACTION` of the budget (the default's 288 of 500,000 is
+    not worth a line: the report gives the count); None otherwise."""
+    trained = config.num_updates * config.batch_size
+    if config.total_env_steps - trained < ROUNDING_NOTE_FRACTION * config.total_env_steps:
+        return None
+    return (f"ppo-async: note: total_env_steps={config.total_env_steps} is not a whole number "
+            f"of batches of {config.batch_size} env steps (num_actors * envs_per_actor * "
+            f"num_steps): the run trains {config.num_updates} updates, {trained} env steps")
+
+
 def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathlib.Path | None,
            progress: bool, wandb: Any = None) -> None:
     from ppo_async.runs.run_dir import ERROR_FILE, checkpoint_dir, write_atomically
@@ -103,12 +118,9 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
     from ppo_async.runtime.learner import LearnerTimeoutError, NonFiniteError
     from ppo_async.train import ShutdownTimeoutError, train
 
-    trained = config.num_updates * config.batch_size
-    if resume is None and trained != config.total_env_steps:
-        print(f"ppo-async: note: total_env_steps={config.total_env_steps} is not a whole number "
-              f"of batches of {config.batch_size} env steps (num_actors * envs_per_actor * "
-              f"num_steps): the run trains {config.num_updates} updates, {trained} env steps",
-              file=sys.stderr)
+    note = _rounding_note(config)
+    if resume is None and note is not None:
+        print(note, file=sys.stderr)
     try:
         report = train(config, run_dir=run_dir, resume_from=resume, progress=progress,
                        wandb=wandb).report

@@ -751,6 +751,16 @@ def _damage_params(name, good: bytes) -> bytes:
     return flax.serialization.msgpack_serialize(flax.traverse_util.unflatten_dict(flat))
 
 
+def test_a_budget_rounded_down_by_a_percent_or_more_is_noted_and_the_default_is_not():
+    from ppo_async.tools.cli import _rounding_note
+
+    # The default budget loses 288 of 500,000 env steps (0.06%) to whole batches of 512.
+    assert _rounding_note(AsyncActorLearnerConfig()) is None
+    assert _rounding_note(AsyncActorLearnerConfig(total_env_steps=10_240)) is None  # whole
+    note = _rounding_note(AsyncActorLearnerConfig(total_env_steps=10_000))  # 272 left out
+    assert note is not None and "the run trains 19 updates, 9728 env steps" in note
+
+
 def test_damaged_or_foreign_params_fall_back_to_the_newest_checkpoint_in_one_line(
         tmp_path, capsys):
     from ppo_async.tools.cli import main
