@@ -21,7 +21,7 @@ import for one release, with a DeprecationWarning naming the new path
 ``import ppo_async.evaluate``.
 """
 
-import sys
+import sys as _sys
 
 from ppo_async._deprecated import install as _install_old_paths
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
@@ -79,4 +79,4 @@ __all__ = [
     "serialize_policy", "spawn_actor", "train", "vtrace",
 ]
 
-_install_old_paths(sys.modules[__name__])
+_install_old_paths(_sys.modules[__name__])

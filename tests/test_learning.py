@@ -38,6 +38,8 @@ def test_vtrace_with_four_actors_and_a_long_lead_learns_cartpole():
     # in 500k steps. Timing-dependent (tests/timing_cases.py): this config ended
     # at 500 in 10 of 12 earlier runs, at 471.4 in one and below 475 in one, and
     # at 500.0 in 10 of 10 reruns of experiments/timing_spread.py (lag max 3 in
-    # each, so the equality above holds too); the staleness sweep in
-    # docs/results.md shows why lag costs return here.
+    # each, so the equality above holds too), and again in 8 of 8 once the 4
+    # actors' chunks were one call from one thread (the default from 4 gymnax
+    # actors; lag max 3 in each); the staleness sweep in docs/results.md shows
+    # why lag costs return here.
     assert report.episode_return_mean >= 200.0, report.episode_return_mean

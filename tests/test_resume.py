@@ -26,15 +26,18 @@ LOCK_STEP = AsyncActorLearnerConfig(
 )
 
 
-def test_lock_step_resume_is_byte_identical_to_an_uninterrupted_run(tmp_path):
-    whole = train(LOCK_STEP, run_dir=tmp_path / "whole", progress=False)
+@pytest.mark.parametrize("batch_inference", [None, True], ids=["actor-threads", "one-group"])
+def test_lock_step_resume_is_byte_identical_to_an_uninterrupted_run(tmp_path, batch_inference):
+    # True: both actors' chunks are one call from one thread, which resumes each from its carry.
+    config = dataclasses.replace(LOCK_STEP, batch_inference=batch_inference)
+    whole = train(config, run_dir=tmp_path / "whole", progress=False)
 
     run_dir = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
-        train(LOCK_STEP, run_dir=run_dir, progress=False, on_update=interrupt_at(7))
+        train(config, run_dir=run_dir, progress=False, on_update=interrupt_at(7))
     steps = [int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints")]
     assert steps == [6, 7]  # every 3 updates, and where it stopped; keep_checkpoints=2
-    resumed = train(LOCK_STEP, resume_from=run_dir, progress=False)
+    resumed = train(config, resume_from=run_dir, progress=False)
 
     assert resumed.report.updates == whole.report.updates == 10
     assert resumed.report.env_steps == whole.report.env_steps

@@ -477,10 +477,17 @@ def _actor_program(config: AsyncActorLearnerConfig, env: Any,
     def rollouts(params, per_actor: list[tuple[EnvCarry]]):
         return jits.rollout_all(params, tuple(carry for (carry,) in per_actor))
 
+    def rollout_group(params, carries: list[EnvCarry]):
+        return [(carry, trajectory, carry.obs, bootstrap_value) for carry, trajectory,
+                bootstrap_value in jits.rollout_all(params, tuple(carries))]
+
     # Traced, not run: the shapes and dtypes the learner's batches will have.
     carry_spec = jax.eval_shape(jits.reset, *jits.reset_keys(keys.key(0)))
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
         env.observation_shape, network, template, reset, rollout, tuple(chunk_spec),
-        inference=BatchedInference(rollouts, gather_s=0.002),
+        # From 4 actors, one fused chunk driven from one thread is worth its longer compile
+        # (0.7-0.9 s) on a run of 500k env steps (docs/benchmarks.md).
+        inference=BatchedInference(rollouts, gather_s=0.002, default_from_actors=4),
+        rollout_group=rollout_group,
     )

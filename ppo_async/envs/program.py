@@ -135,3 +135,8 @@ class ActorProgram(NamedTuple):
     close: Callable[[Carry], None] | None = None
     # how actors of one device may share their policy calls; None: each rollout calls its own
     inference: BatchedInference | None = None
+    # rollout_group(params, carries) -> [rollout(params, carry) for carry in carries], each
+    # actor's chunk as its own rollout gives it, made as one call (gymnax: one program);
+    # a thread transport whose actors share their calls drives them all from one thread
+    # (`ppo_async.runtime.actor.run_actor_group`). None: each actor rolls out alone.
+    rollout_group: Callable[[Any, list[Carry]], list[tuple]] | None = None

@@ -200,26 +200,73 @@ def run_actor(
     rollout or loading raises; the transport reports it (`spawn_actor`).
     """
     stats = stats if stats is not None else ActorStats(actor_id)
-    if hasattr(os, "sched_getaffinity"):
-        stats.cpus = tuple(sorted(os.sched_getaffinity(0)))
-    # Host-side keys (`ppo_async.core.keys`): JAX's bits, without compiling on the way to the reset.
-    key = keys.fold_in(keys.key(config.seed), actor_id)
-    if start.restart:
-        key = keys.fold_in(key, start.restart)
-    carry = program.reset(key, device) if start.carry is None else start.carry
+    _note_cpus([stats])
+    carry = _first_carry(actor_id, config, program, device, start)
     if policy is not None:
         carry = AttachedCarry(carry, policy)
+    carries = [carry]
     try:
         if load_params is None:
             def load_params(broadcast: PolicyBroadcast) -> Any:
                 return load_policy_from_broadcast(broadcast, program.params_template, device)
-        _collect(actor_id, config, program, channels, load_params, stats, start, carry)
+
+        def rollout(params: Any, carries: list[Carry]) -> list[tuple]:
+            return [program.rollout(params, carries[0])]
+        _collect([actor_id], config, rollout, channels, load_params, [stats], start, carries)
     finally:
         # Host envs hold simulators (processes, files, windows): released on every
         # way out, a restart included. The carry object owns them whatever it became.
         if program.close is not None:
-            program.close(carry)
+            program.close(carries[0])
     return stats
+
+
+def run_actor_group(
+    actor_ids: list[int],
+    config: AsyncActorLearnerConfig,
+    program: ActorProgram,
+    channels: ActorEndpoint,
+    device: jax.Device,
+    stats: list[ActorStats],
+    start: ActorStart,
+    carries: list[Carry | None],
+    load_params: Callable[[PolicyBroadcast], Any],
+) -> None:
+    """`run_actor` for the actors ``actor_ids`` of one device, driven from this one thread.
+
+    Each keeps its envs, keys, column and ``stats``; every chunk of all of
+    them is one call of ``program.rollout_group`` (one program), their
+    experience is sent in actor order, and they take one params version
+    together from ``channels`` (their shared endpoint). ``carries[i]``
+    (None: fresh episodes) is where actor ``actor_ids[i]`` starts; ``start``
+    holds for all of them. A run with an exact lag gets the bits of each
+    actor collecting alone with the same program. What the group raises,
+    its transport reports for all of its actors.
+    """
+    _note_cpus(stats)
+    carries = [_first_carry(actor_id, config, program, device, start) if carry is None
+               else carry for actor_id, carry in zip(actor_ids, carries)]
+    _collect(actor_ids, config, program.rollout_group, channels, load_params, stats, start,
+             carries)
+
+
+def _note_cpus(stats: list[ActorStats]) -> None:
+    if hasattr(os, "sched_getaffinity"):
+        cpus = tuple(sorted(os.sched_getaffinity(0)))
+        for one in stats:
+            one.cpus = cpus
+
+
+def _first_carry(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
+                 device: jax.Device, start: ActorStart) -> Carry:
+    """Actor ``actor_id``'s carry to start from: ``start.carry``, else fresh episodes."""
+    if start.carry is not None:
+        return start.carry
+    # Host-side keys (`ppo_async.core.keys`): JAX's bits, without compiling on the way to the reset.
+    key = keys.fold_in(keys.key(config.seed), actor_id)
+    if start.restart:
+        key = keys.fold_in(key, start.restart)
+    return program.reset(key, device)
 
 
 def exact_version(chunk: int, lag: int, broadcast_every: int) -> int:
@@ -232,11 +279,22 @@ def exact_version(chunk: int, lag: int, broadcast_every: int) -> int:
     return broadcast_every * (max(0, chunk - lag) // broadcast_every)
 
 
-class _NewestParams:
+class _Chooser:
+    """What both ways of choosing params share: the counters of the actors they choose for."""
+
+    stats: list[ActorStats]
+
+    def _count(self, received: int = 0, paused_s: float = 0.0) -> None:
+        for stats in self.stats:
+            stats.broadcasts_received += received
+            stats.pause_s += paused_s
+
+
+class _NewestParams(_Chooser):
     """Free-running: act with the newest params received, as far ahead as the valve allows."""
 
     def __init__(self, config: AsyncActorLearnerConfig, channels: ActorEndpoint,
-                 load: Callable[[PolicyBroadcast], Any], stats: ActorStats):
+                 load: Callable[[PolicyBroadcast], Any], stats: list[ActorStats]):
         self.throttle = ActorThrottle.from_config(config)
         self.channels, self.load, self.stats = channels, load, stats
         self.params, self.version = None, -1
@@ -244,7 +302,7 @@ class _NewestParams:
     def params_for(self, produced: int) -> Any | None:
         """The params to collect the next chunk with; None: look again (waited, or newer arrived)."""
         newest, taken = self.channels.take_newest()
-        self.stats.broadcasts_received += taken
+        self._count(received=taken)
         if newest is None and (
             self.params is None or not self.throttle.may_start_chunk(produced, self.version)
         ):
@@ -252,8 +310,7 @@ class _NewestParams:
             # short waits so that a stop is seen promptly.
             pause_start = time.perf_counter()
             newest = self.channels.wait_broadcast(_POLL_S)
-            self.stats.broadcasts_received += newest is not None
-            self.stats.pause_s += time.perf_counter() - pause_start
+            self._count(int(newest is not None), time.perf_counter() - pause_start)
             if newest is None:
                 return None
         if newest is not None and newest.version <= self.version:
@@ -264,7 +321,7 @@ class _NewestParams:
         return self.params
 
 
-class _ExactParams:
+class _ExactParams(_Chooser):
     """``exact_policy_lag``: act on each chunk with exactly the version it needs (`exact_version`).
 
     Broadcasts of later versions wait until their chunk comes, never used
@@ -273,7 +330,8 @@ class _ExactParams:
     """
 
     def __init__(self, config: AsyncActorLearnerConfig, channels: ActorEndpoint,
-                 load: Callable[[PolicyBroadcast], Any], stats: ActorStats, first_version: int):
+                 load: Callable[[PolicyBroadcast], Any], stats: list[ActorStats],
+                 first_version: int):
         self.lag, self.broadcast_every = config.exact_lag, config.broadcast_every
         self.num_steps, self.channels, self.load, self.stats = config.num_steps, channels, load, stats
         self.first_version = first_version
@@ -290,7 +348,7 @@ class _ExactParams:
         if target not in self.waiting:
             pause_start = time.perf_counter()
             arrived = self.channels.wait_broadcast(_POLL_S)
-            self.stats.pause_s += time.perf_counter() - pause_start
+            self._count(paused_s=time.perf_counter() - pause_start)
             self._receive([arrived] if arrived is not None else [])
             if target not in self.waiting:
                 return None
@@ -300,47 +358,56 @@ class _ExactParams:
         return self.params
 
     def _receive(self, items: list[Any]) -> None:
-        self.stats.broadcasts_received += len(items)
+        self._count(received=len(items))
         self.waiting.update((item.version, item) for item in items)
 
 
-def _collect(actor_id: int, config: AsyncActorLearnerConfig, program: ActorProgram,
-             channels: ActorEndpoint, load: Callable[[PolicyBroadcast], Any], stats: ActorStats,
-             start: ActorStart, carry: Carry) -> None:
-    """The actor loop of `run_actor`, until the stop signal."""
+def _collect(actor_ids: list[int], config: AsyncActorLearnerConfig,
+             rollout: Callable[[Any, list[Carry]], list[tuple]], channels: ActorEndpoint,
+             load: Callable[[PolicyBroadcast], Any], stats: list[ActorStats],
+             start: ActorStart, carries: list[Carry]) -> None:
+    """The loop of `run_actor` (one actor) and `run_actor_group`, until the stop signal.
+
+    ``rollout(params, carries)`` collects one chunk of every actor of
+    ``actor_ids``; ``carries`` is updated in place after each chunk, so the
+    caller can release what the last ones hold.
+    """
     if config.exact_lag is None:
         chooser = _NewestParams(config, channels, load, stats)
     else:
         chooser = _ExactParams(config, channels, load, stats, start.first_version)
     produced = start.produced_steps
+    share = 1.0 / len(actor_ids)
     while not channels.stopped():
         params = chooser.params_for(produced)
         if params is None:
             continue
         chunk_start, chunk_cpu_start = time.perf_counter(), time.thread_time()
         try:
-            carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+            chunks = rollout(params, carries)
         except RolloutStopped:
             return  # stopped while waiting for a batched policy call: the chunk is not needed
         # to_host blocks until the rollout is done and reads it as numpy, so the
         # learner never touches an actor-device buffer.
-        trajectory, bootstrap_obs, bootstrap_value = to_host(
-            (trajectory, bootstrap_obs, bootstrap_value)
-        )
-        channels.send(
-            Experience(actor_id, chooser.version, trajectory, bootstrap_obs, bootstrap_value,
-                       unattached(carry)[0])
-        )
+        sent = to_host([chunk[1:] for chunk in chunks])
+        for index, (actor_id, (carry, *_), (trajectory, bootstrap_obs, bootstrap_value)) in (
+                enumerate(zip(actor_ids, chunks, sent))):
+            carries[index] = carry
+            channels.send(Experience(actor_id, chooser.version, trajectory, bootstrap_obs,
+                                     bootstrap_value, unattached(carry)[0]))
+            actor = stats[index]
+            actor.env_steps += trajectory.reward.size
+            actor.episodes += int(np.count_nonzero(trajectory.episode_length))
+            actor.rollouts_sent += 1
         produced += config.num_steps
-        stats.env_steps += trajectory.reward.size
-        stats.episodes += int(np.count_nonzero(trajectory.episode_length))
-        stats.rollouts_sent += 1
         elapsed = time.perf_counter() - chunk_start
-        stats.cpu_s += time.thread_time() - chunk_cpu_start
-        if stats.first_chunk_s == 0.0:
-            stats.first_chunk_s = elapsed
-        else:
-            stats.active_s += elapsed
+        cpu = (time.thread_time() - chunk_cpu_start) * share
+        for actor in stats:
+            actor.cpu_s += cpu
+            if actor.first_chunk_s == 0.0:
+                actor.first_chunk_s = elapsed
+            else:
+                actor.active_s += elapsed
 
 
 @dataclasses.dataclass

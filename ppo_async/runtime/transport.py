@@ -44,6 +44,7 @@ from ppo_async.runtime.actor import (
     ActorStart,
     ActorStats,
     QueueEndpoint,
+    run_actor_group,
     spawn_actor,
 )
 from ppo_async.runtime.inference import InferenceServer, LockstepSampler, SharedParams
@@ -220,14 +221,27 @@ def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_ac
     return None
 
 
+def drives_group(config: AsyncActorLearnerConfig, program: ActorProgram) -> bool:
+    """Whether a `ThreadTransport` drives all its actors from one thread (`run_actor_group`):
+    where the program makes every actor's chunk as one call (``rollout_group``: gymnax)
+    and the actors share their calls (`shares_calls`). The same calls as an
+    `InferenceServer` of whole chunks, so the same bits, without a thread per actor
+    waking, loading, reading back and sending in turn on the way from one update to
+    the chunks of the next."""
+    return program.rollout_group is not None and shares_calls(config, program)
+
+
 class ThreadTransport:
-    """Actors as threads of this process (`spawn_actor`); queues carry the messages."""
+    """Actors as threads of this process (`spawn_actor`), or all of them one thread
+    (`drives_group`); queues carry the messages."""
 
     def __init__(self, config: AsyncActorLearnerConfig, program: ActorProgram,
                  device: jax.Device):
         self.config, self.program, self.device = config, program, device
         self.experience_queue: queue.Queue = queue.Queue()
-        self.broadcast_queues = [queue.Queue() for _ in range(config.num_actors)]
+        self.group = drives_group(config, program)
+        # A group takes its broadcasts from one queue.
+        self.delivery_queues = [queue.Queue() for _ in range(1 if self.group else config.num_actors)]
         self.stop_event = threading.Event()
         self.handles: list[ActorHandle | None] = [None] * config.num_actors
         self.where_killed: dict[int, str] = {}  # never filled: threads are not killed
@@ -235,17 +249,28 @@ class ThreadTransport:
                                    every_version=config.exact_lag is not None)
         # One load of each version for all actors (they then share batched calls).
         self.load_params = SharedParams(program.params_template, device)
-        self.inference = shared_caller(config, program, config.num_actors,
-                                       self.stop_event.is_set)
+        self.inference = None if self.group else shared_caller(
+            config, program, config.num_actors, self.stop_event.is_set)
+        self._group_starts: dict[int, ActorStart] = {}  # the group's, until all have one
 
     def _deliver(self, message: PolicyBroadcast) -> None:
-        for broadcast_queue in self.broadcast_queues:
+        for broadcast_queue in self.delivery_queues:
             broadcast_queue.put(message)
 
+    def _broadcast_queue(self, actor_id: int) -> queue.Queue:
+        return self.delivery_queues[0 if self.group else actor_id]
+
     def _channels(self, actor_id: int) -> QueueEndpoint:
-        return QueueEndpoint(self.experience_queue, self.broadcast_queues[actor_id], self.stop_event)
+        return QueueEndpoint(self.experience_queue, self._broadcast_queue(actor_id),
+                             self.stop_event)
 
     def start_actor(self, actor_id: int, start: ActorStart, stats: ActorStats | None = None) -> None:
+        if self.group:  # the group's thread starts once every actor has its start
+            self.handles[actor_id] = ActorHandle(actor_id, None, stats or ActorStats(actor_id))
+            self._group_starts[actor_id] = start
+            if len(self._group_starts) == self.config.num_actors:
+                self._start_group([self._group_starts.pop(i) for i in range(len(self.handles))])
+            return
         if self.inference is not None and self.inference.thread.ident is None:
             self.inference.start()
         policy = None if self.inference is None else self.inference.client(actor_id)
@@ -253,6 +278,29 @@ class ThreadTransport:
             actor_id, self.config, self.program, self._channels(actor_id),
             self.device, stats, start, self.load_params, policy,
         )
+
+    def _start_group(self, starts: list[ActorStart]) -> None:
+        """One thread for every actor (`run_actor_group`), each from its start's carry."""
+        handles = self.handles
+        ids = [handle.actor_id for handle in handles]
+
+        def run() -> None:
+            try:
+                run_actor_group(ids, self.config, self.program, self._channels(ids[0]),
+                                self.device, [h.stats for h in handles],
+                                starts[0]._replace(carry=None), [s.carry for s in starts],
+                                self.load_params)
+            except BaseException as error:  # noqa: BLE001 - reported, never swallowed
+                for handle in handles:
+                    handle.error = error
+                # Reported once, under the group's first actor: its restart restarts them all.
+                self.report_failure(ActorFailure(ids[0], error, traceback.format_exc()))
+
+        thread = threading.Thread(target=run, name=f"ppo-actors-{ids[0]}-{ids[-1]}", daemon=True)
+        for handle in handles:
+            handle.stats.pid, handle.stats.node_id = os.getpid(), ""
+            handle.thread, handle.error = thread, None
+        thread.start()
 
     def restart_actor(self, actor_id: int, start: ActorStart) -> None:
         old = self.handles[actor_id]
@@ -262,8 +310,11 @@ class ThreadTransport:
             # (with exact_policy_lag, the oldest version it will have).
             latest = self.publisher.latest
             if latest is not None:
-                self.broadcast_queues[actor_id].put(latest)
+                self._broadcast_queue(actor_id).put(latest)
                 start = start._replace(first_version=latest.version)
+        if self.group:  # every actor of the group, from fresh episodes
+            self._start_group([start] * len(self.handles))
+            return
         self.start_actor(actor_id, start, old.stats)
 
     def wait_started(self) -> None:
@@ -296,8 +347,8 @@ class ThreadTransport:
             self.inference.thread]
         steppers = self.inference.env_threads if isinstance(
             self.inference, LockstepSampler) else []
-        return [self.publisher.thread, *server, *(h.thread for h in self.handles if h is not None),
-                *steppers]
+        actors = dict.fromkeys(h.thread for h in self.handles if h is not None and h.thread)
+        return [self.publisher.thread, *server, *actors, *steppers]
 
     def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
         self.stop_event.set()

@@ -71,7 +71,7 @@ def test_a_newer_broadcast_that_arrived_early_is_not_used():
         broadcasts.put(PolicyBroadcast(version, b""))
     endpoint = QueueEndpoint(queue.Queue(), broadcasts, threading.Event())
     chooser = _ExactParams(EXACT, endpoint, load=lambda broadcast: broadcast.version,
-                           stats=ActorStats(0), first_version=0)
+                           stats=[ActorStats(0)], first_version=0)
     used = [chooser.params_for(chunk * EXACT.num_steps) for chunk in range(5)]
     assert used == [0, 0, 1, 2, 3]  # never the newest waiting, always chunk - 1
     # A version that has not come yet is waited for (None), not replaced by another.

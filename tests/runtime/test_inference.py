@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from ppo_async import AsyncActorLearnerConfig, PolicyBroadcast, train
+from ppo_async import ActorError, AsyncActorLearnerConfig, PolicyBroadcast, train
 from ppo_async.envs import workers
 from ppo_async.envs.host_rollout import HostRollout, episode_statistics
 from ppo_async.envs.registry import register_host_env
@@ -267,8 +267,8 @@ def test_the_fused_rollout_bootstraps_a_truncated_episode_as_the_actors_own_roll
             np.asarray(x).tobytes() for x in jax.tree.leaves(plain[i][1])]
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnasium:CartPole-v1"])
-def test_batched_actors_at_an_exact_lag_give_the_same_bytes_twice(monkeypatch, env_id):
+def test_batched_actors_at_an_exact_lag_give_the_same_bytes_twice(monkeypatch):
+    env_id = "gymnasium:CartPole-v1"  # gymnax actors: the test below
     servers = []
     original_init = InferenceServer.__init__
 
@@ -285,11 +285,60 @@ def test_batched_actors_at_an_exact_lag_give_the_same_bytes_twice(monkeypatch, e
     as_bytes = flax.serialization.to_bytes
     assert as_bytes(first.params) == as_bytes(second.params)
     assert first.report.policy_lag_counts == {0: 3, 1: 9}
-    # Both runs shared their calls (a chunk's, or each env step's: fewer calls than asked)...
+    # Both runs shared each env step's calls (fewer calls than asked)...
     assert len(servers) == 2 and all(12 <= s.requests and s.calls < s.requests for s in servers)
     # ...and another seed gives other bytes: the check can fail.
     other = train(dataclasses.replace(config, seed=1), progress=False)
     assert as_bytes(other.params) != as_bytes(first.params)
+
+
+def test_a_group_of_gymnax_actors_gives_the_bytes_of_shared_chunks_and_restarts_together(
+        monkeypatch):
+    """batch_inference=True on gymnax: one thread ("ppo-actors-0-2") makes every chunk of the
+    3 actors as one call, the run's bytes those of an `InferenceServer` of the same calls
+    (actor threads); a group that raises restarts as one and the run goes on."""
+    import importlib
+
+    from ppo_async.runtime import transport
+
+    train_module = importlib.import_module("ppo_async.train")
+    original_make = train_module.make_actor_program
+    callers, broken = [], {"at": None}
+
+    def make(config):
+        program = original_make(config)
+
+        def rollout_group(params, carries):
+            callers.append(threading.current_thread().name)
+            if len(callers) == broken["at"]:
+                raise RuntimeError("the group breaks once")
+            return program.rollout_group(params, carries)
+        return program._replace(rollout_group=rollout_group)
+
+    monkeypatch.setattr(train_module, "make_actor_program", make)
+    config = AsyncActorLearnerConfig(num_actors=3, envs_per_actor=2, num_steps=8,
+                                     num_minibatches=2, num_epochs=1, hidden_sizes=(16,),
+                                     total_env_steps=3 * 2 * 8 * 4, batch_inference=True)
+    group = train(config, progress=False)
+    assert set(callers) == {"ppo-actors-0-2"} and len(callers) >= 4
+    assert [s.env_steps >= 4 * 2 * 8 and s.rollouts_sent >= 4 for s in group.report.actor_stats
+            ] == [True] * 3
+    monkeypatch.setattr(transport, "drives_group", lambda config, program: False)
+    served = train(config, progress=False)
+    as_bytes = flax.serialization.to_bytes
+    assert as_bytes(group.params) == as_bytes(served.params)
+    assert group.report.policy_lag_counts == served.report.policy_lag_counts == {0: 3, 1: 9}
+    monkeypatch.undo()
+    monkeypatch.setattr(train_module, "make_actor_program", make)
+    callers.clear()
+    broken["at"] = 2
+    with pytest.raises(ActorError, match="the group breaks once"):
+        train(config, progress=False)
+    callers.clear()
+    restarted = train(dataclasses.replace(config, max_actor_restarts=1), progress=False)
+    assert restarted.report.updates == 4
+    assert [s.restarts for s in restarted.report.actor_stats] == [1, 0, 0]
+    assert as_bytes(restarted.params) != as_bytes(group.params)  # fresh episodes after it
 
 
 class AsyncCartPoles:
