@@ -8,6 +8,9 @@ and (4) sends one `Experience` to the learner. An exception inside an actor is
 sent to the learner as an `ActorFailure` so that the run stops at once
 instead of starving.
 
+Where the actors of a device make their chunks as one call (gymnax envs
+sharing calls), one thread runs the loop for all of them (`run_actor_group`).
+
 The loop (`run_actor`) is written once and talks to an `ActorEndpoint`:
 how messages move is a transport's business. `QueueEndpoint` is the endpoint
 of an actor thread (queues in the learner's process, `spawn_actor`);
@@ -239,9 +242,10 @@ def run_actor_group(
     experience is sent in actor order, and they take one params version
     together from ``channels`` (their shared endpoint). ``carries[i]``
     (None: fresh episodes) is where actor ``actor_ids[i]`` starts; ``start``
-    holds for all of them. A run with an exact lag gets the bits of each
-    actor collecting alone with the same program. What the group raises,
-    its transport reports for all of its actors.
+    holds for all of them. The calls are those a
+    `ppo_async.runtime.inference.InferenceServer` makes for actor threads
+    sharing their chunks, so an exact-lag run gets the same bits. What the group raises, its transport reports once, under its
+    first actor, and restarts the group as one.
     """
     _note_cpus(stats)
     carries = [_first_carry(actor_id, config, program, device, start) if carry is None
