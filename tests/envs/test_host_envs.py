@@ -637,9 +637,10 @@ DEVICE_SCRIPT = textwrap.dedent(
     def make_program(config):
         program = original_make_program(config)
 
-        def rollout(params, carry):
+        def rollout(params, carry, chunk=None):
             record("actor_rollout_params", params)
-            carry, trajectory, bootstrap_obs, bootstrap_value = program.rollout(params, carry)
+            carry, trajectory, bootstrap_obs, bootstrap_value = (
+                program.rollout(params, carry) if chunk is None else chunk)
             record("actor_carry_key", unattached(carry)[0].key)
             record("actor_bootstrap_value", bootstrap_value)
             return carry, trajectory, bootstrap_obs, bootstrap_value
@@ -651,7 +652,15 @@ DEVICE_SCRIPT = textwrap.dedent(
                 return original.fn(params, *arrays)
 
             batched = original._replace(fn=fn)
-        return program._replace(rollout=rollout, inference=batched)
+        group = None
+        if program.rollout_group is not None:  # gymnax: one thread makes every actor's chunk
+            def group(params, carries):
+                record("actor_batched_params", params)
+                chunks = program.rollout_group(params, carries)
+                for carry, trajectory, bootstrap_obs, bootstrap_value in chunks:
+                    rollout(params, None, (carry, trajectory, bootstrap_obs, bootstrap_value))
+                return chunks
+        return program._replace(rollout=rollout, inference=batched, rollout_group=group)
 
     train_module.make_actor_program = make_program
 
@@ -699,7 +708,7 @@ def test_learner_and_actors_live_on_their_own_devices(tmp_path):
         assert seen["actor_rollout_params"] == ["cpu:0"], (env_id, seen)
         assert seen["actor_bootstrap_value"] == ["cpu:0"], (env_id, seen)
         # batch_inference: both actors' calls (per env step for host envs, per chunk
-        # for gymnax) are one call, on the actors' device.
+        # for gymnax, from one thread) are one call, on the actors' device.
         assert seen["actor_batched_params"] == ["cpu:0"], (env_id, seen)
         if env_id.startswith("gymnasium:"):
             # Host envs' keys stay on the host (raw key data), stacked into that call.
