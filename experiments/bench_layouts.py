@@ -9,8 +9,11 @@ torso for an image). Each row is a fresh process; layouts and the two
 inference modes alternate seed by seed:
 
 - ``batched``: ``batch_inference=True``, the actors' chunks are one rollout
-  program per actor device;
-- ``per-actor``: ``batch_inference=False``, each actor runs its own rollout.
+  program per actor device, called from one thread;
+- ``per-actor``: ``batch_inference=False``, each actor runs its own rollout,
+  all of them called in turn from one thread (``sampler`` None: the default);
+- ``threads``: ``batch_inference=False, sampler='actors'``, each actor runs
+  its own rollout from a thread of its own.
 
 A row reports the steady env steps/s (from the first update at or past a
 quarter of the budget to the last, start-up excluded) and the time from
@@ -27,7 +30,8 @@ and as the per-actor rollout under ``jax.vmap`` (what the fused program
 replaced), in alternating rounds, medians over the rounds.
 
     python experiments/bench_layouts.py [--env-id CartPole-v1] [--layouts 1x8 2x4 4x2 8x1]
-        [--seeds 0 1] [--modes batched per-actor] [--total-env-steps 400000] [--rollout-calls 0]
+        [--seeds 0 1] [--modes batched per-actor threads] [--total-env-steps 400000]
+        [--rollout-calls 0]
 """
 
 from __future__ import annotations
@@ -44,7 +48,11 @@ import common
 BATCH = 512
 
 
-def one_run(env_id: str, num_actors: int, envs_per_actor: int, batch_inference: bool, seed: int,
+MODES = {"batched": dict(batch_inference=True), "per-actor": dict(batch_inference=False),
+         "threads": dict(batch_inference=False, sampler="actors")}
+
+
+def one_run(env_id: str, num_actors: int, envs_per_actor: int, mode: str, seed: int,
             total_env_steps: int) -> dict:
     """Steady env steps/s and time to the first update of one `train` (this process drives it)."""
     from ppo_async import AsyncActorLearnerConfig, train
@@ -52,7 +60,7 @@ def one_run(env_id: str, num_actors: int, envs_per_actor: int, batch_inference: 
     config = AsyncActorLearnerConfig(
         env_id=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
         num_steps=BATCH // (num_actors * envs_per_actor), total_env_steps=total_env_steps,
-        batch_inference=batch_inference, seed=seed,
+        seed=seed, **MODES[mode],
     )
     marks: list[tuple[float, int]] = []
     start = time.perf_counter()
@@ -61,7 +69,8 @@ def one_run(env_id: str, num_actors: int, envs_per_actor: int, batch_inference: 
     first = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps // 4)
     (t0, s0), (t1, s1) = marks[first], marks[-1]
     return {"env_id": env_id, "num_actors": num_actors, "envs_per_actor": envs_per_actor,
-            "num_steps": config.num_steps, "batch_inference": batch_inference,
+            "num_steps": config.num_steps, "batch_inference": config.batch_inference,
+            "sampler": config.sampler,
             "env_steps_per_s": (s1 - s0) / (t1 - t0),
             "first_update_s": marks[0][0] - start, "wall_s": time.perf_counter() - start}
 
@@ -136,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layouts", type=_layout, nargs="+",
                         default=[(1, 8), (2, 4), (4, 2), (8, 1)],
                         help="ACTORSxENVS, each dividing the batch of 512")
-    parser.add_argument("--modes", nargs="+", choices=["batched", "per-actor"],
+    parser.add_argument("--modes", nargs="+", choices=list(MODES),
                         default=["batched", "per-actor"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--total-env-steps", type=int, default=400_000)
@@ -148,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.one is not None:  # a row, in the fresh process main() started for it
         actors, envs, mode, seed = args.one.split(",")
-        print(json.dumps(one_run(args.env_id, int(actors), int(envs), mode == "batched",
+        print(json.dumps(one_run(args.env_id, int(actors), int(envs), mode,
                                  int(seed), args.total_env_steps)))
         return {}
     _check_env_id(parser, args.env_id)  # once, here: every row's process gets a checked id

@@ -4,11 +4,11 @@ import importlib
 import os
 import pathlib
 import signal
-import threading
 
 import numpy as np
 
 from ppo_async.envs.host import HostStep
+from ppo_async.runtime.actor import current_actor
 
 
 def interrupt_at(update: int):
@@ -37,7 +37,7 @@ def break_actor_once(monkeypatch, actor_id: int, chunk: int) -> None:
 
     def wrap(rollout):
         def maybe_fail(params, carry):
-            if threading.current_thread().name == f"ppo-actor-{actor_id}":
+            if current_actor() == actor_id:
                 calls["n"] += 1
                 if calls["n"] == chunk:
                     raise RuntimeError(f"actor {actor_id} breaks once")

@@ -375,18 +375,18 @@ def test_bench_scaling_rates_each_actor_count_against_its_ideal(tmp_path, script
 
 def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path, script):
     bench = script("bench_layouts")
-    bench.main(["--env-id", "Acrobot-v1", "--layouts", "2x4", "--modes", "batched", "per-actor",
+    bench.main(["--env-id", "Acrobot-v1", "--layouts", "2x4", "--modes", "batched", "threads",
                 "--seeds", "0", "--total-env-steps", "4096", "--rollout-calls", "2",
                 "--out", str(tmp_path)])
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["rows"]
     assert result["env_id"] == "Acrobot-v1" and {r["env_id"] for r in rows} == {"Acrobot-v1"}
-    assert [(r["num_actors"], r["envs_per_actor"], r["num_steps"], r["batch_inference"])
-            for r in rows] == [(2, 4, 64, True), (2, 4, 64, False)]
+    assert [(r["num_actors"], r["envs_per_actor"], r["num_steps"], r["batch_inference"],
+             r["sampler"]) for r in rows] == [(2, 4, 64, True, None), (2, 4, 64, False, "actors")]
     assert all(r["env_steps_per_s"] > 0 and 0 < r["first_update_s"] < r["wall_s"] for r in rows)
     medians = result["medians"]
     assert medians["2x4 batched"]["ratio"] == 1.0  # the first layout and mode is the base
-    assert medians["2x4 per-actor"]["ratio"] == (
+    assert medians["2x4 threads"]["ratio"] == (
         rows[1]["env_steps_per_s"] / rows[0]["env_steps_per_s"])
     (rollouts,) = result["rollouts_ms"].values()  # the one layout's three programs, timed
     assert set(rollouts) == {"own rollouts", "fused", "vmapped"} and min(rollouts.values()) > 0

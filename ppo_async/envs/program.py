@@ -136,7 +136,9 @@ class ActorProgram(NamedTuple):
     # how actors of one device may share their policy calls; None: each rollout calls its own
     inference: BatchedInference | None = None
     # rollout_group(params, carries) -> [rollout(params, carry) for carry in carries], each
-    # actor's chunk as its own rollout gives it, made as one call (gymnax: one program);
-    # a thread transport whose actors share their calls drives them all from one thread
-    # (`ppo_async.runtime.actor.run_actor_group`). None: each actor rolls out alone.
+    # actor's chunk as its own rollout gives it (to rounding), made as one call (gymnax: one
+    # program). A program that has one also rolls out without blocking its thread (a jitted
+    # chunk), so that a thread transport collects all its actors' chunks from one thread
+    # (`ppo_async.runtime.actor.ActorGroup`): with this call where they share their calls,
+    # else each actor's rollout in turn. None: a thread per actor.
     rollout_group: Callable[[Any, list[Carry]], list[tuple]] | None = None

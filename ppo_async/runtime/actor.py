@@ -8,8 +8,8 @@ and (4) sends one `Experience` to the learner. An exception inside an actor is
 sent to the learner as an `ActorFailure` so that the run stops at once
 instead of starving.
 
-Where the actors of a device make their chunks as one call (gymnax envs
-sharing calls), one thread runs the loop for all of them (`run_actor_group`).
+Where the actors' rollouts do not block their thread (jitted gymnax chunks),
+one thread runs the loop for all the actors of a device (`ActorGroup`).
 
 The loop (`run_actor`) is written once and talks to an `ActorEndpoint`:
 how messages move is a transport's business. `QueueEndpoint` is the endpoint
@@ -203,6 +203,7 @@ def run_actor(
     rollout or loading raises; the transport reports it (`spawn_actor`).
     """
     stats = stats if stats is not None else ActorStats(actor_id)
+    _acting.actor_id = actor_id
     _note_cpus([stats])
     carry = _first_carry(actor_id, config, program, device, start)
     if policy is not None:
@@ -224,34 +225,75 @@ def run_actor(
     return stats
 
 
-def run_actor_group(
-    actor_ids: list[int],
-    config: AsyncActorLearnerConfig,
-    program: ActorProgram,
-    channels: ActorEndpoint,
-    device: jax.Device,
-    stats: list[ActorStats],
-    start: ActorStart,
-    carries: list[Carry | None],
-    load_params: Callable[[PolicyBroadcast], Any],
-) -> None:
-    """`run_actor` for the actors ``actor_ids`` of one device, driven from this one thread.
+class ActorGroup:
+    """Actors ``actor_ids`` of one device whose chunks one thread collects (`run`).
 
-    Each keeps its envs, keys, column and ``stats``; every chunk of all of
-    them is one call of ``program.rollout_group`` (one program), their
-    experience is sent in actor order, and they take one params version
-    together from ``channels`` (their shared endpoint). ``carries[i]``
-    (None: fresh episodes) is where actor ``actor_ids[i]`` starts; ``start``
-    holds for all of them. The calls are those a
+    Each keeps its envs, keys, column and ``stats``; they take one params
+    version together from ``channels`` (their shared endpoint), and their
+    experience is sent in actor order. With ``fused``, every chunk of all of
+    them is one call of ``program.rollout_group`` (one program: the calls an
     `ppo_async.runtime.inference.InferenceServer` makes for actor threads
-    sharing their chunks, so an exact-lag run gets the same bits. What the group raises, its transport reports once, under its
-    first actor, and restarts the group as one.
+    sharing their chunks, so the same bits); otherwise each actor's own
+    ``rollout`` is called in turn, each a jitted program that returns before
+    it has run, so the chunks compute side by side and the bits are those of
+    actor threads rolling out alone. Either way no thread per actor wakes,
+    loads, reads back and sends in turn between an update and the next chunks.
+
+    `carries` holds each actor's carry after its last chunk sent, and
+    `current` the actor whose rollout the thread is in, so that a transport
+    can say which actor raised or hangs (`failed_actor`, `doing`) and restart
+    the others where they were.
     """
-    _note_cpus(stats)
-    carries = [_first_carry(actor_id, config, program, device, start) if carry is None
-               else carry for actor_id, carry in zip(actor_ids, carries)]
-    _collect(actor_ids, config, program.rollout_group, channels, load_params, stats, start,
-             carries)
+
+    def __init__(self, actor_ids: list[int], config: AsyncActorLearnerConfig,
+                 program: ActorProgram, channels: ActorEndpoint, device: jax.Device,
+                 stats: list[ActorStats], load_params: Callable[[PolicyBroadcast], Any],
+                 fused: bool):
+        self.actor_ids, self.config, self.program = actor_ids, config, program
+        self.channels, self.device, self.stats = channels, device, stats
+        self.load_params, self.fused = load_params, fused
+        self.carries: list[Carry | None] = [None] * len(actor_ids)
+        self.current: int | None = None  # the actor whose rollout runs now
+
+    def run(self, start: ActorStart, carries: list[Carry | None]) -> None:
+        """Collect until the stop signal: ``carries[i]`` (None: fresh episodes, from
+        ``start.restart``) is where actor ``actor_ids[i]`` starts; ``start`` holds for all."""
+        _note_cpus(self.stats)
+        self.carries = [_first_carry(actor_id, self.config, self.program, self.device, start)
+                        if carry is None else carry
+                        for actor_id, carry in zip(self.actor_ids, carries)]
+        _collect(self.actor_ids, self.config, self._rollout, self.channels, self.load_params,
+                 self.stats, start, self.carries)
+
+    def _rollout(self, params: Any, carries: list[Carry]) -> list[tuple]:
+        if self.fused:
+            return self.program.rollout_group(params, carries)
+        chunks = []
+        for index, (actor_id, carry) in enumerate(zip(self.actor_ids, carries)):
+            self.current = _acting.actor_id = actor_id
+            chunks.append(self.program.rollout(params, carry))
+        self.current = _acting.actor_id = None
+        return chunks
+
+    def failed_actor(self) -> int:
+        """The actor to report a failure under: the one whose rollout raised, else the first."""
+        return self.actor_ids[0] if self.current is None else self.current
+
+    def doing(self) -> str:
+        """Where the thread is: an actor's rollout, or the group's own loop."""
+        if self.current is None:
+            return "in its own loop"
+        return f"in actor {self.current}'s chunk"
+
+
+_acting = threading.local()  # .actor_id: the actor whose chunk this thread collects
+
+
+def current_actor() -> int | None:
+    """The actor whose chunk this thread is collecting: an actor thread's own, or in an
+    `ActorGroup` the actor whose rollout it is calling; None elsewhere (and during a
+    group's one call for all of its actors)."""
+    return getattr(_acting, "actor_id", None)
 
 
 def _note_cpus(stats: list[ActorStats]) -> None:
@@ -370,7 +412,7 @@ def _collect(actor_ids: list[int], config: AsyncActorLearnerConfig,
              rollout: Callable[[Any, list[Carry]], list[tuple]], channels: ActorEndpoint,
              load: Callable[[PolicyBroadcast], Any], stats: list[ActorStats],
              start: ActorStart, carries: list[Carry]) -> None:
-    """The loop of `run_actor` (one actor) and `run_actor_group`, until the stop signal.
+    """The loop of `run_actor` (one actor) and `ActorGroup`, until the stop signal.
 
     ``rollout(params, carries)`` collects one chunk of every actor of
     ``actor_ids``; ``carries`` is updated in place after each chunk, so the

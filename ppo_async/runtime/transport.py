@@ -43,8 +43,8 @@ from ppo_async.runtime.actor import (
     ActorHandle,
     ActorStart,
     ActorStats,
+    ActorGroup,
     QueueEndpoint,
-    run_actor_group,
     spawn_actor,
 )
 from ppo_async.runtime.inference import InferenceServer, LockstepSampler, SharedParams
@@ -222,13 +222,14 @@ def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_ac
 
 
 def drives_group(config: AsyncActorLearnerConfig, program: ActorProgram) -> bool:
-    """Whether a `ThreadTransport` drives all its actors from one thread (`run_actor_group`):
-    where the program makes every actor's chunk as one call (``rollout_group``: gymnax)
-    and the actors share their calls (`shares_calls`). The same calls as an
-    `InferenceServer` of whole chunks, so the same bits, without a thread per actor
-    waking, loading, reading back and sending in turn on the way from one update to
-    the chunks of the next."""
-    return program.rollout_group is not None and shares_calls(config, program)
+    """Whether a `ThreadTransport` collects every actor's chunks from one thread
+    (`ActorGroup`): for a program whose rollouts do not block their thread (one with a
+    ``rollout_group``: gymnax), with ``sampler='shared'``, or None and several actors.
+    Its actors then share one program for all their chunks where they share their
+    calls (`shares_calls`), and else each calls its own in turn."""
+    if program.rollout_group is None or config.sampler == "actors":
+        return False
+    return config.sampler == "shared" or config.num_actors > 1
 
 
 class ThreadTransport:
@@ -252,6 +253,7 @@ class ThreadTransport:
         self.inference = None if self.group else shared_caller(
             config, program, config.num_actors, self.stop_event.is_set)
         self._group_starts: dict[int, ActorStart] = {}  # the group's, until all have one
+        self.actor_group: ActorGroup | None = None  # the group's collector, once started
 
     def _deliver(self, message: PolicyBroadcast) -> None:
         for broadcast_queue in self.delivery_queues:
@@ -269,7 +271,8 @@ class ThreadTransport:
             self.handles[actor_id] = ActorHandle(actor_id, None, stats or ActorStats(actor_id))
             self._group_starts[actor_id] = start
             if len(self._group_starts) == self.config.num_actors:
-                self._start_group([self._group_starts.pop(i) for i in range(len(self.handles))])
+                starts = [self._group_starts.pop(i) for i in range(len(self.handles))]
+                self._start_group(starts[0], [s.carry for s in starts])
             return
         if self.inference is not None and self.inference.thread.ident is None:
             self.inference.start()
@@ -279,22 +282,23 @@ class ThreadTransport:
             self.device, stats, start, self.load_params, policy,
         )
 
-    def _start_group(self, starts: list[ActorStart]) -> None:
-        """One thread for every actor (`run_actor_group`), each from its start's carry."""
+    def _start_group(self, start: ActorStart, carries: list[Any]) -> None:
+        """One thread for every actor (`ActorGroup`), each from its carry (None: fresh)."""
         handles = self.handles
         ids = [handle.actor_id for handle in handles]
+        group = self.actor_group = ActorGroup(
+            ids, self.config, self.program, self._channels(ids[0]), self.device,
+            [h.stats for h in handles], self.load_params,
+            fused=shares_calls(self.config, self.program))
 
         def run() -> None:
             try:
-                run_actor_group(ids, self.config, self.program, self._channels(ids[0]),
-                                self.device, [h.stats for h in handles],
-                                starts[0]._replace(carry=None), [s.carry for s in starts],
-                                self.load_params)
+                group.run(start._replace(carry=None), carries)
             except BaseException as error:  # noqa: BLE001 - reported, never swallowed
-                for handle in handles:
-                    handle.error = error
-                # Reported once, under the group's first actor: its restart restarts them all.
-                self.report_failure(ActorFailure(ids[0], error, traceback.format_exc()))
+                # Under the actor whose rollout raised; restarting it restarts the group.
+                failed = group.failed_actor()
+                handles[failed].error = error
+                self.report_failure(ActorFailure(failed, error, traceback.format_exc()))
 
         thread = threading.Thread(target=run, name=f"ppo-actors-{ids[0]}-{ids[-1]}", daemon=True)
         for handle in handles:
@@ -312,8 +316,10 @@ class ThreadTransport:
             if latest is not None:
                 self._broadcast_queue(actor_id).put(latest)
                 start = start._replace(first_version=latest.version)
-        if self.group:  # every actor of the group, from fresh episodes
-            self._start_group([start] * len(self.handles))
+        if self.group:  # the others go on from their carries; this one from fresh episodes
+            carries = list(self.actor_group.carries)
+            carries[actor_id] = None
+            self._start_group(start, carries)
             return
         self.start_actor(actor_id, start, old.stats)
 
@@ -355,6 +361,8 @@ class ThreadTransport:
         self.publisher.stop()
         doing = {self.inference.thread: self.inference.doing} if isinstance(
             self.inference, LockstepSampler) else {}
+        if self.actor_group is not None:
+            doing[self.handles[0].thread] = self.actor_group.doing
         return stop_threads(self.threads(), timeout_s,
                             {f"ppo-actor-{i}" for i in known_stuck}, doing)
 

@@ -296,7 +296,8 @@ def test_a_group_of_gymnax_actors_gives_the_bytes_of_shared_chunks_and_restarts_
         monkeypatch):
     """batch_inference=True on gymnax: one thread ("ppo-actors-0-2") makes every chunk of the
     3 actors as one call, the run's bytes those of an `InferenceServer` of the same calls
-    (actor threads); a group that raises restarts as one and the run goes on."""
+    (actor threads); a failure of that call is counted as its first actor's, and the run
+    goes on."""
     import importlib
 
     from ppo_async.runtime import transport
@@ -339,6 +340,44 @@ def test_a_group_of_gymnax_actors_gives_the_bytes_of_shared_chunks_and_restarts_
     assert restarted.report.updates == 4
     assert [s.restarts for s in restarted.report.actor_stats] == [1, 0, 0]
     assert as_bytes(restarted.params) != as_bytes(group.params)  # fresh episodes after it
+
+
+def test_gymnax_actors_collected_from_one_thread_give_the_bytes_of_a_thread_each(monkeypatch):
+    """By default (sampler None, 2+ gymnax actors) one thread calls each actor's own rollout
+    in turn: the bytes of a thread per actor (sampler='actors'); an actor whose rollout
+    raises is the one restarted (and counted)."""
+    from ppo_async.runtime.actor import current_actor
+    from run_helpers import patch_rollout
+
+    seen = []
+
+    def wrap(rollout):
+        def recorded(params, carry):
+            seen.append((threading.current_thread().name, current_actor()))
+            if broken["actor"] == current_actor() and sum(a == broken["actor"] for _, a in seen) == 2:
+                raise RuntimeError(f"actor {current_actor()} breaks once")
+            return rollout(params, carry)
+        return recorded
+
+    broken = {"actor": None}
+    patch_rollout(monkeypatch, wrap)
+    config = AsyncActorLearnerConfig(num_actors=3, envs_per_actor=2, num_steps=8,
+                                     num_minibatches=2, num_epochs=1, hidden_sizes=(16,),
+                                     total_env_steps=3 * 2 * 8 * 4)
+    one_thread = train(config, progress=False)
+    assert {name for name, _ in seen} == {"ppo-actors-0-2"}
+    assert {actor for _, actor in seen} == {0, 1, 2}
+    seen.clear()
+    alone = train(dataclasses.replace(config, sampler="actors"), progress=False)
+    assert {name for name, _ in seen} == {"ppo-actor-0", "ppo-actor-1", "ppo-actor-2"}
+    as_bytes = flax.serialization.to_bytes
+    assert as_bytes(one_thread.params) == as_bytes(alone.params)
+    assert one_thread.report.policy_lag_counts == alone.report.policy_lag_counts
+    seen.clear()
+    broken["actor"] = 1
+    restarted = train(dataclasses.replace(config, max_actor_restarts=1), progress=False)
+    assert restarted.report.updates == 4
+    assert [s.restarts for s in restarted.report.actor_stats] == [0, 1, 0]
 
 
 class AsyncCartPoles:
@@ -585,8 +624,8 @@ def test_a_shared_sampler_is_for_host_envs_with_several_actors_in_a_process():
 
     with pytest.raises(ConfigError, match="sampler='threads': must be None or one of"):
         AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", sampler="threads")
-    with pytest.raises(ConfigError, match="applies to host envs only"):
-        AsyncActorLearnerConfig(env_id="CartPole-v1", sampler="shared")
+    with pytest.raises(ConfigError, match="applies to thread actors only"):
+        AsyncActorLearnerConfig(env_id="CartPole-v1", sampler="shared", actor_backend="processes")
     with pytest.raises(ConfigError, match="a Ray actor process runs one actor"):
         AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", sampler="shared",
                                 actor_backend="ray")

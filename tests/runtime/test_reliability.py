@@ -30,6 +30,7 @@ from ppo_async import (
 from ppo_async.core.update import LearningRateSchedule, continue_schedule, default_schedule
 from ppo_async.envs.host import HostStep
 from ppo_async.envs.registry import register_host_env
+from ppo_async.runtime.actor import current_actor
 from ppo_async.runs.checkpoint import CheckpointWarning, encode_checkpoint, list_checkpoints
 from ppo_async.resume import TopologyChangeWarning
 from ppo_async.runs.run_dir import ERROR_FILE, unique_run_dir, write_atomically
@@ -214,16 +215,17 @@ def test_a_hung_actor_is_named_within_the_timeout_whatever_the_lead(monkeypatch)
 
     def wrap(rollout):
         def maybe_hang(params, carry):
-            if threading.current_thread().name == "ppo-actor-1":
+            if current_actor() == 1:
                 release.wait(120)  # an env that never returns (until the test ends)
             return rollout(params, carry)
         return maybe_hang
 
     patch_rollout(monkeypatch, wrap)
     # A long lead: actor 0 keeps sending, so a learner that times out on "any
-    # experience" would never notice.
+    # experience" would never notice. (A thread per actor: from one thread for both,
+    # actor 0 would stop too.)
     config = dataclasses.replace(TINY, learner_timeout_s=3.0, max_lead_steps=50 * 8,
-                                 total_env_steps=TINY.batch_size * 100)
+                                 total_env_steps=TINY.batch_size * 100, sampler="actors")
     start = time.monotonic()
     try:
         with pytest.raises(LearnerTimeoutError, match="actor 1 sent no experience") as info:

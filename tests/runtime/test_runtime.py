@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import re
-import threading
 import time
 from typing import NamedTuple
 
@@ -35,6 +34,7 @@ from ppo_async import (
 )
 from ppo_async.core.devices import place
 from ppo_async.envs.program import Trajectory
+from ppo_async.runtime.actor import current_actor
 from ppo_async.networks.actor_critic import init_params, make_network
 
 from run_helpers import patch_rollout
@@ -545,7 +545,7 @@ def _fail_actor_zero(on_chunks):
 
     def wrap(rollout):
         def maybe_fail(params, carry):
-            if threading.current_thread().name == "ppo-actor-0":
+            if current_actor() == 0:  # its thread, or its turn in the actors' one thread
                 calls["n"] += 1
                 if on_chunks(calls["n"]):
                     raise _Boom(f"actor 0 chunk {calls['n']}")
