@@ -363,8 +363,10 @@ class ThreadTransport:
             self.inference, LockstepSampler) else {}
         if self.actor_group is not None:
             doing[self.handles[0].thread] = self.actor_group.doing
-        return stop_threads(self.threads(), timeout_s,
-                            {f"ppo-actor-{i}" for i in known_stuck}, doing)
+        # A stuck actor's thread (its group's, where one collects them all) is not waited for.
+        stuck = {self.handles[i].thread.name for i in known_stuck
+                 if self.handles[i] is not None and self.handles[i].thread is not None}
+        return stop_threads(self.threads(), timeout_s, stuck, doing)
 
     def late_failures(self) -> list[ActorFailure]:
         failures = []

@@ -210,7 +210,8 @@ def test_resuming_a_finished_run_without_a_larger_budget_is_a_config_error(tmp_p
 # --- faults named within the timeout ------------------------------------------------
 
 
-def test_a_hung_actor_is_named_within_the_timeout_whatever_the_lead(monkeypatch):
+@pytest.mark.parametrize("sampler", ["actors", None], ids=["a-thread-each", "one-thread"])
+def test_a_hung_actor_is_named_within_the_timeout_whatever_the_lead(monkeypatch, sampler):
     release = threading.Event()
 
     def wrap(rollout):
@@ -221,22 +222,24 @@ def test_a_hung_actor_is_named_within_the_timeout_whatever_the_lead(monkeypatch)
         return maybe_hang
 
     patch_rollout(monkeypatch, wrap)
-    # A long lead: actor 0 keeps sending, so a learner that times out on "any
-    # experience" would never notice. (A thread per actor: from one thread for both,
-    # actor 0 would stop too.)
+    # A long lead: with a thread each, actor 0 keeps sending, so a learner that times out
+    # on "any experience" would never notice. From one thread (the default for gymnax),
+    # actor 0 waits with it, and both are named, with the thread and the actor it is in.
     config = dataclasses.replace(TINY, learner_timeout_s=3.0, max_lead_steps=50 * 8,
-                                 total_env_steps=TINY.batch_size * 100, sampler="actors")
+                                 total_env_steps=TINY.batch_size * 100, sampler=sampler)
     start = time.monotonic()
     try:
-        with pytest.raises(LearnerTimeoutError, match="actor 1 sent no experience") as info:
+        with pytest.raises(LearnerTimeoutError, match="actor 1 sent no experience"
+                           if sampler else "actor 0, actor 1 sent no experience") as info:
             train(config, progress=False)
         elapsed = time.monotonic() - start
     finally:
         release.set()
         _wait_for_run_threads()
-    assert info.value.actor_ids == (1,)
+    assert info.value.actor_ids == ((1,) if sampler else (0, 1))
     assert elapsed < config.learner_timeout_s + 8  # compile, then the timeout; no long join
-    assert any("ppo-actor-1" in note and "maybe_hang" in note for note in info.value.__notes__)
+    thread = "ppo-actor-1 (" if sampler else "ppo-actors-0-1 (in actor 1's chunk"
+    assert any(thread in note and "maybe_hang" in note for note in info.value.__notes__)
 
 
 def _block_final_evaluation(monkeypatch, final_version, action):
