@@ -40,10 +40,10 @@ from ppo_async.envs.program import ActorProgram
 from ppo_async.runtime.actor import (
     PUBLISHER_ID,
     ActorEndpoint,
+    ActorGroup,
     ActorHandle,
     ActorStart,
     ActorStats,
-    ActorGroup,
     QueueEndpoint,
     spawn_actor,
 )
@@ -242,7 +242,8 @@ class ThreadTransport:
         self.experience_queue: queue.Queue = queue.Queue()
         self.group = drives_group(config, program)
         # A group takes its broadcasts from one queue.
-        self.delivery_queues = [queue.Queue() for _ in range(1 if self.group else config.num_actors)]
+        self.delivery_queues = [queue.Queue()
+                                for _ in range(1 if self.group else config.num_actors)]
         self.stop_event = threading.Event()
         self.handles: list[ActorHandle | None] = [None] * config.num_actors
         self.where_killed: dict[int, str] = {}  # never filled: threads are not killed
@@ -295,7 +296,8 @@ class ThreadTransport:
             try:
                 group.run(start._replace(carry=None), carries)
             except BaseException as error:  # noqa: BLE001 - reported, never swallowed
-                # Under the actor whose rollout raised; restarting it restarts the group.
+                # Under the actor whose rollout raised; its restart starts the group's thread
+                # again (`restart_actor`), the other actors from where they were.
                 failed = group.failed_actor()
                 handles[failed].error = error
                 self.report_failure(ActorFailure(failed, error, traceback.format_exc()))

@@ -354,7 +354,8 @@ def test_gymnax_actors_collected_from_one_thread_give_the_bytes_of_a_thread_each
     def wrap(rollout):
         def recorded(params, carry):
             seen.append((threading.current_thread().name, current_actor()))
-            if broken["actor"] == current_actor() and sum(a == broken["actor"] for _, a in seen) == 2:
+            calls = sum(actor == broken["actor"] for _, actor in seen)
+            if broken["actor"] == current_actor() and calls == 2:  # its second chunk
                 raise RuntimeError(f"actor {current_actor()} breaks once")
             return rollout(params, carry)
         return recorded
