@@ -35,10 +35,11 @@ MODES = ("free", "exact0", "exact1", "exact2", "free-straggler", "exact1-straggl
 
 def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dict:
     import importlib
-    import threading
 
     from ppo_async import AsyncActorLearnerConfig, train
+    from ppo_async.runtime.actor import current_actor
 
+    slowed = []  # the straggler's chunks, each held back straggler_ms
     if mode.endswith("straggler"):
         train_module = importlib.import_module("ppo_async.train")  # shadowed by train()
         make = train_module.make_actor_program
@@ -48,15 +49,19 @@ def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dic
 
             def rollout(params, carry):
                 out = program.rollout(params, carry)
-                if threading.current_thread().name == "ppo-actor-0":
+                if current_actor() == 0:
                     time.sleep(straggler_ms / 1000)
+                    slowed.append(1)
                 return out
             return program._replace(rollout=rollout)
 
         train_module.make_actor_program = slow_actor_0
     lag = int(mode[len("exact")]) if mode.startswith("exact") else None
+    # A straggler is one actor's: a thread per actor, so that it does not hold the others
+    # up as it would from their one thread (the default for gymnax actors).
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
-                                     exact_policy_lag=lag)
+                                     exact_policy_lag=lag,
+                                     sampler="actors" if mode.endswith("straggler") else None)
     marks = []
     report = train(config, progress=False, on_update=lambda m: marks.append(
         (time.perf_counter(), m["env_steps"]))).report
@@ -64,7 +69,7 @@ def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dic
     (t0, s0), (t1, s1) = marks[quarter], marks[-1]
     return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "final_return": report.episode_return_mean,
             "policy_lag_mean": report.policy_lag_mean,
-            "learner_wait_s": report.learner_wait_s}
+            "learner_wait_s": report.learner_wait_s, "straggler_chunks": len(slowed)}
 
 
 def _in_a_fresh_process(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dict:

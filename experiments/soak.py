@@ -49,12 +49,13 @@ class _Injector:
 
     def wrap(self, rollout):
         def maybe_fail(params, carry):
-            name = threading.current_thread().name
-            target = f"ppo-actor-{self.injected % self.actor_ids}"
-            if self.armed.is_set() and name == target:
+            from ppo_async.runtime.actor import current_actor
+
+            target = self.injected % self.actor_ids
+            if self.armed.is_set() and current_actor() == target:
                 self.armed.clear()
                 self.injected += 1
-                raise RuntimeError(f"soak: injected failure #{self.injected} in {name}")
+                raise RuntimeError(f"soak: injected failure #{self.injected} in actor {target}")
             return rollout(params, carry)
         return maybe_fail
 

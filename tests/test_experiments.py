@@ -224,6 +224,9 @@ def test_bench_exact_lag_measures_exact_lags_and_a_straggler(tmp_path, script):
     assert set(rows) == {"exact2", "exact1-straggler"}
     assert rows["exact1-straggler"]["policy_lag_mean"] <= 1.0 and all(
         row["env_steps_per_s"] > 0 for row in rows.values())
+    # Actor 0 was held back on each of its 16 chunks (or more, ahead), and only with a straggler.
+    assert rows["exact1-straggler"]["straggler_chunks"] >= 16
+    assert rows["exact2"]["straggler_chunks"] == 0
     assert 1.0 < rows["exact2"]["policy_lag_mean"] <= 2.0  # lag 2 once two updates are done
 
 
