@@ -269,7 +269,7 @@ class ActorGroup:
         if self.fused:
             return self.program.rollout_group(params, carries)
         chunks = []
-        for index, (actor_id, carry) in enumerate(zip(self.actor_ids, carries)):
+        for actor_id, carry in zip(self.actor_ids, carries):
             self.current = _acting.actor_id = actor_id
             chunks.append(self.program.rollout(params, carry))
         self.current = _acting.actor_id = None
