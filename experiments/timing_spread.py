@@ -10,11 +10,20 @@ against what the runs actually do. Writes ``results.json``, ``runs.csv`` and
 
     python experiments/timing_spread.py --reruns 10
     python experiments/timing_spread.py --reruns 10 --cases gymnasium_cartpole
+    python experiments/timing_spread.py --reruns 1 --seeds 0 1 2 3 --cases gymnasium_cartpole
+
+A config at an exact policy lag (the default) gives the same run every time:
+its spread is over seeds (``--seeds``: each rerun of each seed, the config's
+``seed`` replaced). Each row also records where the running mean first
+reached 475 (``solved_at``, an update) and its lowest value over the
+``HOLD_UPDATES`` updates that follow (``hold_min``), what the CartPole tests
+assert.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import statistics
 import sys
@@ -24,6 +33,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 
 from common import configure_jax, out_dir, save_result, write_csv  # noqa: E402
+
+SOLVED = 475.0  # CartPole's running mean of 100 episodes counted as solved
+HOLD_UPDATES = 100  # after SOLVED, the updates whose lowest running mean is recorded
 
 # case -> (config names in tests/timing_cases.py, the test, its asserted bound on the return)
 CASES = {
@@ -44,10 +56,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reruns", type=int, default=10)
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="run each config with these seeds (default: its own)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.reruns < 1:
         parser.error("--reruns must be >= 1")
+    if args.seeds is not None and min(args.seeds) < 0:
+        parser.error("--seeds must be >= 0")
     configure_jax()
     import os
 
@@ -60,24 +76,34 @@ def main(argv: list[str] | None = None) -> dict:
     for case in args.cases:
         names, test = CASES[case]
         for rerun in range(args.reruns):
-            for name in names:
+            for name, seed in ((n, s) for n in names for s in args.seeds or [None]):
                 config = getattr(timing_cases, name)
+                if seed is not None:
+                    config = dataclasses.replace(config, seed=seed)
                 start = time.perf_counter()
                 running_means = []  # each update's mean return of the last 100 episodes
                 report = train(config, progress=False,
                                on_update=lambda m: running_means.append(m["episode_return"])).report
+                solved_at = next((i for i, mean in enumerate(running_means) if mean >= SOLVED),
+                                 None)
                 row = {
-                    "case": case, "config": name, "rerun": rerun,
+                    "case": case, "config": name, "seed": config.seed, "rerun": rerun,
                     "episode_return_mean": report.episode_return_mean,
                     "best_running_mean": max(running_means),
+                    "solved_at": solved_at,
+                    "hold_min": (None if solved_at is None else
+                                 min(running_means[solved_at:solved_at + HOLD_UPDATES + 1])),
                     "policy_lag_mean": report.policy_lag_mean,
                     "policy_lag_max": report.policy_lag_max,
                     "wall_s": time.perf_counter() - start,
                     "load_average_1min": os.getloadavg()[0],
                 }
                 rows.append(row)
-                print(f"{case} {name} rerun {rerun}: return {row['episode_return_mean']:.2f} "
-                      f"(best {row['best_running_mean']:.2f}), "
+                held = ("never reached 475" if solved_at is None else
+                        f"475 at update {solved_at}, then >= {row['hold_min']:.2f}")
+                print(f"{case} {name} seed {config.seed} rerun {rerun}: return "
+                      f"{row['episode_return_mean']:.2f} (best {row['best_running_mean']:.2f}; "
+                      f"{held}), "
                       f"lag mean {row['policy_lag_mean']:.2f} max {row['policy_lag_max']}, "
                       f"{row['wall_s']:.1f} s, load {row['load_average_1min']:.1f}", flush=True)
     summary = _summarize(rows)

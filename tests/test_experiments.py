@@ -319,7 +319,8 @@ def test_bench_backends_compares_threads_and_ray_and_times_broadcasts(tmp_path, 
 
 def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, script, capsys):
     spread = script("timing_spread")
-    summary = spread.main(["--reruns", "2", "--cases", "memory_chain", "--out", str(tmp_path)])
+    summary = spread.main(["--reruns", "1", "--seeds", "0", "1", "--cases", "memory_chain",
+                           "--out", str(tmp_path)])
     assert set(summary) == {"memory_chain/MEMORY_CHAIN_LSTM", "memory_chain/MEMORY_CHAIN"}
     for figures in summary.values():
         assert figures["reruns"] == 2
@@ -328,10 +329,11 @@ def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, s
     rows = read_rows(tmp_path / "runs.csv")
     assert len(rows) == 4 and {row["config"] for row in rows} == {"MEMORY_CHAIN_LSTM",
                                                                   "MEMORY_CHAIN"}
+    assert sorted(row["seed"] for row in rows) == ["0", "0", "1", "1"]
     assert (tmp_path / "spread.png").stat().st_size > 5_000
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["tests"]["memory_chain"].startswith("tests/networks/test_recurrent.py::")
-    assert "python experiments/timing_spread.py --reruns 2" in capsys.readouterr().out
+    assert "python experiments/timing_spread.py --reruns 1 --seeds 0 1" in capsys.readouterr().out
 
 
 def test_bench_render_times_both_ways_of_drawing_a_frame(tmp_path, script, capsys):

@@ -44,25 +44,45 @@ from ppo_async.networks.distributions import Categorical, DiagGaussian, Distribu
 _POLAR_STEPS = 60
 
 
-def _standard_normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """Standard normal float32 ``shape`` from XLA's Philox generator, seeded by ``key``.
+def _mix32(x: jax.Array) -> jax.Array:
+    """A bijection of uint32 that spreads every input bit over the output (a
+    multiply-xorshift finalizer: "lowbias32", found by Chris Wellons' hash
+    prospector)."""
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> 16)
 
-    Not ``jax.random.normal``: its threefry hash takes most of the compile time
-    of ``init`` on a CPU (~0.1 s per call), while XLA's RngBitGenerator costs
-    little. The result is a deterministic function of ``key`` (Philox with an
-    explicit algorithm, not the backend's default), so the runtime and the
-    jitted twin draw the same numbers. Uniform bits become a normal through
-    the inverse error function, as ``jax.random.normal`` does.
+
+def _hash_bits(key: jax.Array, size: int) -> jax.Array:
+    """``size`` uint32 words of a counter-based hash of the 64-bit ``key``.
+
+    Word ``i`` is ``mix(mix(i * golden + k0) ^ k1)``: a bijection of ``i`` for a
+    given key, so the words of one draw never repeat. Integer arithmetic
+    modulo 2^32 only, the same bits on every backend (tests/networks checks
+    them against numpy).
+    """
+    words = key.reshape(-1).astype(jnp.uint32)
+    count = jax.lax.iota(jnp.uint32, size)
+    return _mix32(_mix32(count * np.uint32(0x9E3779B9) + words[0]) ^ words[1])
+
+
+def _standard_normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Standard normal float32 ``shape``, a deterministic function of ``key``.
+
+    Not ``jax.random.normal`` nor XLA's RngBitGenerator: compiling either
+    costs about 0.1 s of CPU per call (the threefry hash, or the Philox
+    expansion), and ``init`` makes one call per layer on the way to a run's
+    first update (``experiments/startup_timeline.py``). The bits come from a
+    counter-based integer hash of the key (`_hash_bits`), which XLA compiles
+    in a fraction of that. The runtime and the jitted twin trace the same
+    function, so they draw the same numbers. Uniform bits become a normal
+    through the inverse error function, as ``jax.random.normal`` does.
     """
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
-    # Philox takes 128 bits of state (a 64-bit key and a 64-bit counter); a
-    # threefry key has 64: it becomes the Philox key, the counter starts at 0.
-    words = key.reshape(-1).astype(jnp.uint32)
-    seed = jnp.concatenate([words, jnp.zeros(4, jnp.uint32)])[:4]
-    _, bits = jax.lax.rng_bit_generator(
-        seed, shape, jnp.uint32, algorithm=jax.lax.RandomAlgorithm.RNG_PHILOX
-    )
+    bits = _hash_bits(key, math.prod(shape)).reshape(shape)
     # 23 random mantissa bits under exponent 0: a float in [1, 2), minus 1.
     unit = jax.lax.bitcast_convert_type((bits >> 9) | np.uint32(0x3F800000), jnp.float32) - 1.0
     lowest = np.nextafter(np.float32(-1.0), np.float32(0.0))  # erf_inv(-1) is -inf
@@ -79,7 +99,7 @@ def orthogonal(scale: float = 1.0):
     ``O``) -- the distribution of ``flax.linen.initializers.orthogonal``,
     which takes the Q of a QR instead; the draws differ, the law does not.
     It is computed with Newton-Schulz steps (matrix products only), and the
-    Gaussian with XLA's Philox generator (`_standard_normal`), because this
+    Gaussian from an integer hash of the key (`_standard_normal`), because this
     initializer's compile time is on the path to a run's first update
     (``experiments/bench_startup.py`` times it). Why not QR: with jax 0.10.2
     on CPU, a vmapped init (``jax.vmap(make_train(cfg))`` over seeds) runs XLA's batched QR,

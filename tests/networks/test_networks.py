@@ -7,6 +7,7 @@ spaces are rejected.
 """
 
 import functools
+import math
 from typing import Any, NamedTuple
 
 import chex
@@ -342,6 +343,35 @@ def test_orthogonal_init_is_haar_distributed():
     # (Householder makes its first entry always negative).
     unsigned = np.linalg.qr(np.random.default_rng(1).standard_normal((draws, n, n)))[0]
     assert _ks_statistic(unsigned[:, 0, 0], haar[:, 0, 0]) > critical
+
+
+def test_init_gaussian_bits_match_a_numpy_reference_and_are_standard_normal():
+    # The initializer's bits: a counter-based hash of the key, written here again
+    # as a plain numpy loop over the counter, and its normals against N(0, 1).
+    from ppo_async.networks.actor_critic import _hash_bits, _standard_normal
+
+    def mix(x: int) -> int:
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    key = jax.random.key(3)
+    k0, k1 = (int(w) for w in np.asarray(jax.random.key_data(key)))
+    expected = [mix((mix((i * 0x9E3779B9 + k0) & 0xFFFFFFFF)) ^ k1) for i in range(1000)]
+    got = np.asarray(jax.jit(_hash_bits, static_argnums=1)(jax.random.key_data(key), 1000))
+    np.testing.assert_array_equal(got, np.array(expected, np.uint32))
+    assert len(set(expected)) == len(expected)  # a bijection of the counter
+
+    normals = np.asarray(_standard_normal(key, (100, 200))).ravel()
+    draws = np.sort(normals.astype(np.float64))
+    normal_cdf = np.array([0.5 * (1 + math.erf(x / math.sqrt(2))) for x in draws])
+    n = len(draws)
+    ks = max((np.arange(1, n + 1) / n - normal_cdf).max(), (normal_cdf - np.arange(n) / n).max())
+    assert ks < 1.95 / np.sqrt(n)  # one-sample KS at the 0.1% level
+    other = np.asarray(_standard_normal(jax.random.key(4), (100, 200)))
+    assert abs(np.corrcoef(other.ravel(), normals)[0, 1]) < 0.05  # keys give other draws
 
 
 def test_orthogonal_init_draws_depend_only_on_the_key():
