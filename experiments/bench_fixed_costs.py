@@ -18,7 +18,9 @@ excluded), per update, the median over updates of:
 - actors: loading a version (`SharedParams`: `from_bytes`, the check, placing
   it on the actor's device; once per version for all actors), dispatching a
   chunk's rollout, waiting for it to end (``to_host`` of the chunk),
-  sending it;
+  sending it; with a thread per actor each actor's own share, and where one
+  thread collects every actor's chunk (gymnax actors, from 2) all of that
+  thread's time ("actors' thread");
 - the critical chain at an exact lag ``k``: the chunks that feed update
   ``u + k + 1`` need the params of update ``u``, so the time from update
   ``u``'s metrics readback to update ``u + k + 1``'s dispatch bounds the
@@ -106,12 +108,14 @@ def analyse(update_ends: list[float], warmup: int, exact_lag: int | None,
     for thread, stage, t0, t1 in events:
         role = ("learner" if thread == "MainThread" or thread.startswith("ppo-learner") else
                 "publisher" if thread == "ppo-publisher" else
+                # one thread collecting every actor's chunk (`ActorGroup`): all of its time
+                "actors' thread" if thread.startswith("ppo-actors-") else
                 "actor" if thread.startswith("ppo-actor") else thread)
         by[(role, stage)].append((t0, t1))
     rows = []
     for (role, stage), spans in sorted(by.items()):
         total = sum(t1 - t0 for t0, t1 in spans)
-        share = num_actors if role == "actor" else 1  # each actor's own, per update
+        share = num_actors if role == "actor" else 1  # a thread per actor: each one's own
         per_update = total / updates / share
         rows.append(dict(role=role, stage=stage, calls_per_update=len(spans) / updates / share,
                          ms_per_update=1e3 * per_update, median_call_ms=1e3 * _median(
@@ -165,7 +169,7 @@ def main() -> None:
     print(f"update period {summary['period_ms']:.2f} ms; critical chain (update u read back "
           f"-> update u + {config.exact_lag} + 1 dispatched) {summary['chain_median_ms']:.2f} ms")
     print(common.markdown_table(
-        ["thread", "stage", "calls per update", "ms per update (each actor's own)",
+        ["thread", "stage", "calls per update", "ms per update (an actor thread: each one's own)",
          "median call (ms)", "share of the period"],
         [[r["role"], r["stage"], f"{r['calls_per_update']:.2f}", f"{r['ms_per_update']:.2f}",
           f"{r['median_call_ms']:.3f}", f"{r['share_of_period']:.0%}"]

@@ -317,6 +317,25 @@ def test_bench_backends_compares_threads_and_ray_and_times_broadcasts(tmp_path, 
     assert not ray.is_initialized()
 
 
+def test_bench_fixed_costs_splits_thread_actors_time_but_not_the_actors_one_thread(
+        script, monkeypatch):
+    costs = script("bench_fixed_costs")
+    monkeypatch.setattr(costs, "EVENTS", [
+        ("ppo-actor-0", "load", 1.0, 1.4), ("ppo-actor-1", "load", 2.0, 2.2),
+        ("ppo-actors-0-1", "to_host", 1.0, 1.5), ("ppo-actors-0-1", "to_host", 2.0, 2.5),
+        ("ppo-publisher", "serialize", 1.0, 1.1)])
+    summary = costs.analyse([0.0, 1.0, 2.0, 3.0], warmup=1, exact_lag=None, num_actors=2)
+    rows = {(row["role"], row["stage"]): row for row in summary["rows"]}
+    assert summary["updates"] == 2 and summary["period_ms"] == pytest.approx(1000.0)
+    # a thread per actor: 0.6 s of loads over 2 updates and 2 actors, each actor's own
+    assert rows["actor", "load"]["ms_per_update"] == pytest.approx(150.0)
+    assert rows["actor", "load"]["calls_per_update"] == pytest.approx(0.5)
+    # the one thread of every actor's chunks: all of its 1.0 s over 2 updates
+    assert rows["actors' thread", "to_host"]["ms_per_update"] == pytest.approx(500.0)
+    assert rows["actors' thread", "to_host"]["calls_per_update"] == pytest.approx(1.0)
+    assert rows["publisher", "serialize"]["ms_per_update"] == pytest.approx(50.0)
+
+
 def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, script, capsys):
     spread = script("timing_spread")
     summary = spread.main(["--reruns", "1", "--seeds", "0", "1", "--cases", "memory_chain",
