@@ -336,6 +336,12 @@ def test_bench_fixed_costs_splits_thread_actors_time_but_not_the_actors_one_thre
     assert rows["publisher", "serialize"]["ms_per_update"] == pytest.approx(50.0)
 
 
+def test_cpu_device_queue_refuses_a_negative_number_of_pairs(script, capsys):
+    with pytest.raises(SystemExit):
+        script("cpu_device_queue").main(["--pairs", "-1"])
+    assert "--pairs must be >= 0" in capsys.readouterr().err
+
+
 def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, script, capsys):
     spread = script("timing_spread")
     summary = spread.main(["--reruns", "1", "--seeds", "0", "1", "--cases", "memory_chain",
