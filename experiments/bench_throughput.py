@@ -21,6 +21,11 @@ alternating seed by seed:
 - ``async-processes``: the same `train()` with ``actor_backend="processes"``:
   each actor in a process of its own (one XLA thread, a GIL of its own),
   the learner alone in this one. CPU counts the actor processes too.
+- ``async-own-device``: the same `train()` with the learner on a CPU device
+  of its own (two CPU devices, ``jax_num_cpu_devices=2``;
+  ``learner_device="cpu:1"``, the actors on ``cpu:0``). A CPU device runs its
+  programs one at a time (``experiments/cpu_device_queue.py``); on two, the
+  update and the rollouts may run at the same time.
 
 Target: async / twin >= 1.0. The machine's load average is printed with the
 figures: run it with nothing else on the machine.
@@ -31,6 +36,7 @@ figures: run it with nothing else on the machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -59,10 +65,14 @@ def _twin(total_env_steps: int, seed: int) -> dict:
 
 
 def _async(total_env_steps: int, seed: int, pipeline: bool = True,
-           actor_backend: str = "threads") -> dict:
+           actor_backend: str = "threads", own_device: bool = False) -> dict:
     import functools
     import importlib
 
+    import jax
+
+    if own_device:  # before JAX starts its CPU backend
+        jax.config.update("jax_num_cpu_devices", 2)
     from ppo_async import AsyncActorLearnerConfig, train
 
     train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
@@ -71,6 +81,8 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
         train_module.learner_loop = functools.partial(train_module.learner_loop, pipeline=False)
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
                                      actor_backend=actor_backend)
+    if own_device:
+        config = dataclasses.replace(config, learner_device="cpu:1", actor_device="cpu:0")
     marks = []
     start = time.perf_counter()
     report = train(config, progress=False, on_update=lambda m: marks.append(
@@ -85,7 +97,7 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
 
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
-MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes")
+MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes", "async-own-device")
 
 
 def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
@@ -102,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--total-env-steps", type=int, default=500_000)
-    parser.add_argument("--one", choices=["twin", "async", "async-unpipelined", "async-processes"],
+    parser.add_argument("--one", choices=["twin", "async", "async-unpipelined", "async-processes",
+                                          "async-own-device"],
                         default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
@@ -114,7 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
             result = _twin(args.total_env_steps, args.seeds[0])
         else:
             result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined",
-                            "processes" if args.one == "async-processes" else "threads")
+                            "processes" if args.one == "async-processes" else "threads",
+                            own_device=args.one == "async-own-device")
         print(json.dumps(result))
         return {}
 

@@ -234,12 +234,13 @@ def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, scrip
     bench = script("bench_throughput")
     # Eight updates a mode: the quarter mark is the second, the rate runs to the eighth.
     bench.main(["--seeds", "0", "--modes", "twin", "async-1t", "async-unpipelined",
-                "--total-env-steps", "4096", "--out", str(tmp_path)])
+                "async-own-device", "--total-env-steps", "4096", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert [row["mode"] for row in saved["rows"]] == ["twin", "async-1t", "async-unpipelined"]
+    assert [row["mode"] for row in saved["rows"]] == ["twin", "async-1t", "async-unpipelined",
+                                                      "async-own-device"]
     assert all(row["env_steps_per_s"] > 0 for row in saved["rows"])
     assert all(0 <= row["policy_lag_mean"] <= 1 for row in saved["rows"][1:])
-    assert set(saved["ratio_to_twin"]) == {"async-1t", "async-unpipelined"}
+    assert set(saved["ratio_to_twin"]) == {"async-1t", "async-unpipelined", "async-own-device"}
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3
     assert "x the twin's run phase" in capsys.readouterr().out
 
@@ -336,10 +337,13 @@ def test_bench_fixed_costs_splits_thread_actors_time_but_not_the_actors_one_thre
     assert rows["publisher", "serialize"]["ms_per_update"] == pytest.approx(50.0)
 
 
-def test_cpu_device_queue_refuses_a_negative_number_of_pairs(script, capsys):
-    with pytest.raises(SystemExit):
-        script("cpu_device_queue").main(["--pairs", "-1"])
-    assert "--pairs must be >= 0" in capsys.readouterr().err
+def test_cpu_device_queue_times_a_tiny_program_behind_a_long_one(tmp_path, script):
+    result = script("cpu_device_queue").main(["--out", str(tmp_path)])
+    one, two = result["queue"]
+    assert (one["devices"], two["devices"]) == (1, 2)
+    # On one device the tiny program waits for most of the long one; on two it does not.
+    assert one["tiny_after_long_ms"] > 0.5 * one["long_ms"]
+    assert two["tiny_after_long_ms"] < 0.5 * two["long_ms"]
 
 
 def test_timing_spread_reruns_the_tested_configs_and_summarizes_them(tmp_path, script, capsys):
