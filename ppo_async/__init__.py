@@ -24,6 +24,7 @@ import for one release, with a DeprecationWarning naming the new path
 import sys as _sys
 
 from ppo_async._deprecated import install as _install_old_paths
+from ppo_async.core.keys import unroll_threefry_on_cpu as _unroll_threefry_on_cpu
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.core.advantages import VTraceOutput, gae, vtrace
 from ppo_async.core.losses import ppo_loss
@@ -80,3 +81,4 @@ __all__ = [
 ]
 
 _install_old_paths(_sys.modules[__name__])
+_unroll_threefry_on_cpu()  # the same bits, compiled faster on CPU (ppo_async.core.keys)

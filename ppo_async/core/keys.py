@@ -17,6 +17,13 @@ other setting, and for a seed outside int32 or data outside uint32, the
 functions call JAX's own
 (tests/core/test_keys.py checks both against JAX and the hash against the
 paper's known-answer vectors).
+
+The same rounds also lower JAX's own hash (the ``threefry2x32`` primitive
+behind every ``jax.random`` call on a threefry key) on CPU, straight-line:
+`unroll_threefry_on_cpu`, which ``import ppo_async`` calls. JAX lowers it on
+CPU as a loop of five blocks; XLA then compiles each call site as a while
+loop of its own, which made the gymnax actors' reset and rollout programs
+slower to compile. The bits are the same (the hash is integer arithmetic).
 """
 
 from __future__ import annotations
@@ -31,17 +38,41 @@ _PARITY = np.uint32(0x1BD11BDA)  # the key schedule's third word: k0 ^ k1 ^ this
 def threefry2x32(key: np.ndarray, x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The Threefry-2x32 hash (20 rounds) of the counters ``(x0, x1)`` under ``key`` (uint32 [2])."""
     k0, k1 = np.asarray(key, np.uint32)
-    schedule = (k0, k1, k0 ^ k1 ^ _PARITY)
     with np.errstate(over="ignore"):  # uint32 sums wrap around, as the hash intends
-        x0 = np.asarray(x0, np.uint32) + schedule[0]
-        x1 = np.asarray(x1, np.uint32) + schedule[1]
-        for block in range(5):  # four rounds, then a key injection
-            for rotation in _ROTATIONS[block % 2]:
-                x0 = x0 + x1
-                x1 = ((x1 << np.uint32(rotation)) | (x1 >> np.uint32(32 - rotation))) ^ x0
-            x0 = x0 + schedule[(block + 1) % 3]
-            x1 = x1 + schedule[(block + 2) % 3] + np.uint32(block + 1)
+        return _rounds(k0, k1, np.asarray(x0, np.uint32), np.asarray(x1, np.uint32))
+
+
+def _rounds(k0, k1, x0, x1):
+    """The hash on uint32 arrays of numpy or of JAX (traced), straight-line."""
+    schedule = (k0, k1, k0 ^ k1 ^ _PARITY)
+    x0 = x0 + schedule[0]
+    x1 = x1 + schedule[1]
+    for block in range(5):  # four rounds, then a key injection
+        for rotation in _ROTATIONS[block % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << np.uint32(rotation)) | (x1 >> np.uint32(32 - rotation))) ^ x0
+        x0 = x0 + schedule[(block + 1) % 3]
+        x1 = x1 + schedule[(block + 2) % 3] + np.uint32(block + 1)
     return x0, x1
+
+
+def unroll_threefry_on_cpu() -> bool:
+    """Lower JAX's ``threefry2x32`` primitive on CPU straight-line (`_rounds`); same bits.
+
+    Process-wide, from then on (XLA programs lowered before keep their
+    loops). Compiling the default gymnax actor's env reset took 0.20-0.22 CPU
+    s against 0.34-0.35 with JAX's loop, its rollout 1.02-1.15 against
+    1.24-1.40 (``experiments/startup_timeline.py``'s ``alone_cpu_s``).
+    False, changing nothing, where this JAX has no such primitive to lower.
+    """
+    try:
+        from jax.extend.random import threefry2x32_p
+        from jax.interpreters import mlir
+    except ImportError:
+        return False
+    mlir.register_lowering(threefry2x32_p, mlir.lower_fun(_rounds, multiple_results=True),
+                           platform="cpu")
+    return True
 
 
 def _host_keys() -> bool:

@@ -33,6 +33,22 @@ def test_threefry_is_elementwise_over_counters():
         assert (x0[i], x1[i]) == keys.threefry2x32(key, *map(np.uint32, counter))
 
 
+def test_jax_threefry_on_cpu_runs_straight_line_with_the_papers_bits():
+    # `import ppo_async` lowers JAX's own hash on CPU without JAX's loop over its five
+    # blocks (`keys.unroll_threefry_on_cpu`); the bits stay the paper's.
+    from jax.extend.random import threefry_2x32
+
+    hash_fn = jax.jit(lambda k0, k1, count: threefry_2x32((k0, k1), count))
+    for key, counter, expected in KNOWN_ANSWERS:
+        args = (np.uint32(key[0]), np.uint32(key[1]), np.array(counter, np.uint32))
+        assert tuple(int(word) for word in hash_fn(*args)) == expected
+    assert "while" not in hash_fn.lower(*args).as_text()
+    counters = np.random.default_rng(0).integers(0, 2**32, (2, 64), dtype=np.uint32)
+    key = np.array([0x13198A2E, 0x03707344], np.uint32)
+    got = np.asarray(hash_fn(key[0], key[1], counters.ravel())).reshape(2, 64)
+    assert np.array_equal(got, np.stack(keys.threefry2x32(key, *counters)))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 42, -1, 2**31 - 1, -(2**31)])
 def test_keys_equal_jax_bit_for_bit(seed):
     assert np.array_equal(_data(keys.key(seed)), _data(jax.random.key(seed)))
