@@ -19,16 +19,20 @@ functions call JAX's own
 paper's known-answer vectors).
 
 The same rounds also lower JAX's own hash (the ``threefry2x32`` primitive
-behind every ``jax.random`` call on a threefry key) on CPU, straight-line:
-`unroll_threefry_on_cpu`, which ``import ppo_async`` calls. JAX lowers it on
-CPU as a loop of five blocks; XLA then compiles each call site as a while
-loop of its own, which made the gymnax actors' reset and rollout programs
-slower to compile. The bits are the same (the hash is integer arithmetic).
+behind every ``jax.random`` call on a threefry key) on CPU, straight-line
+for small calls: `unroll_threefry_on_cpu`, which ``import ppo_async``
+calls. JAX lowers every call on CPU as a loop over five blocks; XLA then
+compiles each call site as a while loop of its own, which made the gymnax
+actors' reset and rollout programs slower to compile. The bits are the same
+(the hash is integer arithmetic).
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -56,13 +60,41 @@ def _rounds(k0, k1, x0, x1):
     return x0, x1
 
 
-def unroll_threefry_on_cpu() -> bool:
-    """Lower JAX's ``threefry2x32`` primitive on CPU straight-line (`_rounds`); same bits.
+# Hash calls of up to this many counter pairs lower straight-line; larger ones keep a loop.
+UNROLL_MAX_PAIRS = 128
 
-    Process-wide, from then on (XLA programs lowered before keep their
-    loops). Compiling the default gymnax actor's env reset took 0.20-0.22 CPU
-    s against 0.34-0.35 with JAX's loop, its rollout 1.02-1.15 against
-    1.24-1.40 (``experiments/startup_timeline.py``'s ``alone_cpu_s``).
+
+def _rounds_in_a_loop(k0, k1, x0, x1):
+    """`_rounds` as a loop over the hash's five blocks (JAX's own form on CPU), traced."""
+    rotations = jnp.asarray(_ROTATIONS, jnp.uint32)
+
+    def block(i, carry):
+        x0, x1, s0, s1, s2 = carry  # the schedule, rotated by the block's index
+        rotation = rotations[i % 2]
+        for j in range(4):
+            x0 = x0 + x1
+            x1 = ((x1 << rotation[j]) | (x1 >> (np.uint32(32) - rotation[j]))) ^ x0
+        return x0 + s1, x1 + s2 + (i + 1).astype(jnp.uint32), s1, s2, s0
+
+    schedule = jnp.broadcast_arrays(k0, k1, k0 ^ k1 ^ _PARITY)
+    carry = (x0 + schedule[0], x1 + schedule[1], *schedule)
+    return jax.lax.fori_loop(0, 5, block, carry)[:2]
+
+
+def unroll_threefry_on_cpu() -> bool:
+    """Lower JAX's ``threefry2x32`` primitive on CPU straight-line where it is small; same bits.
+
+    A call of up to `UNROLL_MAX_PAIRS` counter pairs lowers as `_rounds`,
+    a larger one as a loop over the hash's five blocks, as JAX lowers every
+    call on CPU. Straight-line, XLA compiles a call faster: the default gymnax
+    actor's env reset took 0.19-0.22 CPU s to compile against 0.34-0.35, its
+    rollout 1.00-1.17 against 1.24-1.40 (``experiments/startup_timeline.py``'s
+    ``alone_cpu_s``). A large call stays a loop because XLA splits a large
+    straight-line kernel over its thread pool: with the update's shuffle (256
+    pairs) straight-line, the synchronous twin ran 8% slower on 1.4 cores of
+    2 instead of 1.0.
+
+    Process-wide, from then on (programs lowered before keep JAX's lowering).
     False, changing nothing, where this JAX has no such primitive to lower.
     """
     try:
@@ -70,8 +102,14 @@ def unroll_threefry_on_cpu() -> bool:
         from jax.interpreters import mlir
     except ImportError:
         return False
-    mlir.register_lowering(threefry2x32_p, mlir.lower_fun(_rounds, multiple_results=True),
-                           platform="cpu")
+    straight = mlir.lower_fun(_rounds, multiple_results=True)
+    looped = mlir.lower_fun(_rounds_in_a_loop, multiple_results=True)
+
+    def lowering(ctx, *operands):
+        pairs = math.prod(ctx.avals_in[2].shape)
+        return (straight if pairs <= UNROLL_MAX_PAIRS else looped)(ctx, *operands)
+
+    mlir.register_lowering(threefry2x32_p, lowering, platform="cpu")
     return True
 
 

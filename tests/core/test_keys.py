@@ -33,20 +33,24 @@ def test_threefry_is_elementwise_over_counters():
         assert (x0[i], x1[i]) == keys.threefry2x32(key, *map(np.uint32, counter))
 
 
-def test_jax_threefry_on_cpu_runs_straight_line_with_the_papers_bits():
+@pytest.mark.parametrize("pairs", [1, 64, keys.UNROLL_MAX_PAIRS, keys.UNROLL_MAX_PAIRS + 1, 512])
+def test_jax_threefry_on_cpu_gives_the_papers_bits_straight_line_when_small(pairs):
     # `import ppo_async` lowers JAX's own hash on CPU without JAX's loop over its five
-    # blocks (`keys.unroll_threefry_on_cpu`); the bits stay the paper's.
+    # blocks for small calls, and with a loop of its own for large ones
+    # (`keys.unroll_threefry_on_cpu`); the bits stay the paper's either way.
     from jax.extend.random import threefry_2x32
 
     hash_fn = jax.jit(lambda k0, k1, count: threefry_2x32((k0, k1), count))
-    for key, counter, expected in KNOWN_ANSWERS:
-        args = (np.uint32(key[0]), np.uint32(key[1]), np.array(counter, np.uint32))
-        assert tuple(int(word) for word in hash_fn(*args)) == expected
-    assert "while" not in hash_fn.lower(*args).as_text()
-    counters = np.random.default_rng(0).integers(0, 2**32, (2, 64), dtype=np.uint32)
+    for key, counter, expected in KNOWN_ANSWERS:  # broadcast over `pairs` counters
+        count = np.repeat(np.array(counter, np.uint32), pairs)
+        got = np.asarray(hash_fn(np.uint32(key[0]), np.uint32(key[1]), count)).reshape(2, pairs)
+        assert np.array_equal(got, np.repeat(np.array(expected, np.uint32)[:, None], pairs, 1))
+    counters = np.random.default_rng(pairs).integers(0, 2**32, (2, pairs), dtype=np.uint32)
     key = np.array([0x13198A2E, 0x03707344], np.uint32)
-    got = np.asarray(hash_fn(key[0], key[1], counters.ravel())).reshape(2, 64)
+    got = np.asarray(hash_fn(key[0], key[1], counters.ravel())).reshape(2, pairs)
     assert np.array_equal(got, np.stack(keys.threefry2x32(key, *counters)))
+    looped = "while" in hash_fn.lower(key[0], key[1], counters.ravel()).as_text()
+    assert looped == (pairs > keys.UNROLL_MAX_PAIRS)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 42, -1, 2**31 - 1, -(2**31)])
