@@ -52,11 +52,16 @@ def _rounds(k0, k1, x0, x1):
     x0 = x0 + schedule[0]
     x1 = x1 + schedule[1]
     for block in range(5):  # four rounds, then a key injection
-        for rotation in _ROTATIONS[block % 2]:
-            x0 = x0 + x1
-            x1 = ((x1 << np.uint32(rotation)) | (x1 >> np.uint32(32 - rotation))) ^ x0
+        x0, x1 = _four_rounds(x0, x1, [np.uint32(r) for r in _ROTATIONS[block % 2]])
         x0 = x0 + schedule[(block + 1) % 3]
         x1 = x1 + schedule[(block + 2) % 3] + np.uint32(block + 1)
+    return x0, x1
+
+
+def _four_rounds(x0, x1, rotations):
+    for rotation in rotations:
+        x0 = x0 + x1
+        x1 = ((x1 << rotation) | (x1 >> (np.uint32(32) - rotation))) ^ x0
     return x0, x1
 
 
@@ -70,10 +75,7 @@ def _rounds_in_a_loop(k0, k1, x0, x1):
 
     def block(i, carry):
         x0, x1, s0, s1, s2 = carry  # the schedule, rotated by the block's index
-        rotation = rotations[i % 2]
-        for j in range(4):
-            x0 = x0 + x1
-            x1 = ((x1 << rotation[j]) | (x1 >> (np.uint32(32) - rotation[j]))) ^ x0
+        x0, x1 = _four_rounds(x0, x1, [rotations[i % 2, j] for j in range(4)])
         return x0 + s1, x1 + s2 + (i + 1).astype(jnp.uint32), s1, s2, s0
 
     schedule = jnp.broadcast_arrays(k0, k1, k0 ^ k1 ^ _PARITY)
