@@ -108,7 +108,7 @@ def unroll_threefry_on_cpu() -> bool:
     looped = mlir.lower_fun(_rounds_in_a_loop, multiple_results=True)
 
     def lowering(ctx, *operands):
-        pairs = math.prod(ctx.avals_in[2].shape)
+        pairs = math.prod(ctx.avals_out[0].shape)  # the operands broadcast to it
         return (straight if pairs <= UNROLL_MAX_PAIRS else looped)(ctx, *operands)
 
     mlir.register_lowering(threefry2x32_p, lowering, platform="cpu")

@@ -53,6 +53,17 @@ def test_jax_threefry_on_cpu_gives_the_papers_bits_straight_line_when_small(pair
     assert looped == (pairs > keys.UNROLL_MAX_PAIRS)
 
 
+def test_jax_threefry_on_cpu_counts_a_vmapped_calls_pairs_after_broadcasting():
+    # Under vmap the counters ([50]) broadcast against the keys ([4, 1]) inside one call:
+    # 200 pairs, above the limit, so a loop; the bits equal one call per key (50 pairs each).
+    batch = jax.random.split(jax.random.key(3), 4)
+    draw = jax.vmap(lambda key: jax.random.bits(key, (100,)))
+    one_by_one = np.stack([np.asarray(jax.jit(lambda key: jax.random.bits(key, (100,)))(key))
+                           for key in batch])
+    assert np.array_equal(np.asarray(jax.jit(draw)(batch)), one_by_one)
+    assert "while" in jax.jit(draw).lower(batch).as_text()
+
+
 @pytest.mark.parametrize("seed", [0, 1, 42, -1, 2**31 - 1, -(2**31)])
 def test_keys_equal_jax_bit_for_bit(seed):
     assert np.array_equal(_data(keys.key(seed)), _data(jax.random.key(seed)))
