@@ -618,9 +618,8 @@ def _update_program(
         metrics["advantage_mean"] = jnp.mean(targets.advantages)
         metrics["value_target_mean"] = jnp.mean(targets.value_targets)
         metrics["learning_rate"] = learning_rate_at(rate, state.opt_state)
-        metrics["params_finite"] = jnp.all(
-            jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(params)])
-        ).astype(jnp.float32)
+        metrics["params_finite"] = jnp.all(jnp.isfinite(jnp.concatenate(
+            [leaf.ravel() for leaf in jax.tree.leaves(params)]))).astype(jnp.float32)
         return replicate(mesh, LearnerState(params, opt_state, key, proximal)), metrics
 
     return update

@@ -50,6 +50,12 @@ def test_the_update_runs_on_named_numbers_and_compiles_once(monkeypatch):
     assert update._cache_size() == 1  # the second call reused the first's program
     assert int(state.proximal.count) == 1 + 2 * 2 * 2  # two updates of 2 x 2 optimizer steps
     assert float(metrics["learning_rate"]) == pytest.approx(5e-4 * (1 - 4 / 40))
+    assert float(metrics["params_finite"]) == 1.0
+    leaves, structure = jax.tree.flatten(state.params)  # one leaf's NaN is seen
+    leaves[-1] = leaves[-1].at[0].set(jnp.nan)
+    _, metrics = update(state._replace(params=jax.tree.unflatten(structure, leaves)),
+                        _batch(network, params, 2))
+    assert float(metrics["params_finite"]) == 0.0
 
 
 def test_runs_differing_in_budget_or_learning_rate_share_one_update_program_with_the_same_bits():
