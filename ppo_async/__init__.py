@@ -24,9 +24,9 @@ import for one release, with a DeprecationWarning naming the new path
 import sys as _sys
 
 from ppo_async._deprecated import install as _install_old_paths
-from ppo_async.core.keys import unroll_threefry_on_cpu as _unroll_threefry_on_cpu
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.core.advantages import VTraceOutput, gae, vtrace
+from ppo_async.core.keys import unroll_threefry_on_cpu as _unroll_threefry_on_cpu
 from ppo_async.core.losses import ppo_loss
 from ppo_async.envs.host import HostEnvError, register_single_env
 from ppo_async.envs.registry import BackendNotInstalledError, UnknownEnvError, register_host_env
