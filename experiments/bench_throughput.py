@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--total-env-steps", type=int, default=500_000)
-    parser.add_argument("--one", choices=["twin", "async", "async-unpipelined", "async-processes",
-                                          "async-own-device"],
+    parser.add_argument("--one", choices=[m for m in MODES if m != "async-1t"],  # its flag: env
                         default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

@@ -72,9 +72,10 @@ def _standard_normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """Standard normal float32 ``shape``, a deterministic function of ``key``.
 
     Not ``jax.random.normal`` nor XLA's RngBitGenerator: compiling either
-    costs about 0.1 s of CPU per call (the threefry hash, or the Philox
-    expansion), and ``init`` makes one call per layer on the way to a run's
-    first update (``experiments/startup_timeline.py``). The bits come from a
+    cost about 0.1 s of CPU per call when they were timed (the threefry hash
+    as JAX lowers it on CPU, a loop, or the Philox expansion), and ``init``
+    makes one call per layer on the way to a run's first update
+    (``experiments/startup_timeline.py``). The bits come from a
     counter-based integer hash of the key (`_hash_bits`), which XLA compiles
     in a fraction of that. The runtime and the jitted twin trace the same
     function, so they draw the same numbers. Uniform bits become a normal
