@@ -683,6 +683,12 @@ class ProcessTransport:
             if time.monotonic() > deadline:
                 break
             self._read_ready(_WAIT_SLICE_S)
+        # A process that has exited may have left messages unread (each wait reads one per
+        # socket), its last stats among them: read each socket to its end (a second at most
+        # past the deadline, for one that keeps writing).
+        drain_until = max(deadline, time.monotonic() + 1.0)
+        while time.monotonic() <= drain_until and self._read_ready(0.0):
+            pass
         for process in self.processes:
             if process is not None and process.process.poll() is None:
                 logger.warning("actor process %d (actors %s) did not stop by itself; killing it",

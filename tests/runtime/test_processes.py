@@ -21,6 +21,7 @@ import pytest
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, train
 from ppo_async.envs.registry import register_host_env
+from ppo_async.runtime.process_transport import ProcessTransport
 from run_helpers import (
     MisbehavingEnv,
     assert_spinning_actor_was_killed,
@@ -57,8 +58,18 @@ def test_processes_take_a_cpu_actor_device_only():
     assert dataclasses.replace(TINY, actors_per_process=5).actors_per_process_in_force() == 2
 
 
-def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors():
+def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors(monkeypatch):
+    send = ProcessTransport._send
+
+    def send_then_wait_for_the_end(process, message):
+        # Each process has exited before the learner reads its last stats: they must still count.
+        send(process, message)
+        if message == ("stop",):
+            process.process.wait(20)
+
+    monkeypatch.setattr(ProcessTransport, "_send", staticmethod(send_then_wait_for_the_end))
     over_processes = train(TINY, progress=False)
+    monkeypatch.undo()
     pids = [s.pid for s in over_processes.report.actor_stats]
     assert len(set(pids)) == 2 and os.getpid() not in pids  # two processes of their own
     assert _gone(pids) == [], "actor processes outlived the run"
