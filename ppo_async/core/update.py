@@ -284,11 +284,22 @@ def _unscheduled(options: UpdateOptions) -> UpdateOptions:
     return dataclasses.replace(options, num_updates=1, learning_rate=0.0)
 
 
-@functools.lru_cache(maxsize=8)
-def _optimizer_init(options: UpdateOptions) -> Callable[[Any], Any]:
-    # Jitted: run eagerly, the zeros of every distinct leaf shape compile on
-    # their own, a dozen small compiles on the way to a run's first update.
-    return jax.jit(make_optimizer(options).init)
+def initial_optimizer_state(options: UpdateOptions, params: Any) -> Any:
+    """The state of `make_optimizer`'s optimizer before its first step, for ``params``.
+
+    Adam's moments and step count, and the schedule's step counter, all
+    zeros. Outside a trace it is built on the host, numpy zeros in the
+    shapes of optax's ``init`` (traced, never run): compiled, ``init`` cost
+    about 0.1 s of CPU on the way to a run's first update
+    (``experiments/startup_timeline.py``), and run eagerly a small compile
+    per leaf shape. tests/core/test_update.py checks it against optax's own
+    ``init``. Inside a trace (the jitted twin) it is optax's ``init``, part
+    of the caller's program.
+    """
+    init = make_optimizer(_unscheduled(options)).init
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(params)):
+        return init(params)
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(init, params))
 
 
 def init_learner_state(options: UpdateOptions, params: Any, key: jax.Array) -> LearnerState:
@@ -298,7 +309,7 @@ def init_learner_state(options: UpdateOptions, params: Any, key: jax.Array) -> L
         # t = 1: the average of the initial params alone is those params.
         proximal = ProximalAverage(jax.tree.map(jnp.array, network_params(params)),
                                    jnp.ones((), jnp.int32))
-    return LearnerState(params, _optimizer_init(_unscheduled(options))(network_params(params)),
+    return LearnerState(params, initial_optimizer_state(options, network_params(params)),
                         key, proximal)
 
 

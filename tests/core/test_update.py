@@ -42,7 +42,8 @@ def test_the_update_runs_on_named_numbers_and_compiles_once(monkeypatch):
     options = UpdateOptions(num_updates=10, num_epochs=2, num_minibatches=2, use_vtrace=True,
                             gamma=0.9, ppo_ratio_anchor="ewma")
     params = init_params(network, jax.random.key(0), (OBS,))
-    state = init_learner_state(options, params, jax.random.key(1))
+    # On the device, as the learner puts it (host leaves would take a cache entry of their own).
+    state = jax.device_put(init_learner_state(options, params, jax.random.key(1)))
     update = make_update_fn(options, network)
     for seed in range(2):
         state, metrics = update(state, _batch(network, params, seed))
@@ -56,6 +57,25 @@ def test_the_update_runs_on_named_numbers_and_compiles_once(monkeypatch):
     _, metrics = update(state._replace(params=jax.tree.unflatten(structure, leaves)),
                         _batch(network, params, 2))
     assert float(metrics["params_finite"]) == 0.0
+
+
+@pytest.mark.parametrize("anneal_lr", [True, False])
+def test_the_optimizer_state_built_on_the_host_is_optaxs_own_init(anneal_lr):
+    """Zeros in the shapes of ``init`` (nothing compiled) equal optax's ``init`` run,
+    leaf for leaf; inside a trace the state is ``init``'s own."""
+    from ppo_async.core.update import initial_optimizer_state, make_optimizer
+
+    network = make_network((OBS,), types.SimpleNamespace(n=ACTIONS), hidden_sizes=(16,))
+    params = init_params(network, jax.random.key(0), (OBS,))
+    options = UpdateOptions(num_updates=10, num_epochs=2, num_minibatches=2, anneal_lr=anneal_lr)
+    built = initial_optimizer_state(options, params)
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(built))
+    for state in (built, jax.jit(lambda p: initial_optimizer_state(options, p))(params)):
+        expected = make_optimizer(options).init(params)
+        assert jax.tree.structure(state) == jax.tree.structure(expected)
+        for leaf, want in zip(jax.tree.leaves(state), jax.tree.leaves(expected), strict=True):
+            assert (leaf.shape, leaf.dtype) == (want.shape, want.dtype)
+            np.testing.assert_array_equal(leaf, want)
 
 
 def test_runs_differing_in_budget_or_learning_rate_share_one_update_program_with_the_same_bits():
