@@ -183,7 +183,8 @@ def broadcast_costs(ray, config, widths: list[int], repeats: int) -> list[dict]:
         sized = dataclasses.replace(config, hidden_sizes=(width, width))
         program, params, host_batch = common.one_real_batch(sized)
         update = make_update_fn(sized.update_options(), program.network)
-        state = init_learner_state(sized.update_options(), params, jax.random.key(1))
+        state = jax.device_put(init_learner_state(sized.update_options(), params,
+                                                  jax.random.key(1)))
         batch = jax.device_put(host_batch)
         jax.block_until_ready(update(state, batch))
         update_s = _median_time(lambda: jax.block_until_ready(update(state, batch)), 30)

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     cpu = jax.devices("cpu")[0]
     batch = jax.device_put(host_batch)
     update = make_update_fn(config.update_options(), program.network)
-    state = init_learner_state(config.update_options(), params, jax.random.key(1))
+    state = jax.device_put(init_learner_state(config.update_options(), params, jax.random.key(1)))
     jax.block_until_ready(update(state, batch))
     update_s = common.median_time(lambda: jax.block_until_ready(update(state, batch)), 100)
     # When the call hands control back: reading one update's metrics while the

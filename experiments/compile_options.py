@@ -46,7 +46,7 @@ def _update_and_batch():
     config = AsyncActorLearnerConfig(env_id="CartPole-v1")
     program, _, batch = common.one_real_batch(config)
     params = init_params(program.network, jax.random.key(0), program.observation_shape)
-    state = init_learner_state(config.update_options(), params, jax.random.key(0))
+    state = jax.device_put(init_learner_state(config.update_options(), params, jax.random.key(0)))
     update = make_update_fn(config.update_options(), program.network)
     importlib.import_module("ppo_async.train")  # as a run has it
     return update, (state, batch, update.rate)

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     cpu = jax.devices("cpu")[0]
     batch = jax.device_put(host_batch)
     update = make_update_fn(config.update_options(), program.network)
-    state = init_learner_state(config.update_options(), params, jax.random.key(1))
+    state = jax.device_put(init_learner_state(config.update_options(), params, jax.random.key(1)))
     rows["update alone"] = _per_call(lambda: jax.block_until_ready(update(state, batch)),
                                      args.calls)
 

@@ -168,7 +168,7 @@ def measure_cost(network: str, reps: int) -> dict[str, Any]:
     carry = program.reset(jax.random.key(1), cpu)
     rollout_ms = _median_ms(lambda: program.rollout(params, carry)[1], reps)
     update = make_update_fn(config.update_options(), program.network)
-    state = init_learner_state(config.update_options(), params, jax.random.key(2))
+    state = jax.device_put(init_learner_state(config.update_options(), params, jax.random.key(2)))
     batch = jax.device_put(batch, cpu)
     update_ms = _median_ms(lambda: update(state, batch)[1], reps)
     if is_recurrent(program.network):
