@@ -677,18 +677,12 @@ class ProcessTransport:
             if process is not None:
                 process.expected_end = True
                 self._send(process, ("stop",))
-        # Read on while they stop: their last messages (stats, failures) must not fill
-        # a socket nobody reads.
-        while any(p is not None and p.process.poll() is None for p in self.processes):
+        # Read on until each socket closes (`_ended`): a process's last messages (stats,
+        # failures) come before its end, and may still wait there after it has exited.
+        while any(p is not None for p in self.processes):
             if time.monotonic() > deadline:
                 break
             self._read_ready(_WAIT_SLICE_S)
-        # A process that has exited may have left messages unread (each wait reads one per
-        # socket), its last stats among them: read each socket to its end (a second at most
-        # past the deadline, for one that keeps writing).
-        drain_until = max(deadline, time.monotonic() + 1.0)
-        while time.monotonic() <= drain_until and self._read_ready(0.0):
-            pass
         for process in self.processes:
             if process is not None and process.process.poll() is None:
                 logger.warning("actor process %d (actors %s) did not stop by itself; killing it",
