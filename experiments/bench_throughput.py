@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--total-env-steps", type=int, default=500_000)
-    parser.add_argument("--one", choices=[m for m in MODES if m != "async-1t"],  # its flag: env
+    # async-1t's child runs --one async with XLA_FLAGS set (_one_in_a_fresh_process).
+    parser.add_argument("--one", choices=[m for m in MODES if m != "async-1t"],
                         default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

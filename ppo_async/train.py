@@ -33,11 +33,10 @@ from typing import Any, NamedTuple, NoReturn
 
 import flax.serialization
 import jax
-import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.core import keys
-from ppo_async.core.devices import LearnerPlacement, place, resolve_device
+from ppo_async.core.devices import LearnerPlacement, host_zeros, place, resolve_device
 from ppo_async.core.normalization import wrap_params
 from ppo_async.core.update import (
     Batch,
@@ -202,9 +201,7 @@ def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram) -> Ba
     """
     if program.chunk_spec is None:
         return None
-    trajectory, bootstrap_obs, bootstrap_value = jax.tree.map(
-        lambda s: np.zeros(s.shape, s.dtype), program.chunk_spec
-    )
+    trajectory, bootstrap_obs, bootstrap_value = host_zeros(program.chunk_spec)
     chunk = Experience(0, 0, trajectory, bootstrap_obs, bootstrap_value)
     return stack_experiences([chunk] * config.num_actors)
 

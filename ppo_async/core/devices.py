@@ -128,6 +128,13 @@ def _read(leaf: Any) -> Any:
     return leaf if to_array is None else to_array()
 
 
+def host_zeros(shapes: Any) -> Any:
+    """Numpy zeros with the structure, shapes and dtypes of ``shapes`` (a tree of
+    `jax.ShapeDtypeStruct`, as `jax.eval_shape` returns): what a program's arguments
+    look like, built without running or compiling anything."""
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
 @functools.cache
 def _placer(shardings: Any) -> Any:
     return jax.jit(lambda tree: tree, out_shardings=shardings)

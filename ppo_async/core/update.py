@@ -32,7 +32,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from ppo_async.core.advantages import gae, vtrace
-from ppo_async.core.devices import ENV_FIRST_FIELDS, env_axis_spec, replicated
+from ppo_async.core.devices import ENV_FIRST_FIELDS, env_axis_spec, host_zeros, replicated
 from ppo_async.core.losses import ppo_loss
 from ppo_async.core.normalization import (
     NormalizationOptions,
@@ -299,7 +299,7 @@ def initial_optimizer_state(options: UpdateOptions, params: Any) -> Any:
     init = make_optimizer(_unscheduled(options)).init
     if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(params)):
         return init(params)
-    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(init, params))
+    return host_zeros(jax.eval_shape(init, params))
 
 
 def init_learner_state(options: UpdateOptions, params: Any, key: jax.Array) -> LearnerState:

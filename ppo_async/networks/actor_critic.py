@@ -348,10 +348,8 @@ def params_template(network: ActorCritic, observation_shape: Sequence[int]):
     builds.
     """
     dummy = jax.ShapeDtypeStruct((1, *observation_shape), jnp.float32)
-    if is_recurrent(network):
-        shapes = jax.eval_shape(network.init, _shape_key(), network.zero_hidden(1), dummy)
-        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    shapes = jax.eval_shape(network.init, _shape_key(), dummy)
+    inputs = (network.zero_hidden(1), dummy) if is_recurrent(network) else (dummy,)
+    shapes = jax.eval_shape(network.init, _shape_key(), *inputs)
     return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
 
