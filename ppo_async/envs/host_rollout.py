@@ -136,7 +136,8 @@ class HostPolicy:
 
     def act_batched(self, params, per_actor: list[tuple]) -> np.ndarray:
         """``act`` on the ``(hidden, obs, reset, key)`` of every actor, stacked: row ``i`` is actor ``i``'s."""
-        stacked = (None if column[0] is None else np.stack(column) for column in zip(*per_actor))
+        # np.array of a list of equal arrays stacks them, at a third of np.stack's cost.
+        stacked = (None if column[0] is None else np.array(column) for column in zip(*per_actor))
         return np.asarray(self.act(params, *stacked))
 
     def act_alone(self, params, hidden, obs, reset, key) -> np.ndarray:
@@ -363,8 +364,8 @@ class HostRollout:
         self._store(trajectory.reward[t, lo:hi], step[1], "reward")
         terminated = self._store(trajectory.terminated[t, lo:hi], step[2], "terminated")
         truncated = self._store(trajectory.truncated[t, lo:hi], step[3], "truncated")
-        truncated &= ~terminated  # in place: a terminal wins
-        if truncated.any():
+        np.greater(truncated, terminated, out=truncated)  # truncated and not terminated, in place
+        if np.count_nonzero(truncated):
             self._bootstrap_truncated(params, None if hidden is None else hidden[lo:hi],
                                       step[4], truncated, trajectory, bonus, t, lo, hi)
         if reset is not None:
@@ -406,7 +407,8 @@ class HostRollout:
 
         A copy: an env may hand back a buffer it overwrites on its next step.
         """
-        if np.shape(value) != into.shape:  # assigning would broadcast
+        shape = value.shape if type(value) is np.ndarray else np.shape(value)
+        if shape != into.shape:  # assigning would broadcast
             raise HostEnvError(
                 f"{self.env_id}: {field} has shape {np.shape(value)}, expected {into.shape} "
                 "(see ppo_async.envs.host.HostVectorEnv)"

@@ -154,6 +154,19 @@ def _by_params(pending: list[tuple]) -> list[list[tuple]]:
     return [sorted(group, key=lambda r: r[0]) for group in groups.values()]
 
 
+# The most actors in a cohort of a `LockstepSampler`: an env waits, after its step, for
+# the rest of its cohort's envs, their one policy call and the starts of those before it;
+# smaller cohorts shorten that wait, at one more call (of every actor's rows) per cohort.
+COHORT_ACTORS = 8
+
+
+def cohorts_for(num_actors: int) -> int:
+    """How many cohorts a `LockstepSampler` of ``num_actors`` splits its chunks into:
+    two at least (one steps while the other's actions are computed), more from
+    ``2 * COHORT_ACTORS`` actors on, so that none holds more than `COHORT_ACTORS`."""
+    return max(2, -(-num_actors // COHORT_ACTORS))
+
+
 class _Chunk:
     """One actor's chunk in a `LockstepSampler`: its generator and where it stands."""
 
@@ -178,8 +191,8 @@ class LockstepSampler:
     The sampler runs every chunk handed over, one env step at a time: for a
     cohort of chunks it waits for each one's envs, makes ONE call of ``fn``
     for all of them (one per params object, as `InferenceServer`), and
-    starts their envs again. Chunks are split into two cohorts, so that one
-    cohort's envs step while the other's actions are computed (double
+    starts their envs again. Chunks are split into cohorts (`cohorts_for`), so
+    that some cohorts' envs step while another's actions are computed (double
     buffering across actors). An actor arriving mid-chunk joins at the next
     step. The actor threads wake once per chunk, not once per env step.
 
@@ -199,7 +212,7 @@ class LockstepSampler:
         self.env_threads: list[threading.Thread] = []  # its chunks' stepper threads
         self.current: int | None = None  # the row whose chunk the thread is running
         self._arrivals: queue.SimpleQueue[_Chunk] = queue.SimpleQueue()
-        self._cohorts: list[list[_Chunk]] = [[], []]
+        self._cohorts: list[list[_Chunk]] = [[] for _ in range(cohorts_for(num_actors))]
         self._inputs: list[tuple | None] = [None] * num_actors  # each actor's latest
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 

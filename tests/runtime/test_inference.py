@@ -15,11 +15,13 @@ from ppo_async.envs import workers
 from ppo_async.envs.host_rollout import HostRollout, episode_statistics
 from ppo_async.envs.registry import register_host_env
 from ppo_async.runtime.inference import (
+    COHORT_ACTORS,
     LockstepSampler,
     InferenceError,
     InferenceServer,
     RolloutStopped,
     SharedParams,
+    cohorts_for,
 )
 
 
@@ -510,6 +512,28 @@ def test_a_shared_sampler_fails_only_the_chunk_whose_env_raised_and_ends_on_a_st
     for s in (sampler, failing):
         s.thread.join(5)
         assert not s.thread.is_alive()
+
+
+def test_a_shared_sampler_of_many_actors_keeps_its_cohorts_small():
+    """From 16 actors on the sampler splits them into more than two cohorts, none of
+    more than `COHORT_ACTORS`; each actor still gets its own rows from calls that hold
+    every actor's."""
+    assert [cohorts_for(n) for n in (1, 2, 16, 17, 32, 64)] == [2, 2, 2, 3, 4, 8]
+    stop, calls = threading.Event(), []
+
+    def fn(params, inputs):
+        calls.append(len(inputs))
+        return [f"row {i} step {t}" for i, t in inputs]
+
+    sampler, sizes = LockstepSampler(fn, 17, stop.is_set), []
+    advance = sampler._advance
+    sampler._advance = lambda cohort: (sizes.append(len(cohort)), advance(cohort))
+    outcomes = _drive_all(sampler.start(), {i: _steps(i, 3) for i in range(17)})
+    stop.set()
+    sampler.thread.join(5)
+    assert len(sampler._cohorts) == 3 and 0 < max(sizes) <= COHORT_ACTORS
+    assert outcomes == {i: [f"row {i} step {t}" for t in range(3)] for i in range(17)}
+    assert set(calls) == {17}
 
 
 class _HangingCartPoles:
