@@ -154,17 +154,20 @@ def _by_params(pending: list[tuple]) -> list[list[tuple]]:
     return [sorted(group, key=lambda r: r[0]) for group in groups.values()]
 
 
-# The most actors in a cohort of a `LockstepSampler`: an env waits, after its step, for
-# the rest of its cohort's envs, their one policy call and the starts of those before it;
-# smaller cohorts shorten that wait, at one more call (of every actor's rows) per cohort.
-COHORT_ACTORS = 8
+# A `LockstepSampler`'s cohorts: an env waits, after its step, for the rest of its
+# cohort's envs, their one policy call and the starts of those before it, so smaller
+# cohorts shorten that wait; but every call holds all the actors' rows, so each cohort
+# more costs one more call of every row (docs/benchmarks.md, "A shared sampler").
+COHORT_ACTORS = 8  # actors a cohort holds at most, up to MAX_COHORTS cohorts
+MAX_COHORTS = 4
 
 
 def cohorts_for(num_actors: int) -> int:
     """How many cohorts a `LockstepSampler` of ``num_actors`` splits its chunks into:
     two at least (one steps while the other's actions are computed), more from
-    ``2 * COHORT_ACTORS`` actors on, so that none holds more than `COHORT_ACTORS`."""
-    return max(2, -(-num_actors // COHORT_ACTORS))
+    ``2 * COHORT_ACTORS`` actors on, so that none holds more than `COHORT_ACTORS`,
+    up to `MAX_COHORTS`."""
+    return min(MAX_COHORTS, max(2, -(-num_actors // COHORT_ACTORS)))
 
 
 class _Chunk:
