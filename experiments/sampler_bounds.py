@@ -9,7 +9,8 @@ kernels single-threaded, no asynchronous dispatch), with no learner:
 
 - ``sampler``: `LockstepSampler` as an actor process runs it: 32 actor
   threads, each handing its chunks (`HostRollout.chunk_steps`) to the sampler
-  thread, which steps them in two cohorts with one policy call per cohort.
+  thread, which steps them in cohorts (`cohorts_for`: four for 32 actors) with one
+  policy call per cohort.
 - ``arrays K``: a model of a sampler without per-actor Python beyond the
   env's own calls: one thread steps the 32 envs in ``K`` cohorts, keeps the
   chunks' fields as ``[T, actors, E]`` arrays (one store per field and
@@ -114,7 +115,8 @@ def run_sampler(args) -> dict:
     stopped.set()
     for thread in [*threads, sampler.thread]:
         thread.join(timeout=5)
-    return {"part": "sampler", "cohorts": 2, "env_steps_per_s": rate, "cpu_us_per_step": cpu_us}
+    return {"part": "sampler", "cohorts": len(sampler._cohorts), "env_steps_per_s": rate,
+            "cpu_us_per_step": cpu_us}
 
 
 def run_arrays(args, cohorts: int) -> dict:

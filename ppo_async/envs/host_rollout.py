@@ -471,8 +471,12 @@ def episode_statistics(reward: np.ndarray, done: np.ndarray, return_before: np.n
     difference of cumulative sums) and rounded to float32.
     """
     steps = reward.shape[0]
-    t = np.arange(steps)[:, None]
     total = np.cumsum(reward, axis=0, dtype=np.float64)
+    if not done.any():  # no episode ended (most chunks): the same numbers, in fewer numpy calls
+        return (np.zeros(reward.shape, np.float32), np.zeros(reward.shape, np.int32),
+                (total[-1] + return_before.astype(np.float64)).astype(np.float32),
+                (steps + length_before).astype(np.int32))
+    t = np.arange(steps)[:, None]
     # The last step before t that ended an episode (-1: none in this chunk).
     last_end = np.maximum.accumulate(np.where(done, t, -1), axis=0)
     previous_end = np.concatenate([np.full_like(last_end[:1], -1), last_end[:-1]])
