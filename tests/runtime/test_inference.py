@@ -16,7 +16,6 @@ from ppo_async.envs.host_rollout import HostRollout, episode_statistics
 from ppo_async.envs.registry import register_host_env
 from ppo_async.runtime.inference import (
     COHORT_ACTORS,
-    MAX_COHORTS,
     LockstepSampler,
     InferenceError,
     InferenceServer,
@@ -527,7 +526,7 @@ def test_a_shared_sampler_of_many_actors_keeps_its_cohorts_small():
     """From 16 actors on the sampler splits them into more than two cohorts, none of
     more than `COHORT_ACTORS` (up to `MAX_COHORTS` cohorts); each actor still gets its
     own rows from calls that hold every actor's."""
-    assert [cohorts_for(n) for n in (1, 2, 16, 17, 32, 64)] == [2, 2, 2, 3, 4, MAX_COHORTS]
+    assert [cohorts_for(n) for n in (1, 2, 16, 17, 32, 64)] == [2, 2, 2, 3, 4, 4]
     stop, calls = threading.Event(), []
 
     def fn(params, inputs):
