@@ -89,7 +89,7 @@ def run_sampler(args) -> dict:
     import jax
 
     from ppo_async.envs.program import AttachedCarry
-    from ppo_async.runtime.inference import LockstepSampler, RolloutStopped
+    from ppo_async.runtime.inference import LockstepSampler, RolloutStopped, cohorts_for
 
     rollout, params, _ = _setup(args)
     program = rollout.program()
@@ -115,7 +115,7 @@ def run_sampler(args) -> dict:
     stopped.set()
     for thread in [*threads, sampler.thread]:
         thread.join(timeout=5)
-    return {"part": "sampler", "cohorts": len(sampler._cohorts), "env_steps_per_s": rate,
+    return {"part": "sampler", "cohorts": cohorts_for(args.actors), "env_steps_per_s": rate,
             "cpu_us_per_step": cpu_us}
 
 

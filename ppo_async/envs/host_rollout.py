@@ -410,7 +410,7 @@ class HostRollout:
         shape = value.shape if type(value) is np.ndarray else np.shape(value)
         if shape != into.shape:  # assigning would broadcast
             raise HostEnvError(
-                f"{self.env_id}: {field} has shape {np.shape(value)}, expected {into.shape} "
+                f"{self.env_id}: {field} has shape {shape}, expected {into.shape} "
                 "(see ppo_async.envs.host.HostVectorEnv)"
             )
         into[...] = value
