@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -56,6 +57,7 @@ from ppo_async.envs.program import (
     ActorProgram,
     BatchedInference,
     ChunkClient,
+    ChunkEnd,
     reattached,
     unattached,
 )
@@ -273,7 +275,7 @@ class HostRollout:
     def close(self, carry: HostCarry) -> None:
         close_envs(unattached(carry)[0].envs)
 
-    def rollout(self, params, carry: HostCarry):
+    def rollout(self, params, carry: HostCarry, next_params: Callable[[], Any] | None = None):
         """``num_steps`` env steps: ``(carry, trajectory [T, E, ...], bootstrap_obs [E, ...], bootstrap_value [E])``.
 
         Each step's `HostPolicy.act` row comes from the client of an `AttachedCarry`
@@ -291,13 +293,17 @@ class HostRollout:
 
         The steps are a generator (`chunk_steps`); a `ChunkClient` (a lock-step
         sampler shared by the actors of a process) drives it among other
-        actors' chunks, else this thread drives it alone.
+        actors' chunks, else this thread drives it alone. With a sampler,
+        ``next_params()`` (None: not at hand) gives the params of this actor's
+        next chunk, asked by the sampler as this one ends: with them it begins
+        the next chunk there (`ChunkEnd.follow`) before this thread has
+        finished and sent this one, and the next call's chunk is that one.
         """
         carry, client = unattached(carry)
         if isinstance(client, ChunkClient):
             # The sampler's thread must never block on one env: each steps in a thread.
             client.adopt(carry.envs.step_in_threads(client.stopped))
-            carry, *chunk = client.drive(params, self.chunk_steps(params, carry))()
+            end = client.drive(params, self.chunk_steps(params, carry), next_params, carry.envs)
         else:
             act = client or self.policy.act_alone
             steps = self.chunk_steps(params, carry)
@@ -306,27 +312,33 @@ class HostRollout:
                 while True:
                     request = steps.send(None if request is None else act(params, *request))
             except StopIteration as finished:
-                carry, *chunk = finished.value()
+                end = finished.value
+        carry, *chunk = end.finish(carry)
         return reattached(carry, client), *chunk
 
     def chunk_steps(self, params, carry: HostCarry):
         """`rollout`'s steps as a generator: it yields ``(hidden, obs, reset, key)`` for each
         policy call and takes back that call's `HostPolicy.act` row, and yields None once a
         group's envs were started (its driver may let other actors' envs start before this
-        one waits for them). It returns a function of no arguments that finishes the chunk
+        one waits for them). It returns a `ChunkEnd`: ``finish(carry)`` finishes the chunk
         (`_finish_chunk`: its once-per-chunk work, the bootstrap value's policy call
         among it) and returns ``(carry, trajectory, bootstrap_obs, bootstrap_value)``:
         called by the actor's own thread, it keeps a shared sampler's thread free to step
         the other actors."""
-        envs, obs, _, episode_length, key_data = carry[:5]
+        return self._steps(params, carry.envs, carry.obs, carry.episode_length == 0, carry.key,
+                           carry.hidden)
+
+    def _steps(self, params, envs: HostVectorEnv, obs: np.ndarray, first_reset: np.ndarray,
+               key_data: np.ndarray, hidden: np.ndarray | None):
+        """`chunk_steps` from where a chunk starts: ``first_reset`` marks the envs whose
+        observation begins an episode (their recurrent state is zeroed)."""
         key_data = np.array(key_data)
         steps = self.config.num_steps
         trajectory = self._empty_trajectory()  # fresh every chunk: the learner keeps the last
         packed_outputs = np.empty((steps, self.num_envs, self.policy.columns), np.float32)
         bonus = np.zeros((steps, self.num_envs), np.float32)  # gamma V(final_obs) at time limits
         next_obs = np.empty(self.obs_batch_shape, np.float32)
-        first_reset = episode_length == 0  # an episode's first observation: the state is zeroed
-        hidden = np.array(carry.hidden) if self.recurrent else None
+        hidden = np.array(hidden) if self.recurrent else None
         reset = first_reset.copy() if self.recurrent else None
         trajectory.obs[0] = obs
         for t in range(steps + 1):
@@ -347,8 +359,12 @@ class HostRollout:
                     np.clip(action, self.low, self.high, out=action)
                 envs.step_async(action, g)
                 yield None
-        return functools.partial(self._finish_chunk, params, carry, trajectory, packed_outputs,
-                                 bonus, first_reset, next_obs, key_data, hidden)
+        last_done = trajectory.terminated[-1] | trajectory.truncated[-1]
+        return ChunkEnd(
+            functools.partial(self._finish_chunk, params, trajectory, packed_outputs, bonus,
+                              first_reset, next_obs, key_data, hidden),
+            lambda next_params: self._steps(next_params, envs, next_obs, last_done, key_data,
+                                            hidden))
 
     def _store_step(self, params, step: Any, t: int, lo: int, hi: int, trajectory: Trajectory,
                     next_obs: np.ndarray, hidden: np.ndarray | None, reset: np.ndarray | None,
@@ -371,10 +387,11 @@ class HostRollout:
         if reset is not None:
             reset[lo:hi] = terminated | truncated
 
-    def _finish_chunk(self, params, carry: HostCarry, trajectory: Trajectory,
-                      packed_outputs: np.ndarray, bonus: np.ndarray, first_reset: np.ndarray,
-                      obs: np.ndarray, key_data: np.ndarray, hidden: np.ndarray | None):
-        """The chunk's `Trajectory` fields from what its steps stored, and the next carry."""
+    def _finish_chunk(self, params, trajectory: Trajectory, packed_outputs: np.ndarray,
+                      bonus: np.ndarray, first_reset: np.ndarray, obs: np.ndarray,
+                      key_data: np.ndarray, hidden: np.ndarray | None, carry: HostCarry):
+        """The chunk's `Trajectory` fields from what its steps stored, and the next carry
+        (``carry``: the one the chunk started from, whose episode counters go on)."""
         acted = self.policy.unpack(packed_outputs)
         trajectory.action[:] = acted.action
         trajectory.behaviour_logp[:] = acted.logp

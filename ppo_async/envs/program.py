@@ -85,18 +85,35 @@ class AttachedCarry(NamedTuple):
 class ChunkClient(NamedTuple):
     """An actor's client of a lock-step sampler (`ppo_async.runtime.inference.LockstepSampler`).
 
-    ``drive(params, steps)`` runs a chunk's generator of policy calls (a
-    rollout's steps, `ppo_async.envs.host_rollout.HostRollout.chunk_steps`)
-    beside the chunks of the other actors it serves, one policy call per env
-    step for all of them, and returns what the generator returns.
-    ``stopped()`` says the run is stopping; ``adopt(threads)`` hands the
-    sampler the threads started for the chunk's envs (stepper threads), so
-    that it can name one still stuck in its env when the run ends.
+    ``drive(params, steps, next_params, lineage)`` runs a chunk's generator of
+    policy calls (a rollout's steps,
+    `ppo_async.envs.host_rollout.HostRollout.chunk_steps`) beside the chunks of
+    the other actors it serves, one policy call per env step for all of them,
+    and returns what the generator returns. ``next_params()`` (or None), asked
+    by the sampler as the chunk ends, gives the params of the actor's next
+    chunk if they are at hand (else None): where the generator returns a
+    `ChunkEnd`, the sampler then begins that chunk itself at once, and the
+    next ``drive`` with those params and the same ``lineage`` (the actor's
+    envs) takes it over instead of ``steps``. ``stopped()`` says the run is stopping;
+    ``adopt(threads)`` hands the sampler the threads started for the chunk's
+    envs (stepper threads), so that it can name one still stuck in its env
+    when the run ends.
     """
 
-    drive: Callable[[Any, Any], Any]
+    drive: Callable[[Any, Any, Callable[[], Any] | None, Any], Any]
     stopped: Callable[[], bool]
     adopt: Callable[[list[threading.Thread]], None]
+
+
+class ChunkEnd(NamedTuple):
+    """What a host chunk's generator returns (`ppo_async.envs.host_rollout.HostRollout.chunk_steps`)."""
+
+    # finish(carry the chunk started from) -> (carry, trajectory, bootstrap_obs,
+    # bootstrap_value): the once-per-chunk work, in the actor's own thread
+    finish: Callable[[Any], tuple]
+    # follow(params) -> the generator of the actor's next chunk, from where this one
+    # ended: a sampler may begin it before ``finish`` has run
+    follow: Callable[[Any], Any]
 
 
 def unattached(carry: Any) -> tuple[Any, Callable[..., Any] | None]:
@@ -126,7 +143,9 @@ class ActorProgram(NamedTuple):
     # reset(key, device) -> carry: fresh episodes in every env of one actor
     reset: Callable[[jax.Array, jax.Device], Carry]
     # rollout(params, carry) -> (carry, trajectory [T, E, ...], bootstrap_obs [E, ...],
-    #                            bootstrap_value [E]); arrays may live on the device
+    #                            bootstrap_value [E]); arrays may live on the device. A
+    # lock-step program's (`BatchedInference.lockstep`) also takes next_params (a
+    # `ChunkClient`'s): rollout(params, carry, next_params)
     rollout: Callable[[Any, Carry], tuple[Carry, Trajectory, Any, Any]]
     # (trajectory, bootstrap_obs, bootstrap_value) of one chunk as jax.ShapeDtypeStructs,
     # where the rollout can be traced (gymnax); None where it steps host envs

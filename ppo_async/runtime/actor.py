@@ -20,6 +20,7 @@ of an actor thread (queues in the learner's process, `spawn_actor`);
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import queue
 import threading
@@ -34,7 +35,7 @@ import numpy as np
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core import keys
 from ppo_async.core.devices import to_host
-from ppo_async.envs.program import ActorProgram, AttachedCarry, Carry, unattached
+from ppo_async.envs.program import ActorProgram, AttachedCarry, Carry, ChunkClient, unattached
 from ppo_async.runtime.inference import RolloutStopped
 from ppo_async.runtime.messages import (
     ActorFailure,
@@ -214,9 +215,13 @@ def run_actor(
             def load_params(broadcast: PolicyBroadcast) -> Any:
                 return load_policy_from_broadcast(broadcast, program.params_template, device)
 
-        def rollout(params: Any, carries: list[Carry]) -> list[tuple]:
-            return [program.rollout(params, carries[0])]
-        _collect([actor_id], config, rollout, channels, load_params, [stats], start, carries)
+        def rollout(params: Any, carries: list[Carry], *next_params) -> list[tuple]:
+            return [program.rollout(params, carries[0], *next_params)]
+        # A lock-step sampler may begin the next chunk itself (`ChunkClient`): with an
+        # exact lag, the params it needs are known before this one ends.
+        follows = isinstance(policy, ChunkClient) and config.exact_lag is not None
+        _collect([actor_id], config, rollout, channels, load_params, [stats], start, carries,
+                 follows)
     finally:
         # Host envs hold simulators (processes, files, windows): released on every
         # way out, a restart included. The carry object owns them whatever it became.
@@ -383,15 +388,28 @@ class _ExactParams(_Chooser):
         self.first_version = first_version
         self.waiting: dict[int, Any] = {}  # version -> a broadcast not yet needed (unloaded)
         self.params, self.version = None, -1
+        self.failed: BaseException | None = None  # loading ahead raised: the next call raises it
 
-    def params_for(self, produced: int) -> Any | None:
-        """The params of the version the next chunk needs; None while it has not arrived."""
+    def params_for(self, produced: int, ahead: bool = False) -> Any | None:
+        """The params of the version the chunk after ``produced`` steps needs; None while it
+        has not arrived.
+
+        ``ahead``: asked from a sampler's thread as the chunk before it ends
+        (`ppo_async.runtime.inference.LockstepSampler`), while the actors'
+        thread waits for that chunk: it does not wait for a broadcast, and an
+        error loading one is raised by the next call, in the actors' thread.
+        """
+        if self.failed is not None:
+            error, self.failed = self.failed, None
+            raise error
         chunk = produced // self.num_steps
         target = max(exact_version(chunk, self.lag, self.broadcast_every), self.first_version)
         if self.version == target:
             return self.params
         self._receive(self.channels.take_all())
         if target not in self.waiting:
+            if ahead:
+                return None
             pause_start = time.perf_counter()
             arrived = self.channels.wait_broadcast(_POLL_S)
             self._count(paused_s=time.perf_counter() - pause_start)
@@ -400,7 +418,13 @@ class _ExactParams(_Chooser):
                 return None
         item = self.waiting.pop(target)
         self.waiting = {v: b for v, b in self.waiting.items() if v > target}
-        self.params, self.version = self.load(self.channels.load(item)), target
+        try:
+            self.params, self.version = self.load(self.channels.load(item)), target
+        except BaseException as error:
+            if not ahead:
+                raise
+            self.failed = error
+            return None
         return self.params
 
     def _receive(self, items: list[Any]) -> None:
@@ -411,12 +435,15 @@ class _ExactParams(_Chooser):
 def _collect(actor_ids: list[int], config: AsyncActorLearnerConfig,
              rollout: Callable[[Any, list[Carry]], list[tuple]], channels: ActorEndpoint,
              load: Callable[[PolicyBroadcast], Any], stats: list[ActorStats],
-             start: ActorStart, carries: list[Carry]) -> None:
+             start: ActorStart, carries: list[Carry], follows: bool = False) -> None:
     """The loop of `run_actor` (one actor) and `ActorGroup`, until the stop signal.
 
     ``rollout(params, carries)`` collects one chunk of every actor of
     ``actor_ids``; ``carries`` is updated in place after each chunk, so the
-    caller can release what the last ones hold.
+    caller can release what the last ones hold. ``follows`` (exact lag only):
+    ``rollout(params, carries, next_params)``, where ``next_params()`` gives
+    the next chunk's params if they have arrived (else None), without waiting;
+    it is called from a sampler's thread while this one waits for the chunk.
     """
     if config.exact_lag is None:
         chooser = _NewestParams(config, channels, load, stats)
@@ -428,9 +455,14 @@ def _collect(actor_ids: list[int], config: AsyncActorLearnerConfig,
         params = chooser.params_for(produced)
         if params is None:
             continue
+        version = chooser.version  # next_params may move the chooser on to the next chunk's
         chunk_start, chunk_cpu_start = time.perf_counter(), time.thread_time()
         try:
-            chunks = rollout(params, carries)
+            if follows:
+                chunks = rollout(params, carries, functools.partial(
+                    chooser.params_for, produced + config.num_steps, ahead=True))
+            else:
+                chunks = rollout(params, carries)
         except RolloutStopped:
             return  # stopped while waiting for a batched policy call: the chunk is not needed
         # to_host blocks until the rollout is done and reads it as numpy, so the
@@ -439,7 +471,7 @@ def _collect(actor_ids: list[int], config: AsyncActorLearnerConfig,
         for index, (actor_id, (carry, *_), (trajectory, bootstrap_obs, bootstrap_value)) in (
                 enumerate(zip(actor_ids, chunks, sent))):
             carries[index] = carry
-            channels.send(Experience(actor_id, chooser.version, trajectory, bootstrap_obs,
+            channels.send(Experience(actor_id, version, trajectory, bootstrap_obs,
                                      bootstrap_value, unattached(carry)[0]))
             actor = stats[index]
             actor.env_steps += trajectory.reward.size

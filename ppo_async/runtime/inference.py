@@ -27,6 +27,7 @@ so those of one version hold the same params object (and share a call).
 from __future__ import annotations
 
 import collections
+import functools
 import queue
 import threading
 import time
@@ -173,15 +174,19 @@ def cohorts_for(num_actors: int) -> int:
 class _Chunk:
     """One actor's chunk in a `LockstepSampler`: its generator and where it stands."""
 
-    __slots__ = ("index", "params", "steps", "request", "result", "error", "done")
+    __slots__ = ("index", "params", "steps", "lineage", "request", "result", "error", "done",
+                 "next_params", "abandoned")
 
-    def __init__(self, index: int, params: Any, steps: Generator):
-        self.index, self.params, self.steps = index, params, steps
+    def __init__(self, index: int, params: Any, steps: Generator, lineage: Any = None):
+        self.index, self.params, self.steps, self.lineage = index, params, steps, lineage
         self.request: tuple | None = None  # its next policy call's inputs; None: envs stepping
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Lock()  # released once result or error is set
         self.done.acquire()
+        # () -> the params of the actor's next chunk, or None: asked as this one ends
+        self.next_params: Callable[[], Any] | None = None
+        self.abandoned = False  # begun for an actor that did not take it over: dropped
 
 
 class LockstepSampler:
@@ -199,6 +204,13 @@ class LockstepSampler:
     buffering across actors). An actor arriving mid-chunk joins at the next
     step. The actor threads wake once per chunk, not once per env step.
 
+    Where the params of an actor's next chunk are at hand as its chunk ends
+    (``next_params`` of `drive`) and the generator returns a `ChunkEnd`,
+    the sampler begins that next chunk (``follow``) in the same step, in the
+    same cohort: the envs go on at once, while the actor's thread finishes and
+    sends the chunk that ended (a follower). Its calls and rows are those the
+    actor's thread would have started, so the run's bits do not change.
+
     Rows: as `InferenceServer`, each call has all ``num_actors`` rows (an actor
     not in it gives the inputs it last sent), so an actor's actions do not
     depend on which actors shared its call, and equal those of a run with
@@ -212,11 +224,13 @@ class LockstepSampler:
         self.first_actor = first_actor  # the actor id of row 0 (in errors)
         self.calls = 0  # batched calls made
         self.requests = 0  # chunk steps served
+        self.followed = 0  # chunks begun by the sampler where the actor's last one ended
         self.env_threads: list[threading.Thread] = []  # its chunks' stepper threads
         self.current: int | None = None  # the row whose chunk the thread is running
         self._arrivals: queue.SimpleQueue[_Chunk] = queue.SimpleQueue()
         self._cohorts: list[list[_Chunk]] = [[] for _ in range(cohorts_for(num_actors))]
         self._inputs: list[tuple | None] = [None] * num_actors  # each actor's latest
+        self._followers: dict[int, _Chunk] = {}  # row -> its actor's next chunk, begun
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> LockstepSampler:
@@ -225,8 +239,8 @@ class LockstepSampler:
 
     def client(self, index: int) -> ChunkClient:
         """Actor ``index``'s (its row in every call) `ChunkClient`."""
-        return ChunkClient(lambda params, steps: self.drive(index, params, steps),
-                           self.stopped, self.env_threads.extend)
+        return ChunkClient(functools.partial(self.drive, index), self.stopped,
+                           self.env_threads.extend)
 
     def doing(self) -> str:
         """What the sampler's thread is in: an actor's chunk (its envs), or its own loop."""
@@ -234,14 +248,30 @@ class LockstepSampler:
             return "in its own loop"
         return f"in actor {self.first_actor + self.current}'s chunk"
 
-    def drive(self, index: int, params: Any, steps: Generator) -> Any:
+    def drive(self, index: int, params: Any, steps: Generator,
+              next_params: Callable[[], Any] | None = None, lineage: Any = None) -> Any:
         """What the generator ``steps`` returns, run among the other actors' chunks; blocks.
+
+        If the sampler has begun this actor's chunk with ``params`` where its
+        last one ended (a follower of the same ``lineage``), that chunk is the
+        one run, and ``steps`` is left unused. ``next_params()`` gives the
+        params of the chunk after this one if they are at hand (else None);
+        the sampler's thread asks it once, as the chunk ends, while this thread
+        waits, and begins that chunk if it got them.
 
         Raises what the chunk raised, `RolloutStopped` once the run stops, and
         `InferenceError` if a policy call raised.
         """
-        chunk = _Chunk(index, params, steps)
-        self._arrivals.put(chunk)
+        chunk = self._followers.pop(index, None)
+        if chunk is not None and (chunk.params is not params or chunk.lineage is not lineage):
+            chunk.abandoned = True  # not this actor's next chunk (it restarted): dropped
+            chunk = None
+        if chunk is None:
+            chunk = _Chunk(index, params, steps, lineage)
+            chunk.next_params = next_params
+            self._arrivals.put(chunk)
+        else:
+            chunk.next_params = next_params
         while not chunk.done.acquire(timeout=_POLL_S):
             if self.stopped():
                 raise RolloutStopped
@@ -266,37 +296,69 @@ class LockstepSampler:
         try:
             chunk = self._arrivals.get(timeout=_POLL_S) if wait else self._arrivals.get_nowait()
             while True:
-                if self._resume(chunk, None):  # runs it to its first policy call
-                    min(self._cohorts, key=len).append(chunk)
+                going_on = self._resume(chunk, None)  # runs it to its first policy call
+                if going_on is not None:
+                    min(self._cohorts, key=len).append(going_on)
                 chunk = self._arrivals.get_nowait()
         except queue.Empty:
             return
 
-    def _resume(self, chunk: _Chunk, value: Any) -> bool:
-        """Send ``value`` into the chunk's generator; False once it returned or raised."""
+    def _resume(self, chunk: _Chunk, value: Any) -> _Chunk | None:
+        """Send ``value`` into the chunk's generator; the chunk that goes on in its place:
+        itself, its follower once it returned (`_follow`), or None."""
         self.current = chunk.index
+        going_on = None
         try:
             chunk.request = chunk.steps.send(value)
-            return True
+            return chunk
         except StopIteration as finished:
             chunk.result = finished.value
+            going_on = self._follow(chunk)
         except BaseException as error:  # noqa: BLE001 - raised in the actor's thread
             chunk.error = error
         finally:
             self.current = None
         chunk.done.release()
-        return False
+        return going_on
+
+    def _follow(self, chunk: _Chunk) -> _Chunk | None:
+        """The actor's next chunk, begun where ``chunk`` ended and run to its first policy
+        call, if its params are at hand; left for its next `drive` to take over."""
+        follow = getattr(chunk.result, "follow", None)
+        if chunk.next_params is None or follow is None:
+            return None
+        try:
+            params = chunk.next_params()  # its actor's thread waits for this chunk meanwhile
+        except BaseException as error:  # noqa: BLE001 - raised in the actor's thread
+            chunk.error = error
+            return None
+        if params is None:
+            return None
+        follower = _Chunk(chunk.index, params, follow(params), chunk.lineage)
+        self._followers[chunk.index] = follower  # before the actor's thread wakes
+        self.followed += 1
+        return self._resume(follower, None)
 
     def _advance(self, cohort: list[_Chunk]) -> None:
         """One step of every chunk of ``cohort``: its envs waited for, one call, started again."""
-        cohort[:] = [c for c in cohort if c.request is not None or self._resume(c, None)]
+        going_on = []
+        for chunk in cohort:
+            if chunk.abandoned:
+                chunk.steps.close()
+            elif chunk.request is not None:
+                going_on.append(chunk)
+            else:
+                chunk = self._resume(chunk, None)
+                if chunk is not None:
+                    going_on.append(chunk)
+        cohort[:] = going_on
         if not cohort:
             return
         for chunk in cohort:
             self._inputs[chunk.index] = chunk.request
         sent = next(x for x in self._inputs if x is not None)
         inputs = [sent if x is None else x for x in self._inputs]
-        finished = []
+        replaced: dict[int, _Chunk | None] = {}  # id of a chunk -> what goes on in its place
         for group in _by_params([(c.index, c.params, c) for c in cohort]):
             try:
                 out = self.fn(group[0][1], inputs)
@@ -306,15 +368,16 @@ class LockstepSampler:
                         f"the batched policy call of actor row {chunk.index} failed")
                     chunk.error.__cause__ = error
                     chunk.done.release()
-                    finished.append(chunk)
+                    replaced[id(chunk)] = None
                 continue
             self.calls += 1
             self.requests += len(group)
             for index, _, chunk in group:
-                if not self._resume(chunk, out[index]):
-                    finished.append(chunk)
-        if finished:
-            cohort[:] = [c for c in cohort if c not in finished]
+                going_on = self._resume(chunk, out[index])
+                if going_on is not chunk:
+                    replaced[id(chunk)] = going_on
+        if replaced:
+            cohort[:] = [c for c in (replaced.get(id(c), c) for c in cohort) if c is not None]
 
 
 class SharedParams:

@@ -78,6 +78,33 @@ def test_a_newer_broadcast_that_arrived_early_is_not_used():
     assert chooser.params_for(5 * EXACT.num_steps) is None
 
 
+def test_params_asked_ahead_never_wait_and_leave_a_failed_load_to_the_actors_thread():
+    """A sampler asks for the next chunk's params as a chunk ends (``ahead``): it gets
+    them if they have arrived, else None at once; a broadcast that fails to load is
+    raised by the actor's own next call, not in the sampler's thread."""
+    broadcasts = queue.Queue()
+    broadcasts.put(PolicyBroadcast(0, b""))
+    endpoint = QueueEndpoint(queue.Queue(), broadcasts, threading.Event())
+
+    def load(broadcast):
+        if broadcast.version == 2:
+            raise ValueError("a broken broadcast")
+        return broadcast.version
+
+    chooser = _ExactParams(EXACT, endpoint, load=load, stats=[ActorStats(0)], first_version=0)
+    assert chooser.params_for(0) == 0
+    started = time.perf_counter()
+    assert chooser.params_for(2 * EXACT.num_steps, ahead=True) is None  # version 1: not yet
+    assert time.perf_counter() - started < 0.02  # not the actor thread's wait of 50 ms
+    broadcasts.put(PolicyBroadcast(1, b""))
+    assert chooser.params_for(2 * EXACT.num_steps, ahead=True) == 1
+    assert chooser.params_for(2 * EXACT.num_steps) == 1  # the same, at once
+    broadcasts.put(PolicyBroadcast(2, b""))
+    assert chooser.params_for(3 * EXACT.num_steps, ahead=True) is None
+    with pytest.raises(ValueError, match="a broken broadcast"):
+        chooser.params_for(3 * EXACT.num_steps)
+
+
 @pytest.mark.parametrize("fields", [
     dict(exact_policy_lag=1, num_actors=2),
     dict(exact_policy_lag=3, num_actors=4, envs_per_actor=1),

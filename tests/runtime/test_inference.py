@@ -1,7 +1,9 @@
 """Batched inference (`ppo_async.runtime.inference`) and the host rollout's per-chunk bookkeeping."""
 
 import dataclasses
+import inspect
 import threading
+import time
 import traceback
 
 import flax.serialization
@@ -11,8 +13,10 @@ import numpy as np
 import pytest
 
 from ppo_async import ActorError, AsyncActorLearnerConfig, PolicyBroadcast, train
+from ppo_async.core import keys
 from ppo_async.envs import workers
 from ppo_async.envs.host_rollout import HostRollout, episode_statistics
+from ppo_async.envs.program import ChunkEnd
 from ppo_async.envs.registry import register_host_env
 from ppo_async.runtime.inference import (
     COHORT_ACTORS,
@@ -417,7 +421,8 @@ class AsyncCartPoles:
 
 def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch):
     """sampler='shared' (one thread drives every actor's chunk, envs in stepper threads) is
-    the same run, bit for bit, as thread actors sharing each env step's call; both groups
+    the same run, bit for bit, as thread actors sharing each env step's call, though it
+    began some chunks itself where the last ones ended; both groups
     of each actor step in their own thread, and the sampler made fewer calls than steps.
     An env with its own step_async / step_wait gives the same run again, started and
     waited for by the sampler's thread itself: no stepper thread."""
@@ -447,6 +452,7 @@ def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch)
     assert shared.report.policy_lag_counts == batched.report.policy_lag_counts
     (sampler,) = samplers
     assert sampler.requests >= 3 * 4 * 8 * 2 and sampler.calls < sampler.requests
+    assert sampler.followed > 0  # chunks begun by the sampler where the last ones ended
     assert len(steppers) == 3 * 2
     assert not any(t.name.startswith("ppo-env-stepper") for t in threading.enumerate())
 
@@ -542,6 +548,113 @@ def test_a_shared_sampler_of_many_actors_keeps_its_cohorts_small():
     assert len(sampler._cohorts) == 3 and 0 < max(sizes) <= COHORT_ACTORS
     assert outcomes == {i: [f"row {i} step {t}" for t in range(3)] for i in range(17)}
     assert set(calls) == {17}
+
+
+class Lengths:
+    """Host envs whose episodes end every ``i + 2`` steps (env ``i``)."""
+
+    observation_shape = (3,)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, num_envs):
+        self.num_envs, self.t, self.length = num_envs, np.zeros(num_envs, int), np.arange(num_envs) + 2
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, seed):
+        self.rng, self.t[:] = np.random.default_rng(seed), 0
+        return self.rng.normal(size=(self.num_envs, 3)).astype(np.float32)
+
+    def step(self, actions):
+        self.t += 1
+        terminated = self.t >= self.length
+        self.t[terminated] = 0
+        obs = self.rng.normal(size=(self.num_envs, 3)).astype(np.float32)
+        return obs, np.ones(self.num_envs, np.float32), terminated, np.zeros_like(terminated), obs
+
+
+def test_a_host_chunks_follower_begins_as_the_next_chunk_would():
+    """`ChunkEnd.follow` begins the next chunk from where the chunk ended, before it is
+    finished: its first policy call's inputs (recurrent state, observations, which envs
+    begin an episode, keys) are those of `chunk_steps` on the finished chunk's carry."""
+    register_host_env("inference-lengths", Lengths)
+    config = AsyncActorLearnerConfig(env_id="host:inference-lengths", envs_per_actor=4,
+                                     num_steps=4, network="gru", rnn_hidden_size=8,
+                                     hidden_sizes=(16,), num_minibatches=2)
+    rollout = HostRollout(config)
+    policy, params = rollout.policy, _policy("gru")[1]
+    carry = rollout.reset(keys.key(0), jax.devices("cpu")[0])
+    steps = rollout.chunk_steps(params, carry)
+    request = next(steps)
+    try:
+        while True:
+            request = steps.send(None if request is None else policy.act_alone(params, *request))
+    except StopIteration as finished:
+        end = finished.value
+    after = end.finish(carry)[0]
+    begun, fresh = next(end.follow(params)), next(rollout.chunk_steps(params, after))
+    for a, b in zip(begun, fresh, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert begun[2].tolist() == [True, False, True, False]  # episodes of 2 and 4 steps ended
+    assert np.abs(begun[0]).sum() > 0
+    rollout.close(carry)
+
+
+def _steps_from(index: int, first: int, last: int):
+    rows = []
+    for t in range(first, last):
+        rows.append((yield (index, t)))
+        yield None
+    return rows
+
+
+def test_a_shared_sampler_begins_an_actors_next_chunk_where_its_last_ended():
+    """With the next chunk's params at hand as a chunk ends (asked once, from the
+    sampler's thread), the sampler begins that chunk itself: the actor's next drive with
+    those params takes it over (its own generator left unstarted) and gets the steps that
+    follow. Without them the next drive's own chunk runs. A follower that another lineage
+    (a restarted actor's envs) or other params find is dropped, and the new chunk runs
+    from its own start."""
+    stop = threading.Event()
+
+    def fn(params, inputs):
+        return [f"{params} row {i} step {t}" for i, t in inputs]
+
+    def chunk(first, begun=False):
+        """Three steps; begun by the sampler, its last one waits (as a slow env's would)
+        until its actor's thread has taken it over, or dropped it."""
+        rows = yield from _steps_from(0, first, first + 3)
+        while begun and not any(c.next_params or c.abandoned
+                                for cohort in sampler._cohorts for c in cohort):
+            time.sleep(0.001)
+        return ChunkEnd(lambda carry: rows, lambda params: chunk(first + 3, begun=True))
+
+    sampler = LockstepSampler(fn, 2, stop.is_set).start()
+    envs, unused, asked = object(), chunk(100), []
+
+    def next_params(params):
+        return lambda: asked.append(threading.current_thread().name) or params
+
+    first = sampler.drive(0, "p0", chunk(0), next_params("p1"), envs)
+    assert first.finish(None) == [f"p0 row 0 step {t}" for t in range(3)]
+    assert sampler.followed == 1 and asked == ["ppo-sampler"]
+    second = sampler.drive(0, "p1", unused, next_params(None), envs)  # p2 not at hand
+    assert second.finish(None) == [f"p1 row 0 step {t}" for t in range(3, 6)]
+    assert inspect.getgeneratorstate(unused) == inspect.GEN_CREATED  # never started
+    assert sampler.followed == 1 and len(asked) == 2
+
+    third = sampler.drive(0, "p2", chunk(6), next_params("p3"), envs)
+    assert third.finish(None) == [f"p2 row 0 step {t}" for t in range(6, 9)]
+    assert sampler.followed == 2
+    restarted = sampler.drive(0, "p3", chunk(0), None, object())  # other envs: from step 0
+    assert restarted.finish(None) == [f"p3 row 0 step {t}" for t in range(3)]
+    sampler.drive(0, "p3", chunk(3), next_params("p4"), envs)
+    assert sampler.followed == 3
+    again = sampler.drive(0, "p9", chunk(50), None, envs)  # other params: its own chunk
+    assert again.finish(None) == [f"p9 row 0 step {t}" for t in range(50, 53)]
+    assert not any(c.params == "p4" for cohort in sampler._cohorts for c in cohort)
+    stop.set()
+    sampler.thread.join(5)
+    assert not sampler.thread.is_alive()
 
 
 class _HangingCartPoles:
