@@ -2,6 +2,7 @@
 
 import dataclasses
 import inspect
+import os
 import threading
 import time
 import traceback
@@ -461,6 +462,12 @@ def test_a_shared_sampler_gives_the_bytes_of_batched_per_step_calls(monkeypatch)
                    progress=False)
     assert as_bytes(native.params) == as_bytes(batched.params)
     assert len(steppers) == 3 * 2 and AsyncCartPoles.waited_in == {"ppo-sampler"}
+    # The three actors in one actor process, its sampler beginning their chunks: the same.
+    in_a_process = train(dataclasses.replace(config, sampler="shared", actor_backend="processes",
+                                             actors_per_process=3), progress=False)
+    (pid,) = {s.pid for s in in_a_process.report.actor_stats}
+    assert pid != os.getpid()
+    assert as_bytes(in_a_process.params) == as_bytes(batched.params)
 
 
 def _steps(index: int, steps: int, fail_at: int | None = None):
