@@ -359,12 +359,13 @@ class HostRollout:
                     np.clip(action, self.low, self.high, out=action)
                 envs.step_async(action, g)
                 yield None
-        last_done = trajectory.terminated[-1] | trajectory.truncated[-1]
         return ChunkEnd(
             functools.partial(self._finish_chunk, params, trajectory, packed_outputs, bonus,
                               first_reset, next_obs, key_data, hidden),
-            lambda next_params: self._steps(next_params, envs, next_obs, last_done, key_data,
-                                            hidden))
+            # Called (by a sampler) before finish, which leaves the flags as they are.
+            lambda next_params: self._steps(
+                next_params, envs, next_obs,
+                trajectory.terminated[-1] | trajectory.truncated[-1], key_data, hidden))
 
     def _store_step(self, params, step: Any, t: int, lo: int, hi: int, trajectory: Trajectory,
                     next_obs: np.ndarray, hidden: np.ndarray | None, reset: np.ndarray | None,

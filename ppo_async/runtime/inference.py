@@ -177,7 +177,8 @@ class _Chunk:
     __slots__ = ("index", "params", "steps", "lineage", "request", "result", "error", "done",
                  "next_params", "abandoned")
 
-    def __init__(self, index: int, params: Any, steps: Generator, lineage: Any = None):
+    def __init__(self, index: int, params: Any, steps: Generator, lineage: Any = None,
+                 next_params: Callable[[], Any] | None = None):
         self.index, self.params, self.steps, self.lineage = index, params, steps, lineage
         self.request: tuple | None = None  # its next policy call's inputs; None: envs stepping
         self.result: Any = None
@@ -185,7 +186,7 @@ class _Chunk:
         self.done = threading.Lock()  # released once result or error is set
         self.done.acquire()
         # () -> the params of the actor's next chunk, or None: asked as this one ends
-        self.next_params: Callable[[], Any] | None = None
+        self.next_params = next_params
         self.abandoned = False  # begun for an actor that did not take it over: dropped
 
 
@@ -267,8 +268,7 @@ class LockstepSampler:
             chunk.abandoned = True  # not this actor's next chunk (it restarted): dropped
             chunk = None
         if chunk is None:
-            chunk = _Chunk(index, params, steps, lineage)
-            chunk.next_params = next_params
+            chunk = _Chunk(index, params, steps, lineage, next_params)
             self._arrivals.put(chunk)
         else:
             chunk.next_params = next_params
@@ -341,17 +341,17 @@ class LockstepSampler:
 
     def _advance(self, cohort: list[_Chunk]) -> None:
         """One step of every chunk of ``cohort``: its envs waited for, one call, started again."""
-        going_on = []
+        kept = []
         for chunk in cohort:
             if chunk.abandoned:
                 chunk.steps.close()
             elif chunk.request is not None:
-                going_on.append(chunk)
+                kept.append(chunk)
             else:
                 chunk = self._resume(chunk, None)
                 if chunk is not None:
-                    going_on.append(chunk)
-        cohort[:] = going_on
+                    kept.append(chunk)
+        cohort[:] = kept
         if not cohort:
             return
         for chunk in cohort:
