@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pathlib
+import queue
+import socket
+import struct
 import sys
 import threading
 import time
@@ -14,8 +17,10 @@ from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.runs.run_dir import MetricsFile, cut_metrics_after
 from ppo_async.runs.wandb_log import WandbRun, WandbSettings
 
-# How long closing the tensorboardX writer may take before the run goes on without it.
+# How long closing the TensorBoard event file may take before the run goes on without it.
 EVENTS_CLOSE_TIMEOUT_S = 10.0
+# Seconds between flushes of the event file, so a live TensorBoard keeps up.
+EVENTS_FLUSH_S = 5.0
 
 # Seconds between redraws of the text progress bar in a notebook without
 # ipywidgets: each redraw is kept in the cell's output, so few of them.
@@ -107,6 +112,97 @@ def progress_bar(total: int, initial: int, desc: str, unit: str = "update"):
     return text_tqdm(**options)
 
 
+class EventFile:
+    """A TensorBoard event file (``events.out.tfevents.*``) of scalar summaries.
+
+    ``add`` only queues ``(wall time, step, [(tag, value), ...])``: a thread of
+    this file's own (``ppo-tensorboard``) builds each event with tensorboardX's
+    protos, frames it as a TFRecord (length, masked CRC-32C, payload, masked
+    CRC-32C) and writes it, flushing at most every `EVENTS_FLUSH_S`. The
+    caller pays one queue put, which a Ctrl-C cannot leave half done.
+
+    tensorboardX's own ``FileWriter`` is not used: its close joins its writer
+    thread without a timeout, through a ``multiprocessing`` queue, and fsyncs
+    twice; a Ctrl-C landing in it, or a slow disk, kept runs from reaching
+    their checkpoint. Here ``close`` waits at most `EVENTS_CLOSE_TIMEOUT_S`
+    and then warns, naming the thread.
+    """
+
+    def __init__(self, run_dir: pathlib.Path, suffix: str = ""):
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.record_writer import masked_crc32c
+
+        self._event, self._summary, self._crc = Event, Summary, masked_crc32c
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{suffix}"
+        self.path = run_dir / name
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by the writer thread)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.failed: BaseException | None = None  # what stopped the writer thread
+        self._reported = False
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self._thread = threading.Thread(target=self._write_queued, name="ppo-tensorboard",
+                                        daemon=True)
+        self._thread.start()
+
+    def add(self, step: int, values: list[tuple[str, float]]) -> None:
+        """Queue one event: ``values`` as scalars at ``step``, stamped with the time now.
+
+        Raises what stopped the writer thread (a full disk), once.
+        """
+        if self.failed is not None and not self._reported:
+            self._reported = True
+            raise OSError(f"writing the TensorBoard event file {self.path} failed") from self.failed
+        self._queue.put((time.time(), step, values))
+
+    def _write(self, event) -> None:
+        payload = event.SerializeToString()
+        header = struct.pack("<Q", len(payload))
+        self._file.write(header + struct.pack("<I", self._crc(header)) + payload
+                         + struct.pack("<I", self._crc(payload)))
+
+    def _write_queued(self) -> None:
+        try:
+            next_flush = time.monotonic() + EVENTS_FLUSH_S
+            while True:
+                try:
+                    item = self._queue.get(timeout=max(next_flush - time.monotonic(), 0.0))
+                except queue.Empty:
+                    item = ()
+                if item is None:
+                    break
+                if item:
+                    wall_time, step, values = item
+                    summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)
+                                                   for tag, value in values])
+                    self._write(self._event(wall_time=wall_time, step=step, summary=summary))
+                if time.monotonic() >= next_flush:
+                    self._file.flush()
+                    next_flush = time.monotonic() + EVENTS_FLUSH_S
+        except Exception as error:  # noqa: BLE001 - raised by the next add, or warned by close
+            self.failed = error
+        finally:
+            try:
+                self._file.close()
+            except OSError as error:
+                self.failed = self.failed or error
+
+    def close(self) -> None:
+        """Write what is queued and close the file, waiting at most `EVENTS_CLOSE_TIMEOUT_S`."""
+        self._queue.put(None)
+        self._thread.join(EVENTS_CLOSE_TIMEOUT_S)
+        if self._thread.is_alive():
+            warnings.warn(
+                f"the TensorBoard event file was not written and closed within "
+                f"{EVENTS_CLOSE_TIMEOUT_S:g} s (thread ppo-tensorboard still writes {self.path}); "
+                "its last events may be missing, metrics.jsonl and the checkpoint are not "
+                "affected", RuntimeWarning, stacklevel=3)
+        elif self.failed is not None and not self._reported:
+            warnings.warn(f"writing the TensorBoard event file {self.path} failed: "
+                          f"{self.failed!r}; metrics.jsonl and the checkpoint are not affected",
+                          RuntimeWarning, stacklevel=3)
+
+
 class RunLog:
     """Writes each update's metrics dict where the run asked for it.
 
@@ -137,8 +233,7 @@ class RunLog:
         # First: it is the part that can fail (not installed, not logged in), before files are open.
         self.wandb = WandbRun(wandb, config.to_dict(), run_dir, start_update) if wandb else None
         self.metrics = None
-        self.events = None  # tensorboardX FileWriter
-        self.summary = None  # tensorboardX's Summary proto class
+        self.events: EventFile | None = None
         if run_dir is not None:
             cut_metrics_after(run_dir, start_update)
             self.metrics = MetricsFile(run_dir)
@@ -149,10 +244,9 @@ class RunLog:
             self.bar = progress_bar(total, start_update, config.env_id)
 
     def _open_events(self, run_dir: pathlib.Path, append: bool) -> None:
-        """Open a tensorboardX ``FileWriter`` on ``run_dir``, if tensorboardX is importable."""
+        """Open an `EventFile` in ``run_dir``, if tensorboardX (its protos) is importable."""
         try:
-            from tensorboardX import FileWriter
-            from tensorboardX.proto.summary_pb2 import Summary
+            import tensorboardX  # noqa: F401
         except ImportError:
             return
         earlier = list(run_dir.glob("events.out.tfevents.*"))
@@ -161,21 +255,14 @@ class RunLog:
                 stale.unlink()
         # The file is named after the second it was opened and opened with "wb";
         # a resume within the same second would truncate the previous file.
-        suffix = f".{len(earlier)}" if append else ""
-        # One Summary proto per update through the FileWriter: SummaryWriter.add_scalar
-        # would cost the learner thread one event per metric.
-        # The writer's own thread does the disk writes, flushed every few seconds
-        # so a live TensorBoard keeps up.
-        self.events = FileWriter(str(run_dir), flush_secs=5, filename_suffix=suffix)
-        self.summary = Summary
+        self.events = EventFile(run_dir, suffix=f".{len(earlier)}" if append else "")
 
     def __call__(self, metrics: dict[str, Any]) -> None:
         if self.metrics is not None:
             self.metrics.write(metrics)
         if self.events is not None:
-            values = [self.summary.Value(tag=name, simple_value=float(value))
-                      for name, value in metrics.items()]
-            self.events.add_summary(self.summary(value=values), int(metrics["env_steps"]))
+            self.events.add(int(metrics["env_steps"]),
+                            [(name, float(value)) for name, value in metrics.items()])
         if self.wandb is not None:
             self.wandb.log(metrics)
         if self.bar is not None:
@@ -196,37 +283,17 @@ class RunLog:
         if self.metrics is not None:
             self.metrics.write(metrics)
         if self.events is not None:
-            values = [self.summary.Value(tag=name, simple_value=float(value))
-                      for name, value in metrics.items() if name.startswith("eval_")]
-            self.events.add_summary(self.summary(value=values), int(metrics["env_steps"]))
+            self.events.add(int(metrics["env_steps"]), [(name, float(value))
+                            for name, value in metrics.items() if name.startswith("eval_")])
         if self.wandb is not None:
             self.wandb.log_evaluation(metrics)
-
-    def _close_events(self) -> None:
-        """Close the tensorboardX writer, waiting at most `EVENTS_CLOSE_TIMEOUT_S`.
-
-        Its close joins a writer thread with no timeout, and a Ctrl-C that
-        lands inside tensorboardX can leave that thread waiting forever: the
-        run must still go on to save its checkpoint, so the close runs on a
-        thread of its own, named in a warning if it does not return.
-        """
-        closer = threading.Thread(target=self.events.close, name="ppo-tensorboard-close",
-                                  daemon=True)
-        closer.start()
-        closer.join(EVENTS_CLOSE_TIMEOUT_S)
-        if closer.is_alive():
-            warnings.warn(
-                f"tensorboardX did not close its event file within {EVENTS_CLOSE_TIMEOUT_S:g} s "
-                "(thread ppo-tensorboard-close still waits); the last TensorBoard events may be "
-                "missing, metrics.jsonl and the checkpoint are not affected", RuntimeWarning,
-                stacklevel=3)
 
     def close(self, failed: bool = False) -> None:
         """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so)."""
         if self.metrics is not None:
             self.metrics.close()
         if self.events is not None:
-            self._close_events()
+            self.events.close()
         if self.bar is not None:
             self.bar.close()
         if self.wandb is not None:

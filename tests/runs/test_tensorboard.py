@@ -112,23 +112,59 @@ def test_an_evaluation_is_a_line_and_an_event_at_the_update_it_evaluated(tmp_pat
         64, {"eval_return_mean": 20.0, "eval_return_std": 1.5, "eval_policy_version": 2.0})
 
 
-def test_a_writer_that_never_closes_does_not_keep_the_run_from_its_checkpoint(tmp_path,
-                                                                             monkeypatch):
-    # tensorboardX joins its writer thread without a timeout; a Ctrl-C landing inside it can
-    # leave that join waiting forever, and the run must still save its checkpoint.
+def block_the_writer_thread(monkeypatch, write):
+    """Patch `EventFile._write` so that on the ``ppo-tensorboard`` thread it calls ``write``."""
+    from ppo_async.runs.run_log import EventFile
+
+    real = EventFile._write
+
+    def patched(self, event):
+        if threading.current_thread().name == "ppo-tensorboard":
+            write()
+        real(self, event)
+
+    monkeypatch.setattr(EventFile, "_write", patched)
+
+
+def test_an_event_file_that_never_closes_does_not_keep_the_run_from_its_checkpoint(
+        tmp_path, monkeypatch):
+    # A disk that stalls (or a writer stuck any other way) costs at most EVENTS_CLOSE_TIMEOUT_S.
     from ppo_async.runs import run_log
 
     release = threading.Event()
-    monkeypatch.setattr(tensorboardX.FileWriter, "close", lambda self: release.wait(60))
+    block_the_writer_thread(monkeypatch, lambda: release.wait(60))
     monkeypatch.setattr(run_log, "EVENTS_CLOSE_TIMEOUT_S", 0.5)
     try:
-        with pytest.warns(RuntimeWarning, match="ppo-tensorboard-close still waits"):
+        with pytest.warns(RuntimeWarning, match="thread ppo-tensorboard still writes"):
             result = train(TINY, run_dir=tmp_path, progress=False)
     finally:
-        release.set()  # the stuck close returns, and its thread ends
+        release.set()  # the stuck write returns, and the thread ends
     assert result.report.updates == TINY.num_updates
     assert list((tmp_path / "checkpoints").glob("ckpt_*.msgpack"))
     assert (tmp_path / "summary.json").is_file()
     for thread in threading.enumerate():
-        if thread.name == "ppo-tensorboard-close":
+        if thread.name == "ppo-tensorboard":
             thread.join(timeout=10)
+
+
+def test_a_failed_event_write_is_raised_by_the_next_update_or_warned_at_close(
+        tmp_path, monkeypatch):
+    def full_disk():
+        raise OSError(28, "No space left on device")
+
+    block_the_writer_thread(monkeypatch, full_disk)
+    run_log = RunLog(TINY, tmp_path, progress=False)
+    run_log(fake_metrics(1))
+    run_log.events._thread.join(timeout=10)
+    with pytest.raises(OSError, match="writing the TensorBoard event file") as raised:
+        run_log(fake_metrics(2))
+    assert "No space left" in str(raised.value.__cause__)
+    run_log.close()  # raised once: closing does not warn again
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+    (tmp_path / "other").mkdir()
+    other = RunLog(TINY, tmp_path / "other", progress=False)
+    other(fake_metrics(1))
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        other.close()
+
