@@ -87,10 +87,10 @@ from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, note_where_k
 
 logger = logging.getLogger(__name__)
 
-# XLA flags of an actor process, so that N actors fit N cores: the first makes XLA's
-# CPU kernels (Eigen) single-threaded; the second is the companion JAX users set for
-# one-thread CPU runs (without a leading -- XLA's flag parser passes it over: harmless).
-ACTOR_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# XLA flags of an actor process, so that N actors fit N cores: XLA's CPU kernels
+# (Eigen) single-threaded. (A bare "intra_op_parallelism_threads=1", often set beside
+# it, is not an XLA flag: the parser ignores it and every flag after it.)
+ACTOR_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 START_TIMEOUT_S = 120.0  # a process start, JAX's import, the envs and the first compile
 _WAIT_SLICE_S = 0.05  # the learner's receive looks at dead processes this often
 _PR_SET_PDEATHSIG = 1

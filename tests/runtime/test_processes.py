@@ -21,7 +21,7 @@ import pytest
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, train
 from ppo_async.envs.registry import register_host_env
-from ppo_async.runtime.process_transport import ProcessTransport
+from ppo_async.runtime.process_transport import ProcessTransport, actor_env_vars
 from run_helpers import (
     MisbehavingEnv,
     assert_spinning_actor_was_killed,
@@ -366,3 +366,11 @@ def test_code_from_a_script_gets_the_scripts_file_back(tmp_path: pathlib.Path):
     raising = 'raise NotImplementedError("the scripted env has no step")'
     line = [raising in text for text in script.read_text().splitlines()].index(True) + 1
     assert f'File "{script}", line {line}, in step\n    {raising}' in done.stdout
+
+
+def test_every_xla_flag_of_an_actor_process_is_one_xla_parses(monkeypatch):
+    # XLA's parser ignores a token without a leading "--" and every flag after it.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/xla-dump "
+                       "--xla_force_host_platform_device_count=2")
+    flags = actor_env_vars()["XLA_FLAGS"].split()
+    assert flags == ["--xla_dump_to=/tmp/xla-dump", "--xla_cpu_multi_thread_eigen=false"]
