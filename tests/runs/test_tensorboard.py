@@ -168,3 +168,22 @@ def test_a_failed_event_write_is_raised_by_the_next_update_or_warned_at_close(
     with pytest.warns(RuntimeWarning, match="No space left"):
         other.close()
 
+
+
+def test_events_reach_the_file_while_the_run_goes_on(tmp_path, monkeypatch):
+    # A live TensorBoard reads the file as it grows: the writer flushes every EVENTS_FLUSH_S.
+    import time
+
+    from ppo_async.runs import run_log
+
+    monkeypatch.setattr(run_log, "EVENTS_FLUSH_S", 0.05)
+    log = RunLog(TINY, tmp_path, progress=False)
+    try:
+        log(fake_metrics(1))
+        (events_file,) = tmp_path.glob("events.out.tfevents.*")
+        deadline = time.monotonic() + 10
+        while not read_scalar_events(events_file) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [step for step, _ in read_scalar_events(events_file)] == [32]
+    finally:
+        log.close()
