@@ -121,11 +121,12 @@ class EventFile:
     CRC-32C) and writes it, flushing at most every `EVENTS_FLUSH_S`. The
     caller pays one queue put, which a Ctrl-C cannot leave half done.
 
-    tensorboardX's own ``FileWriter`` is not used: its close joins its writer
-    thread without a timeout, through a ``multiprocessing`` queue, and fsyncs
-    twice; a Ctrl-C landing in it, or a slow disk, kept runs from reaching
-    their checkpoint. Here ``close`` waits at most `EVENTS_CLOSE_TIMEOUT_S`
-    and then warns, naming the thread.
+    tensorboardX's own ``FileWriter`` is not used: it hands events to its
+    thread through a ``multiprocessing`` queue, fsyncs twice as it closes,
+    joins that thread without a timeout and closes again at exit; after a
+    Ctrl-C in the command line its close did not return within 10 s, and its
+    exit hook printed a traceback. Here ``close`` waits at most
+    `EVENTS_CLOSE_TIMEOUT_S` and then warns, naming the thread.
     """
 
     def __init__(self, run_dir: pathlib.Path, suffix: str = ""):
