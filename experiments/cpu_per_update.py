@@ -9,6 +9,14 @@ envs x 64 steps, a batch of 512), it measures wall and CPU milliseconds
 - ``train``: the running system, per update, from the first update at or
   past a quarter of ``--total-env-steps`` to the last one;
 - ``update alone``: the jitted update on one real batch, waited for;
+- ``update alone, E epoch(s) of M minibatch(es)``: the same update on the
+  same batch with other ``num_epochs`` / ``num_minibatches`` (1 x 1, one
+  epoch of the default's minibatches, the default's epochs of one
+  minibatch): whether its time goes to passes over the batch or to steps;
+- ``the update's launch alone``: a program with the update's arguments and
+  results (the learner state's leaves and the metrics) that computes next to
+  nothing, and the same arguments with one result: what a call costs before
+  the update's work;
 - ``update, 10 in one program``: the same update ten times in one
   ``lax.scan`` (as the twin runs its updates), per update: what a program
   launched from Python costs beyond its computation;
@@ -30,6 +38,7 @@ quiet machine; the load average is printed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -57,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = os.getloadavg()[0]
 
     import jax
+    import jax.numpy as jnp
 
     from bench_learner import _learner_alone
     from ppo_async import AsyncActorLearnerConfig, train
@@ -82,6 +92,33 @@ def main(argv: list[str] | None = None) -> dict:
     state = jax.device_put(init_learner_state(config.update_options(), params, jax.random.key(1)))
     rows["update alone"] = _per_call(lambda: jax.block_until_ready(update(state, batch)),
                                      args.calls)
+
+    # The same batch with fewer passes or minibatches: what an epoch and a minibatch cost.
+    for epochs, minibatches in ((1, 1), (1, config.num_minibatches), (config.num_epochs, 1)):
+        options = dataclasses.replace(config.update_options(), num_epochs=epochs,
+                                      num_minibatches=minibatches)
+        variant = make_update_fn(options, program.network)
+        variant_state = jax.device_put(init_learner_state(options, params, jax.random.key(1)))
+        rows[f"update alone, {epochs} epoch(s) of {minibatches} minibatch(es)"] = _per_call(
+            lambda: jax.block_until_ready(variant(variant_state, batch)), args.calls)
+
+    # A launch with the update's arguments and results that computes next to nothing:
+    # what calling the update costs before any of its work (every result is an array
+    # JAX makes for the caller), and the same arguments with one result.
+    metric_names = list(update(state, batch)[1])
+
+    @jax.jit
+    def launch_only(state, batch, rate):
+        leaves, tree = jax.tree.flatten(state)
+        touched = [x + 0 if jnp.issubdtype(x.dtype, jnp.number) else x for x in leaves]
+        return (jax.tree.unflatten(tree, touched),
+                {name: batch.reward[0, 0] + i for i, name in enumerate(metric_names)})
+
+    one_result = jax.jit(lambda state, batch, rate: batch.reward[0, 0] + 1)
+    for name, fn in (("the update's launch alone (its arguments and results)", launch_only),
+                     ("the same arguments, one result", one_result)):
+        rows[name] = _per_call(lambda: jax.block_until_ready(fn(state, batch, update.rate)),
+                               args.calls)
 
     def ten_updates(state, batch):  # the same update, ten times in one program (as the twin runs)
         return jax.lax.scan(lambda s, _: (update(s, batch)[0], None), state, None, length=10)[0]
