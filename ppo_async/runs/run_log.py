@@ -118,8 +118,10 @@ class EventFile:
     ``add`` only queues ``(wall time, step, [(tag, value), ...])``: a thread of
     this file's own (``ppo-tensorboard``) builds each event with tensorboardX's
     protos, frames it as a TFRecord (length, masked CRC-32C, payload, masked
-    CRC-32C) and writes it, flushing at most every `EVENTS_FLUSH_S`. The
-    caller pays one queue put, which a Ctrl-C cannot leave half done.
+    CRC-32C) and writes it, flushing at most every `EVENTS_FLUSH_S`, without
+    fsync (tensorboardX's ``RecordWriter`` frames records the same way but
+    fsyncs on every flush, hence the few lines of framing here). The caller
+    pays one queue put, which a Ctrl-C cannot leave half done.
 
     tensorboardX's own ``FileWriter`` is not used: it hands events to its
     thread through a ``multiprocessing`` queue, fsyncs twice as it closes,

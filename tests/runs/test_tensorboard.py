@@ -11,6 +11,7 @@ import json
 import struct
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -169,11 +170,8 @@ def test_a_failed_event_write_is_raised_by_the_next_update_or_warned_at_close(
         other.close()
 
 
-
 def test_events_reach_the_file_while_the_run_goes_on(tmp_path, monkeypatch):
     # A live TensorBoard reads the file as it grows: the writer flushes every EVENTS_FLUSH_S.
-    import time
-
     from ppo_async.runs import run_log
 
     monkeypatch.setattr(run_log, "EVENTS_FLUSH_S", 0.05)
