@@ -27,10 +27,17 @@ alternating seed by seed:
   programs one at a time (``experiments/cpu_device_queue.py``); on two, the
   update and the rollouts may run at the same time.
 
-Target: async / twin >= 1.0. The machine's load average is printed with the
-figures: run it with nothing else on the machine.
+- ``purejaxrl``: purejaxrl's own ``purejaxrl/ppo.py`` from the checkout
+  given by ``--purejaxrl`` (its default CartPole config: 4 envs x 128 steps,
+  the same batch of 512 and 4 epochs x 4 minibatches), one seed jitted as
+  its ``__main__`` runs it (`robustness.run_purejaxrl_once`); like the twin,
+  compiled first and timed over its run alone.
+
+Targets: async / twin >= 1.0, async / purejaxrl >= 1.2. The machine's load
+average is printed with the figures: run it with nothing else on the machine.
 
     python experiments/bench_throughput.py [--seeds 0 1 2] [--total-env-steps 500000]
+    python experiments/bench_throughput.py --seeds 0 1 2 3 --modes twin async purejaxrl --purejaxrl ~/src/purejaxrl
 """
 
 from __future__ import annotations
@@ -63,6 +70,15 @@ def _twin(total_env_steps: int, seed: int) -> dict:
             "cpu_s_per_100k_steps": cpu_s / steps * 1e5, "cores_busy": cpu_s / run_s,
             "final_return": recent_return_mean(jax.device_get(result.metrics))}
 
+
+def _purejaxrl(folder: str, total_env_steps: int, seed: int) -> dict:
+    robustness = common.import_keeping_xla_flags("robustness")  # its twin's flag: not here
+    run = robustness.run_purejaxrl_once(robustness.purejaxrl_folder(folder), total_env_steps, seed)
+    steps = run["updates"] * run["batch"]
+    return {"env_steps_per_s": steps / run["run_s"], "compile_s": run["compile_s"],
+            "run_s": run["run_s"], "cpu_s_per_100k_steps": run["run_cpu_s"] / steps * 1e5,
+            "cores_busy": run["run_cpu_s"] / run["run_s"],
+            "final_return": robustness.last_episodes_return_mean(run["returns"], run["ended"])}
 
 def _async(total_env_steps: int, seed: int, pipeline: bool = True,
            actor_backend: str = "threads", own_device: bool = False) -> dict:
@@ -97,16 +113,21 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
 
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
-MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes", "async-own-device")
+MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes", "async-own-device",
+         "purejaxrl")
+BASELINES = {"twin": ("the twin's run phase", 1.0), "purejaxrl": ("purejaxrl's run phase", 1.2)}
 
 
-def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int) -> dict:
+def _one_in_a_fresh_process(mode: str, seed: int, total_env_steps: int,
+                            purejaxrl: str | None) -> dict:
     env = dict(os.environ)
     if mode == "async-1t":
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SINGLE_THREADED_XLA}".strip()
     return common.run_child(
         [__file__, "--one", "async" if mode == "async-1t" else mode, "--seeds", str(seed),
-         "--total-env-steps", str(total_env_steps)], f"{mode} seed {seed}", env=env)
+         "--total-env-steps", str(total_env_steps),
+         *(["--purejaxrl", purejaxrl] if mode == "purejaxrl" else [])],
+        f"{mode} seed {seed}", env=env)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -118,12 +139,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--one", choices=[m for m in MODES if m != "async-1t"],
                         default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES,
+                        default=[m for m in MODES if m != "purejaxrl"])
+    parser.add_argument("--purejaxrl", default=None, metavar="DIR",
+                        help="a checkout of github.com/luchris429/purejaxrl (for --modes purejaxrl)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if "purejaxrl" in args.modes + [args.one]:
+        if args.purejaxrl is None:
+            parser.error("--modes purejaxrl needs --purejaxrl DIR (a checkout of purejaxrl)")
+        if common.import_keeping_xla_flags("robustness").purejaxrl_folder(args.purejaxrl) is None:
+            parser.error(f"--purejaxrl {args.purejaxrl}: no ppo.py and wrappers.py there "
+                         "or in its purejaxrl/ folder")
 
     if args.one is not None:
-        if args.one == "twin":
+        if args.one == "purejaxrl":
+            result = _purejaxrl(args.purejaxrl, args.total_env_steps, args.seeds[0])
+        elif args.one == "twin":
             result = _twin(args.total_env_steps, args.seeds[0])
         else:
             result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined",
@@ -141,16 +173,21 @@ def main(argv: list[str] | None = None) -> dict:
 
     rows = common.rows_per_seed_and_mode(
         args.seeds, args.modes,
-        lambda mode, seed: _one_in_a_fresh_process(mode, seed, args.total_env_steps), line)
+        lambda mode, seed: _one_in_a_fresh_process(mode, seed, args.total_env_steps,
+                                                   args.purejaxrl), line)
     medians = common.median_rate_by_mode(rows, args.modes)
     print("\nmedian steady-state env steps/s:")
-    ratios = {}
+    ratios = {baseline: {} for baseline in BASELINES if baseline in medians}
     for mode in args.modes:
-        if mode != "twin" and "twin" in medians:
-            ratios[mode] = medians[mode] / medians["twin"]
-        ratio = f"  {ratios[mode]:.2f}x the twin's run phase (target >= 1.0)" if mode in ratios else ""
-        print(f"  {mode:15s} {medians[mode]:8.0f}{ratio}")
-    summary = {"rows": rows, "median_env_steps_per_s": medians, "ratio_to_twin": ratios}
+        text = ""
+        for baseline, (name, target) in BASELINES.items():
+            if mode != baseline and baseline in medians:
+                ratios[baseline][mode] = medians[mode] / medians[baseline]
+                aim = f" (target >= {target})" if mode == "async" else ""
+                text += f"  {ratios[baseline][mode]:.2f}x {name}{aim}"
+        print(f"  {mode:15s} {medians[mode]:8.0f}{text}")
+    summary = {"rows": rows, "median_env_steps_per_s": medians,
+               **{f"ratio_to_{baseline}": r for baseline, r in ratios.items()}}
     common.save_result("bench_throughput", args.out, __file__, argv, summary)
     return summary
 

@@ -6,17 +6,26 @@ process (so every run pays its imports and compiles, as a user's would):
 - ``async``: `ppo_async.train` with the defaults (actors one chunk ahead);
 - ``lockstep``: `train` with ``max_lead_steps = num_steps`` (lag 0, no overlap);
 - ``sync``: the synchronous twin (`ppo_async.sync.make_sync_twin`), jitted in
-  blocks of ``--sync-block`` updates so that it can stop as soon as it solves.
+  blocks of ``--sync-block`` updates so that it can stop as soon as it solves;
+- ``purejaxrl``: purejaxrl's own ``purejaxrl/ppo.py`` (``make_train``, its
+  default CartPole config with ``DEBUG`` off and ``TOTAL_TIMESTEPS`` set to
+  ``--total-env-steps``) from the checkout given by ``--purejaxrl``, one seed
+  a process as its ``__main__`` runs it, imported with the stand-ins of
+  ``robustness.py`` (see its docstring). It trains its whole budget in one
+  jitted call and cannot stop sooner, so its time to solve is its compile
+  plus the share of its run's time up to the update that solved: every
+  update of it is the same work (``first_solved_update``).
 
 "Solved" is the mean return of the last 100 finished training episodes
 reaching ``--target`` (the async runs' ``episode_return_mean``, the twin's
-`recent_return_mean`). Each mode's clock starts before anything is built or
+`recent_return_mean`, purejaxrl's last 100 episodes to end by that update). Each mode's clock starts before anything is built or
 compiled and stops at the first update that is solved. No persistent
 compilation cache is used, so every run pays its own compiles, as a fresh
 process would. A run that does not solve within the budget counts as its full
 wall time and is marked unsolved.
 
     python experiments/bench_time_to_solve.py [--seeds 0 1 2] [--modes async lockstep sync]
+    python experiments/bench_time_to_solve.py --seeds 0 1 2 3 4 --modes async purejaxrl --purejaxrl ~/src/purejaxrl
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ import sys
 import time
 
 import common
+import numpy as np
+
+MIN_EPISODES = 100  # the window of "the last 100 finished training episodes"
 
 
 def _time_async(config, target: float) -> dict:
@@ -86,20 +98,72 @@ def _time_sync(config, target: float, block: int) -> dict:
             "policy_lag_max": 0}
 
 
+def first_solved_update(returned_episode_returns, returned_episode, target: float,
+                        min_episodes: int = MIN_EPISODES) -> int | None:
+    """The first update after which the last ``min_episodes`` episodes to end average ``target``.
+
+    The arrays are one seed's purejaxrl metrics, ``[updates, steps, envs]``
+    (``returned_episode`` True where an episode ended, with its return in
+    ``returned_episode_returns``); fewer episodes than ``min_episodes`` so far
+    average all of them, as the runtime's ``episode_return_mean`` does. None if
+    no update reaches ``target``.
+    """
+    returns = np.asarray(returned_episode_returns, np.float64)
+    ended = np.asarray(returned_episode, bool)
+    if returns.ndim != 3 or returns.shape != ended.shape:
+        raise ValueError(f"expected two [updates, steps, envs] arrays, got shapes "
+                         f"{returns.shape} and {ended.shape}")
+    updates = returns.shape[0]
+    ended = ended.reshape(updates, -1)
+    finished = returns.reshape(updates, -1)[ended]  # in time order: C order within an update
+    through = np.cumsum(ended.sum(axis=1))  # episodes ended by the end of each update
+    sums = np.concatenate([[0.0], np.cumsum(finished)])
+    first = np.maximum(through - min_episodes, 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (sums[through] - sums[first]) / (through - first)
+    solved = np.nonzero((through > 0) & (means >= target))[0]
+    return int(solved[0]) if solved.size else None
+
+
+def _time_purejaxrl(folder: str, seed: int, total_env_steps: int, target: float) -> dict:
+    robustness = common.import_keeping_xla_flags("robustness")  # its twin's flag: not here
+    # Its clock starts at make_train (which makes the env), after the imports, as the others'.
+    run = robustness.run_purejaxrl_once(robustness.purejaxrl_folder(folder), total_env_steps, seed)
+    wall = run["compile_s"] + run["run_s"]
+    solved = first_solved_update(run["returns"], run["ended"], target)
+    done = run["updates"] if solved is None else solved + 1
+    return {
+        "solved": solved is not None,
+        "time_s": run["compile_s"] + run["run_s"] * done / run["updates"],
+        "env_steps": done * run["batch"],
+        "final_return": robustness.last_episodes_return_mean(run["returns"], run["ended"]),
+        "policy_lag_max": 0, "compile_s": run["compile_s"], "whole_run_s": wall,
+        "run_env_steps_per_s": run["updates"] * run["batch"] / run["run_s"],
+    }
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--modes", nargs="+", default=["async", "lockstep", "sync"],
-                        choices=["async", "lockstep", "sync"])
+                        choices=["async", "lockstep", "sync", "purejaxrl"])
+    parser.add_argument("--purejaxrl", default=None, metavar="DIR",
+                        help="a checkout of github.com/luchris429/purejaxrl (for --modes purejaxrl)")
     parser.add_argument("--target", type=float, default=475.0)
     parser.add_argument("--total-env-steps", type=int, default=500_000)
     parser.add_argument("--sync-block", type=int, default=25,
                         help="updates per jitted call of the twin between checks")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--one", choices=["async", "lockstep", "sync"], default=None,
+    parser.add_argument("--one", choices=["async", "lockstep", "sync", "purejaxrl"], default=None,
                         help=argparse.SUPPRESS)  # the child process of one run
     args = parser.parse_args(argv)
+    if "purejaxrl" in args.modes + [args.one]:
+        if args.purejaxrl is None:
+            parser.error("--modes purejaxrl needs --purejaxrl DIR (a checkout of purejaxrl)")
+        robustness = common.import_keeping_xla_flags("robustness")
+        if robustness.purejaxrl_folder(args.purejaxrl) is None:
+            parser.error(f"--purejaxrl {args.purejaxrl}: no ppo.py and wrappers.py there "
+                         "or in its purejaxrl/ folder")
 
     from ppo_async import AsyncActorLearnerConfig
 
@@ -109,6 +173,10 @@ def main(argv: list[str] | None = None) -> dict:
         "lockstep": dataclasses.replace(base, max_lead_steps=base.num_steps),
         "sync": base,
     }
+    if args.one == "purejaxrl":
+        result = _time_purejaxrl(args.purejaxrl, args.seeds[0], args.total_env_steps, args.target)
+        print(json.dumps(result))
+        return result
     if args.one is not None:
         config = dataclasses.replace(configs[args.one], seed=args.seeds[0])
         if args.one == "sync":
@@ -124,15 +192,20 @@ def main(argv: list[str] | None = None) -> dict:
             child = [sys.executable, __file__, "--one", mode, "--seeds", str(seed),
                      "--target", str(args.target), "--total-env-steps", str(args.total_env_steps),
                      "--sync-block", str(args.sync_block)]
+            if mode == "purejaxrl":
+                child += ["--purejaxrl", args.purejaxrl]
             completed = subprocess.run(child, capture_output=True, text=True, timeout=1800)
             if completed.returncode != 0:
                 raise RuntimeError(f"{mode} seed {seed} failed:\n{completed.stderr[-3000:]}")
             result = json.loads(completed.stdout.strip().splitlines()[-1])
             row = {"mode": mode, "seed": seed, "load_average_1_min": os.getloadavg()[0], **result}
             rows.append(row)
+            whole = (f"; compile {row['compile_s']:.1f} s, whole run {row['whole_run_s']:.1f} s, "
+                     f"{row['run_env_steps_per_s']:,.0f} env steps/s after its compile"
+                     if mode == "purejaxrl" else "")
             print(f"{mode:9s} seed {seed}: {'solved' if row['solved'] else 'NOT solved'} "
                   f"in {row['time_s']:.1f} s at {row['env_steps']} env steps "
-                  f"(return {row['final_return']:.1f})", flush=True)
+                  f"(return {row['final_return']:.1f}{whole})", flush=True)
 
     summary = {}
     for mode in args.modes:
@@ -142,18 +215,20 @@ def main(argv: list[str] | None = None) -> dict:
             "solved": sum(r["solved"] for r in rows if r["mode"] == mode),
             "runs": len(times),
         }
-    if "sync" in summary:
-        for mode in ("async", "lockstep"):
-            if mode in summary:
-                summary[mode]["ratio_to_sync"] = (
-                    summary[mode]["median_time_s"] / summary["sync"]["median_time_s"]
+    for baseline in ("sync", "purejaxrl"):
+        for mode in ("async", "lockstep", "sync"):
+            if baseline in summary and mode in summary and mode != baseline:
+                summary[mode][f"ratio_to_{baseline}"] = (
+                    summary[mode]["median_time_s"] / summary[baseline]["median_time_s"]
                 )
     unsolved = any(figures["solved"] < figures["runs"] for figures in summary.values())
     print("\nmedian wall time to solve (compile included"
           + ("; a run that did not solve counts at its whole run's time, a lower bound"
              if unsolved else "") + "):")
     for mode, figures in summary.items():
-        ratio = f"  {figures['ratio_to_sync']:.2f}x the sync twin" if "ratio_to_sync" in figures else ""
+        ratio = "".join(f"  {figures[f'ratio_to_{baseline}']:.2f}x {name}"
+                        for baseline, name in (("sync", "the sync twin"), ("purejaxrl", "purejaxrl"))
+                        if f"ratio_to_{baseline}" in figures)
         print(f"  {mode:9s} {figures['median_time_s']:6.1f} s  "
               f"({figures['solved']}/{figures['runs']} solved){ratio}")
 

@@ -79,6 +79,26 @@ def avoid_vmapped_qr_deadlock() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} {SERIAL_SCHEDULER_FLAG}".strip()
 
 
+def import_keeping_xla_flags(name: str):
+    """``importlib.import_module(name)`` with ``XLA_FLAGS`` left as it was before.
+
+    Some experiment modules add `SERIAL_SCHEDULER_FLAG` when imported, for
+    their vmapped twin; a benchmark that borrows one of their functions for a
+    run that must not have the flag (a baseline timed as its users run it)
+    imports them through this.
+    """
+    import importlib
+
+    flags = os.environ.get("XLA_FLAGS")
+    try:
+        return importlib.import_module(name)
+    finally:
+        if flags is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = flags
+
+
 def configure_jax() -> None:
     """Entry-point JAX settings: a persistent compilation cache.
 

@@ -338,6 +338,32 @@ def run_purejaxrl(ppo: types.ModuleType, config: dict[str, Any],
             for i in range(len(seeds))]
 
 
+def run_purejaxrl_once(folder: pathlib.Path, total_env_steps: int, seed: int) -> dict[str, Any]:
+    """One seed of purejaxrl's ``make_train``, jitted as its ``__main__`` runs it (not vmapped).
+
+    Its default config with ``DEBUG`` off and ``TOTAL_TIMESTEPS`` set to
+    ``total_env_steps``. Returns ``compile_s``, ``run_s`` and ``run_cpu_s``
+    (the call and the metrics' readback, compile excluded; CPU of every thread
+    of this process), the episode metrics ``returns`` and ``ended``
+    (``[updates, steps, envs]``), ``updates`` and ``batch`` (env steps an update).
+    """
+    ppo, _ = import_purejaxrl_ppo(folder)
+    config = {**purejaxrl_default_config(folder / "ppo.py"), "DEBUG": False,
+              "TOTAL_TIMESTEPS": total_env_steps}
+    key = jax.random.PRNGKey(seed)
+    start = time.perf_counter()
+    train = jax.jit(ppo.make_train(config)).lower(key).compile()  # make_train adds NUM_UPDATES
+    compile_s = time.perf_counter() - start
+    start, cpu_start = time.perf_counter(), time.process_time()
+    metrics = train(key)["metrics"]
+    returns, ended = jax.device_get((metrics["returned_episode_returns"],
+                                     metrics["returned_episode"]))
+    return dict(compile_s=compile_s, run_s=time.perf_counter() - start,
+                run_cpu_s=time.process_time() - cpu_start, returns=returns, ended=ended,
+                updates=int(config["NUM_UPDATES"]),
+                batch=int(config["NUM_STEPS"] * config["NUM_ENVS"]))
+
+
 # --- the runs, the statistics ---------------------------------------------------------
 
 

@@ -519,6 +519,40 @@ def test_pbt_vs_sweep_dry_run_checks_both_specs_at_equal_env_steps(capsys):
     assert "800000 and 800000 per repeat" in capsys.readouterr().out
 
 
+def test_time_to_solve_finds_purejaxrls_solved_update_and_both_benches_refuse_no_checkout(
+        tmp_path, script, capsys):
+    bench = script("bench_time_to_solve")
+    # [updates=3, steps=2, envs=2]: episodes end in time order 10, (20, 30) | 40 | (50, 60).
+    returns = np.array([[[0, 10], [20, 30]], [[0, 0], [40, 0]], [[50, 60], [0, 0]]], float)
+    ended = returns > 0
+    # The means of the last two episodes by each update's end: 25, 35, 55.
+    assert [bench.first_solved_update(returns, ended, t, min_episodes=2)
+            for t in (20, 30, 50, 56)] == [0, 1, 2, None]
+    assert bench.first_solved_update(returns, ended & False, 0) is None  # no episode, no mean
+
+    rng = np.random.default_rng(0)
+    returns = rng.uniform(0, 500, (40, 8, 4))
+    ended = rng.random((40, 8, 4)) < 0.3
+    for target in (150, 250, 300):
+        expected, seen = None, []
+        for update in range(40):  # a plain loop over the episodes as they end
+            for step in range(8):
+                for env in range(4):
+                    if ended[update, step, env]:
+                        seen.append(returns[update, step, env])
+            if seen and expected is None and np.mean(seen[-5:]) >= target:
+                expected = update
+        assert bench.first_solved_update(returns, ended, target, min_episodes=5) == expected
+
+    # Both scripts with a purejaxrl mode refuse it without a checkout, before any run.
+    for main in (bench.main, script("bench_throughput").main):
+        for argv in (["--modes", "purejaxrl"],
+                     ["--modes", "purejaxrl", "--purejaxrl", str(tmp_path)]):
+            with pytest.raises(SystemExit):
+                main(argv)
+        assert "no ppo.py" in capsys.readouterr().err
+
+
 def test_robustness_reads_purejaxrl_metrics_and_refuses_a_missing_checkout(tmp_path, capsys):
     robustness = load_script("robustness")
     # [updates=2, steps=2, envs=2]: episodes end in time order 10, (20, 30), 40.
