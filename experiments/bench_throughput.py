@@ -80,6 +80,7 @@ def _purejaxrl(folder: str, total_env_steps: int, seed: int) -> dict:
             "cores_busy": run["run_cpu_s"] / run["run_s"],
             "final_return": robustness.last_episodes_return_mean(run["returns"], run["ended"])}
 
+
 def _async(total_env_steps: int, seed: int, pipeline: bool = True,
            actor_backend: str = "threads", own_device: bool = False) -> dict:
     import functools
@@ -142,15 +143,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--modes", nargs="+", choices=MODES,
                         default=[m for m in MODES if m != "purejaxrl"])
     parser.add_argument("--purejaxrl", default=None, metavar="DIR",
-                        help="a checkout of github.com/luchris429/purejaxrl (for --modes purejaxrl)")
+                        help="a checkout of github.com/luchris429/purejaxrl "
+                             "(for --modes purejaxrl)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if "purejaxrl" in args.modes + [args.one]:
-        if args.purejaxrl is None:
-            parser.error("--modes purejaxrl needs --purejaxrl DIR (a checkout of purejaxrl)")
-        if common.import_keeping_xla_flags("robustness").purejaxrl_folder(args.purejaxrl) is None:
-            parser.error(f"--purejaxrl {args.purejaxrl}: no ppo.py and wrappers.py there "
-                         "or in its purejaxrl/ folder")
+        robustness = common.import_keeping_xla_flags("robustness")
+        robustness.purejaxrl_folder_or_exit(parser, args.purejaxrl)
 
     if args.one is not None:
         if args.one == "purejaxrl":

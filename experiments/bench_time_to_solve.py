@@ -18,8 +18,9 @@ process (so every run pays its imports and compiles, as a user's would):
 
 "Solved" is the mean return of the last 100 finished training episodes
 reaching ``--target`` (the async runs' ``episode_return_mean``, the twin's
-`recent_return_mean`, purejaxrl's last 100 episodes to end by that update). Each mode's clock starts before anything is built or
-compiled and stops at the first update that is solved. No persistent
+`recent_return_mean`, purejaxrl's last 100 episodes to end by that update).
+Each mode's clock starts before anything is built or compiled and stops at
+the first update that is solved. No persistent
 compilation cache is used, so every run pays its own compiles, as a fresh
 process would. A run that does not solve within the budget counts as its full
 wall time and is marked unsolved.
@@ -141,6 +142,7 @@ def _time_purejaxrl(folder: str, seed: int, total_env_steps: int, target: float)
         "run_env_steps_per_s": run["updates"] * run["batch"] / run["run_s"],
     }
 
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--modes", nargs="+", default=["async", "lockstep", "sync"],
                         choices=["async", "lockstep", "sync", "purejaxrl"])
     parser.add_argument("--purejaxrl", default=None, metavar="DIR",
-                        help="a checkout of github.com/luchris429/purejaxrl (for --modes purejaxrl)")
+                        help="a checkout of github.com/luchris429/purejaxrl "
+                             "(for --modes purejaxrl)")
     parser.add_argument("--target", type=float, default=475.0)
     parser.add_argument("--total-env-steps", type=int, default=500_000)
     parser.add_argument("--sync-block", type=int, default=25,
@@ -158,12 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help=argparse.SUPPRESS)  # the child process of one run
     args = parser.parse_args(argv)
     if "purejaxrl" in args.modes + [args.one]:
-        if args.purejaxrl is None:
-            parser.error("--modes purejaxrl needs --purejaxrl DIR (a checkout of purejaxrl)")
         robustness = common.import_keeping_xla_flags("robustness")
-        if robustness.purejaxrl_folder(args.purejaxrl) is None:
-            parser.error(f"--purejaxrl {args.purejaxrl}: no ppo.py and wrappers.py there "
-                         "or in its purejaxrl/ folder")
+        robustness.purejaxrl_folder_or_exit(parser, args.purejaxrl)
 
     from ppo_async import AsyncActorLearnerConfig
 

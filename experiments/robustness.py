@@ -251,6 +251,18 @@ def purejaxrl_folder(path: str) -> pathlib.Path | None:
     return None
 
 
+def purejaxrl_folder_or_exit(parser: argparse.ArgumentParser, path: str | None) -> pathlib.Path:
+    """`purejaxrl_folder` of ``--purejaxrl``, or ``parser.error`` saying what is missing."""
+    if path is None:
+        parser.error("--modes purejaxrl needs --purejaxrl DIR, a checkout of "
+                     "github.com/luchris429/purejaxrl")
+    folder = purejaxrl_folder(path)
+    if folder is None:
+        parser.error(f"--purejaxrl {path}: no ppo.py and wrappers.py there or in "
+                     "its purejaxrl/ folder")
+    return folder
+
+
 def _load(name: str, path: pathlib.Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -485,13 +497,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--chunk must be >= 1")
     args.purejaxrl_folder = None
     if "purejaxrl" in args.modes and any(env in PUREJAXRL_ENVS for env in args.envs):
-        if args.purejaxrl is None:
-            parser.error("--modes purejaxrl needs --purejaxrl DIR, a checkout of "
-                         "github.com/luchris429/purejaxrl (or pass --modes async sync)")
-        args.purejaxrl_folder = purejaxrl_folder(args.purejaxrl)
-        if args.purejaxrl_folder is None:
-            parser.error(f"--purejaxrl {args.purejaxrl}: no ppo.py and wrappers.py there or in "
-                         "its purejaxrl/ folder")
+        args.purejaxrl_folder = purejaxrl_folder_or_exit(parser, args.purejaxrl)
         try:
             args.purejaxrl_config = purejaxrl_config(args.purejaxrl_folder / "ppo.py",
                                                      args.budget_scale)
