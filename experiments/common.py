@@ -88,10 +88,14 @@ def import_keeping_xla_flags(name: str):
     imports them through this.
     """
     import importlib
+    import warnings
 
     flags = os.environ.get("XLA_FLAGS")
     try:
-        return importlib.import_module(name)
+        with warnings.catch_warnings():  # that the flag comes too late: it is not wanted here
+            warnings.filterwarnings("ignore", message="JAX's CPU backend has started",
+                                    category=RuntimeWarning)
+            return importlib.import_module(name)
     finally:
         if flags is None:
             os.environ.pop("XLA_FLAGS", None)
