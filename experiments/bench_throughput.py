@@ -30,7 +30,7 @@ alternating seed by seed:
 - ``purejaxrl``: purejaxrl's own ``purejaxrl/ppo.py`` from the checkout
   given by ``--purejaxrl`` (its default CartPole config: 4 envs x 128 steps,
   the same batch of 512 and 4 epochs x 4 minibatches), one seed jitted as
-  its ``__main__`` runs it (`robustness.run_purejaxrl_once`); like the twin,
+  its ``__main__`` runs it (`purejaxrl_baseline.run_purejaxrl_once`); like the twin,
   compiled first and timed over its run alone.
 
 Targets: async / twin >= 1.0, async / purejaxrl >= 1.2. The machine's load
@@ -72,13 +72,14 @@ def _twin(total_env_steps: int, seed: int) -> dict:
 
 
 def _purejaxrl(folder: str, total_env_steps: int, seed: int) -> dict:
-    robustness = common.import_keeping_xla_flags("robustness")  # its twin's flag: not here
-    run = robustness.run_purejaxrl_once(robustness.purejaxrl_folder(folder), total_env_steps, seed)
+    import purejaxrl_baseline as baseline
+
+    run = baseline.run_purejaxrl_once(baseline.purejaxrl_folder(folder), total_env_steps, seed)
     steps = run["updates"] * run["batch"]
     return {"env_steps_per_s": steps / run["run_s"], "compile_s": run["compile_s"],
             "run_s": run["run_s"], "cpu_s_per_100k_steps": run["run_cpu_s"] / steps * 1e5,
             "cores_busy": run["run_cpu_s"] / run["run_s"],
-            "final_return": robustness.last_episodes_return_mean(run["returns"], run["ended"])}
+            "final_return": baseline.last_episodes_return_mean(run["returns"], run["ended"])}
 
 
 def _async(total_env_steps: int, seed: int, pipeline: bool = True,
@@ -148,8 +149,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if "purejaxrl" in args.modes + [args.one]:
-        robustness = common.import_keeping_xla_flags("robustness")
-        robustness.purejaxrl_folder_or_exit(parser, args.purejaxrl)
+        import purejaxrl_baseline
+
+        purejaxrl_baseline.purejaxrl_folder_or_exit(parser, args.purejaxrl)
 
     if args.one is not None:
         if args.one == "purejaxrl":

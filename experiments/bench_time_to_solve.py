@@ -11,10 +11,10 @@ process (so every run pays its imports and compiles, as a user's would):
   default CartPole config with ``DEBUG`` off and ``TOTAL_TIMESTEPS`` set to
   ``--total-env-steps``) from the checkout given by ``--purejaxrl``, one seed
   a process as its ``__main__`` runs it, imported with the stand-ins of
-  ``robustness.py`` (see its docstring). It trains its whole budget in one
+  ``purejaxrl_baseline.py`` (see its docstring). It trains its whole budget in one
   jitted call and cannot stop sooner, so its time to solve is its compile
   plus the share of its run's time up to the update that solved: every
-  update of it is the same work (``first_solved_update``).
+  update of it is the same work (``purejaxrl_baseline.first_solved_update``).
 
 "Solved" is the mean return of the last 100 finished training episodes
 reaching ``--target`` (the async runs' ``episode_return_mean``, the twin's
@@ -41,9 +41,6 @@ import sys
 import time
 
 import common
-import numpy as np
-
-MIN_EPISODES = 100  # the window of "the last 100 finished training episodes"
 
 
 def _time_async(config, target: float) -> dict:
@@ -99,46 +96,19 @@ def _time_sync(config, target: float, block: int) -> dict:
             "policy_lag_max": 0}
 
 
-def first_solved_update(returned_episode_returns, returned_episode, target: float,
-                        min_episodes: int = MIN_EPISODES) -> int | None:
-    """The first update after which the last ``min_episodes`` episodes to end average ``target``.
-
-    The arrays are one seed's purejaxrl metrics, ``[updates, steps, envs]``
-    (``returned_episode`` True where an episode ended, with its return in
-    ``returned_episode_returns``); fewer episodes than ``min_episodes`` so far
-    average all of them, as the runtime's ``episode_return_mean`` does. None if
-    no update reaches ``target``.
-    """
-    returns = np.asarray(returned_episode_returns, np.float64)
-    ended = np.asarray(returned_episode, bool)
-    if returns.ndim != 3 or returns.shape != ended.shape:
-        raise ValueError(f"expected two [updates, steps, envs] arrays, got shapes "
-                         f"{returns.shape} and {ended.shape}")
-    updates = returns.shape[0]
-    ended = ended.reshape(updates, -1)
-    finished = returns.reshape(updates, -1)[ended]  # in time order: C order within an update
-    through = np.cumsum(ended.sum(axis=1))  # episodes ended by the end of each update
-    sums = np.concatenate([[0.0], np.cumsum(finished)])
-    first = np.maximum(through - min_episodes, 0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = (sums[through] - sums[first]) / (through - first)
-    solved = np.nonzero((through > 0) & (means >= target))[0]
-    return int(solved[0]) if solved.size else None
-
-
 def _time_purejaxrl(folder: str, seed: int, total_env_steps: int, target: float) -> dict:
-    robustness = common.import_keeping_xla_flags("robustness")  # its twin's flag: not here
+    import purejaxrl_baseline as baseline
+
     # Its clock starts at make_train (which makes the env), after the imports, as the others'.
-    run = robustness.run_purejaxrl_once(robustness.purejaxrl_folder(folder), total_env_steps, seed)
-    wall = run["compile_s"] + run["run_s"]
-    solved = first_solved_update(run["returns"], run["ended"], target)
+    run = baseline.run_purejaxrl_once(baseline.purejaxrl_folder(folder), total_env_steps, seed)
+    solved = baseline.first_solved_update(run["returns"], run["ended"], target)
     done = run["updates"] if solved is None else solved + 1
     return {
         "solved": solved is not None,
         "time_s": run["compile_s"] + run["run_s"] * done / run["updates"],
         "env_steps": done * run["batch"],
-        "final_return": robustness.last_episodes_return_mean(run["returns"], run["ended"]),
-        "policy_lag_max": 0, "compile_s": run["compile_s"], "whole_run_s": wall,
+        "final_return": baseline.last_episodes_return_mean(run["returns"], run["ended"]),
+        "policy_lag_max": 0, "compile_s": run["compile_s"], "whole_run_s": run["compile_s"] + run["run_s"],
         "run_env_steps_per_s": run["updates"] * run["batch"] / run["run_s"],
     }
 
@@ -161,8 +131,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help=argparse.SUPPRESS)  # the child process of one run
     args = parser.parse_args(argv)
     if "purejaxrl" in args.modes + [args.one]:
-        robustness = common.import_keeping_xla_flags("robustness")
-        robustness.purejaxrl_folder_or_exit(parser, args.purejaxrl)
+        import purejaxrl_baseline
+
+        purejaxrl_baseline.purejaxrl_folder_or_exit(parser, args.purejaxrl)
 
     from ppo_async import AsyncActorLearnerConfig
 

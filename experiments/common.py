@@ -45,6 +45,9 @@ def print_reproduce(script: str, argv: Sequence[str]) -> str:
     return command
 
 
+# Episodes behind every "recent return", as in LearnerReport.episode_return_mean.
+MIN_EPISODES = 100
+
 # jaxlib 0.10.2 on CPU: under ``jax.vmap`` the orthogonal initializer's QR is a
 # batched LAPACK call that splits its batch over XLA's intra-op thread pool and
 # waits for the parts. XLA's concurrency-optimized scheduler may run two such
@@ -77,30 +80,6 @@ def avoid_vmapped_qr_deadlock() -> None:
             RuntimeWarning, stacklevel=2,
         )
     os.environ["XLA_FLAGS"] = f"{flags} {SERIAL_SCHEDULER_FLAG}".strip()
-
-
-def import_keeping_xla_flags(name: str):
-    """``importlib.import_module(name)`` with ``XLA_FLAGS`` left as it was before.
-
-    Some experiment modules add `SERIAL_SCHEDULER_FLAG` when imported, for
-    their vmapped twin; a benchmark that borrows one of their functions for a
-    run that must not have the flag (a baseline timed as its users run it)
-    imports them through this.
-    """
-    import importlib
-    import warnings
-
-    flags = os.environ.get("XLA_FLAGS")
-    try:
-        with warnings.catch_warnings():  # that the flag comes too late: it is not wanted here
-            warnings.filterwarnings("ignore", message="JAX's CPU backend has started",
-                                    category=RuntimeWarning)
-            return importlib.import_module(name)
-    finally:
-        if flags is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = flags
 
 
 def configure_jax() -> None:

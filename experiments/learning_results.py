@@ -47,6 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (  # noqa: E402
+    MIN_EPISODES,
     avoid_vmapped_qr_deadlock,
     check_seeds_and_budget,
     configure_jax,
@@ -79,7 +80,6 @@ from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
 # the config of the table's row.
 ENV_PRESETS: dict[str, str] = {PRESETS[name]["env_id"]: name for name in LEARNING_RESULTS_PRESETS}
 MODES = ("async", "sync")
-MIN_EPISODES = 100  # episodes behind every "recent return", as in LearnerReport
 RESULT_FIELDS = (
     "env_id", "mode", "seed", "env_steps", "budget_scale", "final_return",
     "wall_time_s", "wall_time_scope", "compile_s", "policy_lag_mean", "policy_lag_max", "command",

@@ -47,6 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (  # noqa: E402
+    MIN_EPISODES,
     avoid_vmapped_qr_deadlock,
     check_seeds_and_budget,
     configure_jax,
@@ -84,7 +85,6 @@ ENV_CONFIGS: dict[str, dict[str, Any]] = {
     "MemoryChain-bsuite": dict(total_env_steps=50_000, num_steps=32),
     "CartPole-v1": dict(total_env_steps=150_000),
 }
-MIN_EPISODES = 100
 RESULT_FIELDS = ("env_id", "network", "mode", "seed", "env_steps", "final_return",
                  "wall_time_s", "env_steps_per_s", "policy_lag_mean", "policy_lag_max")
 CURVE_FIELDS = ("network", "mode", "seed", "env_steps", "episode_return")

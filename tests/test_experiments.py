@@ -519,16 +519,16 @@ def test_pbt_vs_sweep_dry_run_checks_both_specs_at_equal_env_steps(capsys):
     assert "800000 and 800000 per repeat" in capsys.readouterr().out
 
 
-def test_time_to_solve_finds_purejaxrls_solved_update_and_both_benches_refuse_no_checkout(
+def test_purejaxrls_first_solved_update_matches_a_loop_and_both_benches_refuse_no_checkout(
         tmp_path, script, capsys):
-    bench = script("bench_time_to_solve")
+    baseline = script("purejaxrl_baseline")
     # [updates=3, steps=2, envs=2]: episodes end in time order 10, (20, 30) | 40 | (50, 60).
     returns = np.array([[[0, 10], [20, 30]], [[0, 0], [40, 0]], [[50, 60], [0, 0]]], float)
     ended = returns > 0
     # The means of the last two episodes by each update's end: 25, 35, 55.
-    assert [bench.first_solved_update(returns, ended, t, min_episodes=2)
+    assert [baseline.first_solved_update(returns, ended, t, min_episodes=2)
             for t in (20, 30, 50, 56)] == [0, 1, 2, None]
-    assert bench.first_solved_update(returns, ended & False, 0) is None  # no episode, no mean
+    assert baseline.first_solved_update(returns, ended & False, 0) is None  # no episode, no mean
 
     rng = np.random.default_rng(0)
     returns = rng.uniform(0, 500, (40, 8, 4))
@@ -542,10 +542,10 @@ def test_time_to_solve_finds_purejaxrls_solved_update_and_both_benches_refuse_no
                         seen.append(returns[update, step, env])
             if seen and expected is None and np.mean(seen[-5:]) >= target:
                 expected = update
-        assert bench.first_solved_update(returns, ended, target, min_episodes=5) == expected
+        assert baseline.first_solved_update(returns, ended, target, min_episodes=5) == expected
 
     # Both scripts with a purejaxrl mode refuse it without a checkout, before any run.
-    for main in (bench.main, script("bench_throughput").main):
+    for main in (script("bench_time_to_solve").main, script("bench_throughput").main):
         for argv in (["--modes", "purejaxrl"],
                      ["--modes", "purejaxrl", "--purejaxrl", str(tmp_path)]):
             with pytest.raises(SystemExit):
@@ -553,22 +553,23 @@ def test_time_to_solve_finds_purejaxrls_solved_update_and_both_benches_refuse_no
         assert "no ppo.py" in capsys.readouterr().err
 
 
-def test_robustness_reads_purejaxrl_metrics_and_refuses_a_missing_checkout(tmp_path, capsys):
-    robustness = load_script("robustness")
+def test_robustness_reads_purejaxrl_metrics_and_refuses_a_missing_checkout(
+        tmp_path, script, capsys):
+    robustness, baseline = script("robustness"), script("purejaxrl_baseline")
     # [updates=2, steps=2, envs=2]: episodes end in time order 10, (20, 30), 40.
     returns = np.array([[[0, 10], [20, 30]], [[0, 0], [40, 0]]], float)
     ended = returns > 0
-    assert robustness.last_episodes_return_mean(returns, ended) == 25.0
-    assert robustness.last_episodes_return_mean(returns, ended, min_episodes=2) == 35.0
-    assert math.isnan(robustness.last_episodes_return_mean(returns, ended & False))
+    assert baseline.last_episodes_return_mean(returns, ended) == 25.0
+    assert baseline.last_episodes_return_mean(returns, ended, min_episodes=2) == 35.0
+    assert math.isnan(baseline.last_episodes_return_mean(returns, ended & False))
     with pytest.raises(ValueError, match="updates, steps, envs"):
-        robustness.last_episodes_return_mean(returns[0], ended[0])
+        baseline.last_episodes_return_mean(returns[0], ended[0])
     stats = robustness.tail_stats([500.0, 480.0, 100.0, float("nan")], threshold=475.0)
     assert stats["solved_fraction"] == 0.5 and math.isnan(stats["p5"])
     assert robustness.tail_stats([0.0, 100.0], threshold=1.0)["p5"] == 5.0  # linear
 
     logits = np.log(np.array([[0.25, 0.75], [0.5, 0.5]]))
-    pi = robustness.StandInCategorical(logits)
+    pi = baseline.StandInCategorical(logits)
     np.testing.assert_allclose(pi.log_prob(np.array([1, 0])), np.log([0.75, 0.5]), rtol=1e-6)
     np.testing.assert_allclose(pi.entropy(), [-(0.25 * np.log(0.25) + 0.75 * np.log(0.75)),
                                              np.log(2)], rtol=1e-6)
