@@ -27,6 +27,17 @@ alternating seed by seed:
   programs one at a time (``experiments/cpu_device_queue.py``); on two, the
   update and the rollouts may run at the same time.
 
+- ``fused-lag1``: not the runtime, a bound on what it could reach with its
+  actors inside the learner's program: the twin's parts
+  (`ppo_async.sync.make_sync_twin`) as one jitted call per update that
+  collects the next batch with the current params and updates on the batch
+  collected one update earlier, launched from Python with its metrics read
+  back every update, as a learner loop would. The rollout and the update of
+  a call do not depend on each other. Its bits are those of the twin at
+  ``policy_lag=1``, the runtime's exact lag of 1 with one actor (checked
+  after the timing: ``same_params_as_twin_lag_1``). Measured as ``async``.
+- ``fused-lag1-16``: the same, 16 updates per call (a ``lax.scan``; the
+  metrics read back every 16 updates): what the launches cost.
 - ``purejaxrl``: purejaxrl's own ``purejaxrl/ppo.py`` from the checkout
   given by ``--purejaxrl`` (its default CartPole config: 4 envs x 128 steps,
   the same batch of 512 and 4 epochs x 4 minibatches), one seed jitted as
@@ -114,9 +125,60 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
             "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
 
 
+FUSED_UPDATES_PER_CALL = {"fused-lag1": 1, "fused-lag1-16": 16}
+
+
+def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ppo_async import AsyncActorLearnerConfig
+    from ppo_async.core.devices import to_host
+    from ppo_async.sync import make_sync_twin, make_train, recent_return_mean
+
+    config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
+    twin = make_sync_twin(config)
+    lag_1 = jnp.ones((config.num_envs,), jnp.int32)
+
+    @jax.jit
+    def first_batch(key):  # collected with the initial params, as the twin's first
+        carry = twin.init(key)
+        return (carry.learner, *twin.collect(carry.learner.params, carry.env, jnp.zeros_like(lag_1)))
+
+    def step(state, _):
+        learner, env, batch, episodes = state
+        env, next_batch, next_episodes = twin.collect(learner.params, env, lag_1)
+        learner, metrics = twin.update(learner, batch)
+        return (learner, env, next_batch, next_episodes), metrics | episodes
+
+    steps = jax.jit(lambda state: jax.lax.scan(step, state, None, length=per_call))
+    if config.num_updates % per_call:
+        raise SystemExit(f"{config.num_updates} updates are not calls of {per_call}")
+    start = time.perf_counter()
+    state, marks, metrics = first_batch(jax.random.key(seed)), [], []
+    for call in range(config.num_updates // per_call):
+        state, call_metrics = steps(state)
+        metrics.append(to_host(call_metrics))
+        marks.append((time.perf_counter(), (call + 1) * per_call * config.batch_size,
+                      common.cpu_seconds(children=True)))
+    wall_s = time.perf_counter() - start
+    quarter = next(i for i, (_, steps, _) in enumerate(marks) if steps >= total_env_steps / 4)
+    (t0, s0, c0), (t1, s1, c1) = marks[quarter], marks[-1]
+    twin_params = jax.jit(make_train(config, policy_lag=1))(jax.random.key(seed)).params
+    same = all(np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(to_host(state[0].params)), jax.tree.leaves(to_host(twin_params))))
+    return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "wall_s": wall_s,
+            "cpu_s_per_100k_steps": (c1 - c0) / (s1 - s0) * 1e5, "cores_busy": (c1 - c0) / (t1 - t0),
+            "first_update_s": marks[0][0] - start,
+            "final_return": recent_return_mean({k: np.concatenate([m[k] for m in metrics])
+                                                for k in ("episode_return_sum", "episodes")}),
+            "same_params_as_twin_lag_1": same}
+
+
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
 MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes", "async-own-device",
-         "purejaxrl")
+         *FUSED_UPDATES_PER_CALL, "purejaxrl")
 BASELINES = {"twin": ("the twin's run phase", 1.0), "purejaxrl": ("purejaxrl's run phase", 1.2)}
 
 
@@ -142,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
                         default=None,
                         help=argparse.SUPPRESS)  # the child process of one measurement
     parser.add_argument("--modes", nargs="+", choices=MODES,
-                        default=[m for m in MODES if m != "purejaxrl"])
+                        default=[m for m in MODES if m not in (*FUSED_UPDATES_PER_CALL, "purejaxrl")])
     parser.add_argument("--purejaxrl", default=None, metavar="DIR",
                         help="a checkout of github.com/luchris429/purejaxrl "
                              "(for --modes purejaxrl)")
@@ -158,6 +220,9 @@ def main(argv: list[str] | None = None) -> dict:
             result = _purejaxrl(args.purejaxrl, args.total_env_steps, args.seeds[0])
         elif args.one == "twin":
             result = _twin(args.total_env_steps, args.seeds[0])
+        elif args.one in FUSED_UPDATES_PER_CALL:
+            result = _fused_lag1(args.total_env_steps, args.seeds[0],
+                                 FUSED_UPDATES_PER_CALL[args.one])
         else:
             result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined",
                             "processes" if args.one == "async-processes" else "threads",
@@ -167,6 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     def line(row):
         lag = f", policy lag {row['policy_lag_mean']:.2f}" if "policy_lag_mean" in row else ""
+        if "same_params_as_twin_lag_1" in row:
+            lag = f", the lag-1 twin's params: {row['same_params_as_twin_lag_1']}"
         return (f"{row['mode']:15s} seed {row['seed']}: {row['env_steps_per_s']:8.0f} env steps/s, "
                 f"{row['cpu_s_per_100k_steps']:.2f} CPU s per 100k steps on "
                 f"{row['cores_busy']:.2f} cores (final return {row['final_return']:.1f}{lag}, "

@@ -234,13 +234,17 @@ def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, scrip
     bench = script("bench_throughput")
     # Eight updates a mode: the quarter mark is the second, the rate runs to the eighth.
     bench.main(["--seeds", "0", "--modes", "twin", "async-1t", "async-unpipelined",
-                "async-own-device", "--total-env-steps", "4096", "--out", str(tmp_path)])
+                "async-own-device", "fused-lag1", "--total-env-steps", "4096",
+                "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [row["mode"] for row in saved["rows"]] == ["twin", "async-1t", "async-unpipelined",
-                                                      "async-own-device"]
+                                                      "async-own-device", "fused-lag1"]
     assert all(row["env_steps_per_s"] > 0 for row in saved["rows"])
-    assert all(0 <= row["policy_lag_mean"] <= 1 for row in saved["rows"][1:])
-    assert set(saved["ratio_to_twin"]) == {"async-1t", "async-unpipelined", "async-own-device"}
+    assert all(0 <= row["policy_lag_mean"] <= 1 for row in saved["rows"][1:4])
+    # The bound computes what the runtime computes at an exact lag of 1 (one actor).
+    assert saved["rows"][4]["same_params_as_twin_lag_1"] is True
+    assert set(saved["ratio_to_twin"]) == {"async-1t", "async-unpipelined", "async-own-device",
+                                           "fused-lag1"}
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3
     assert "x the twin's run phase" in capsys.readouterr().out
 
