@@ -153,8 +153,6 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
         return (learner, env, next_batch, next_episodes), metrics | episodes
 
     steps = jax.jit(lambda state: jax.lax.scan(step, state, None, length=per_call))
-    if config.num_updates % per_call:
-        raise SystemExit(f"{config.num_updates} updates are not calls of {per_call}")
     start = time.perf_counter()
     state, marks, metrics = first_batch(jax.random.key(seed)), [], []
     for call in range(config.num_updates // per_call):
@@ -214,6 +212,14 @@ def main(argv: list[str] | None = None) -> dict:
         import purejaxrl_baseline
 
         purejaxrl_baseline.purejaxrl_folder_or_exit(parser, args.purejaxrl)
+    for mode in set(args.modes) & set(FUSED_UPDATES_PER_CALL):
+        from ppo_async import AsyncActorLearnerConfig
+
+        updates = AsyncActorLearnerConfig(total_env_steps=args.total_env_steps).num_updates
+        per_call = FUSED_UPDATES_PER_CALL[mode]
+        if updates % per_call or updates < 4 * per_call:  # the rate runs from a quarter on
+            parser.error(f"--modes {mode}: the budget's {updates} updates are not 4 or more "
+                         f"whole calls of {per_call}; choose another --total-env-steps")
 
     if args.one is not None:
         if args.one == "purejaxrl":

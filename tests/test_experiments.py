@@ -247,6 +247,10 @@ def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, scrip
                                            "fused-lag1"}
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3
     assert "x the twin's run phase" in capsys.readouterr().out
+    # 8 updates are not 4 calls of 16: refused before any process starts.
+    with pytest.raises(SystemExit):
+        bench.main(["--seeds", "0", "--modes", "fused-lag1-16", "--total-env-steps", "4096"])
+    assert "not 4 or more whole calls of 16" in capsys.readouterr().err
 
 
 def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, script, capsys):
