@@ -561,6 +561,24 @@ def test_purejaxrls_first_solved_update_matches_a_loop_and_both_benches_refuse_n
         assert "no ppo.py" in capsys.readouterr().err
 
 
+def test_bench_time_to_solve_times_the_runtime_and_the_twin_in_fresh_processes(
+        tmp_path, script, capsys):
+    bench = script("bench_time_to_solve")
+    # A return of 5 is reached by the episodes of the first update (the twin: its first block).
+    result = bench.main(["--seeds", "0", "--modes", "async", "sync", "--target", "5",
+                         "--total-env-steps", "2048", "--sync-block", "2",
+                         "--out", str(tmp_path)])
+    rows = {row["mode"]: row for row in result["rows"]}
+    assert rows["async"]["solved"] and rows["sync"]["solved"]
+    assert rows["async"]["env_steps"] == 512 and rows["sync"]["env_steps"] == 1024  # a block of 2
+    assert 0 < rows["async"]["time_s"] and 0 < rows["sync"]["time_s"]
+    summary = result["summary"]
+    assert summary["async"]["ratio_to_sync"] == pytest.approx(
+        rows["async"]["time_s"] / rows["sync"]["time_s"])
+    assert json.loads((tmp_path / "results.json").read_text())["target"] == 5.0
+    assert "(1/1 solved)" in capsys.readouterr().out
+
+
 def test_robustness_reads_purejaxrl_metrics_and_refuses_a_missing_checkout(
         tmp_path, script, capsys):
     robustness, baseline = script("robustness"), script("purejaxrl_baseline")
