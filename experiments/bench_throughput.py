@@ -28,14 +28,15 @@ alternating seed by seed:
   update and the rollouts may run at the same time.
 
 - ``fused-lag1``: not the runtime, a bound on what it could reach with its
-  actors inside the learner's program: the twin's parts
-  (`ppo_async.sync.make_sync_twin`) as one jitted call per update that
-  collects the next batch with the current params and updates on the batch
-  collected one update earlier, launched from Python with its metrics read
-  back every update, as a learner loop would. The rollout and the update of
-  a call do not depend on each other. Its bits are those of the twin at
-  ``policy_lag=1``, the runtime's exact lag of 1 with one actor (checked
-  after the timing: ``same_params_as_twin_lag_1``). Measured as ``async``.
+  actors inside the learner's program: what `train()` builds (the actors'
+  program, each actor's first carry, the update) as one jitted call per
+  update that collects every actor's next chunk with the current params
+  and updates on the batch collected one update earlier, launched from
+  Python with its metrics read back every update, as a learner loop would.
+  The rollouts and the update of a call do not depend on each other. Its
+  bits are `train()`'s at the default exact lag of 1 (checked after the
+  timing by running `train()`: ``same_params_as_train``). Measured as
+  ``async``.
 - ``fused-lag1-16``: the same, 16 updates per call (a ``lax.scan``; the
   metrics read back every 16 updates): what the launches cost.
 - ``purejaxrl``: purejaxrl's own ``purejaxrl/ppo.py`` from the checkout
@@ -129,32 +130,52 @@ FUSED_UPDATES_PER_CALL = {"fused-lag1": 1, "fused-lag1-16": 16}
 
 
 def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
+    import flax.serialization
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from ppo_async import AsyncActorLearnerConfig
+    from ppo_async import AsyncActorLearnerConfig, train
     from ppo_async.core.devices import to_host
-    from ppo_async.sync import make_sync_twin, make_train, recent_return_mean
+    from ppo_async.core.update import default_schedule, make_update_fn, with_normalization
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.actor import ActorStart, _first_carry
+    from ppo_async.runtime.learner import stack_experiences
+    from ppo_async.runtime.messages import Experience
+    from ppo_async.sync import recent_return_mean
+    from ppo_async.train import initial_learner_state
 
+    # What train() builds: the actors' program, each actor's first carry, the update.
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
-    twin = make_sync_twin(config)
-    lag_1 = jnp.ones((config.num_envs,), jnp.int32)
+    program, cpu = make_actor_program(config), jax.devices("cpu")[0]
+    update = with_normalization(make_update_fn(config.update_options(), program.network,
+                                               schedule=default_schedule(config.update_options())),
+                                config.normalization_options())
+    carries = [_first_carry(actor, config, program, cpu, ActorStart())
+               for actor in range(config.num_actors)]
 
-    @jax.jit
-    def first_batch(key):  # collected with the initial params, as the twin's first
-        carry = twin.init(key)
-        return (carry.learner, *twin.collect(carry.learner.params, carry.env, jnp.zeros_like(lag_1)))
+    def collect(params, carries, lag):  # every actor's own chunk, stacked as the learner does
+        chunks = [program.rollout(params, carry) for carry in carries]
+        experiences = [Experience(actor, 0, trajectory, bootstrap_obs, bootstrap_value)
+                       for actor, (_, trajectory, bootstrap_obs, bootstrap_value)
+                       in enumerate(chunks)]
+        episodes = {"episode_return_sum": sum(jnp.sum(e.trajectory.episode_return)
+                                              for e in experiences),
+                    "episodes": sum(jnp.sum(e.trajectory.episode_length > 0) for e in experiences)}
+        batch = stack_experiences(experiences, [lag] * len(chunks), xp=jnp)
+        return [chunk[0] for chunk in chunks], batch, episodes
 
     def step(state, _):
-        learner, env, batch, episodes = state
-        env, next_batch, next_episodes = twin.collect(learner.params, env, lag_1)
-        learner, metrics = twin.update(learner, batch)
-        return (learner, env, next_batch, next_episodes), metrics | episodes
+        learner, carries, batch, episodes = state
+        carries, next_batch, next_episodes = collect(learner.params, carries, 1)
+        learner, metrics = update(learner, batch)
+        return (learner, carries, next_batch, next_episodes), metrics | episodes
 
     steps = jax.jit(lambda state: jax.lax.scan(step, state, None, length=per_call))
     start = time.perf_counter()
-    state, marks, metrics = first_batch(jax.random.key(seed)), [], []
+    learner = jax.device_put(initial_learner_state(config, program), cpu)
+    state = (learner, *jax.jit(collect, static_argnums=2)(learner.params, carries, 0))
+    marks, metrics = [], []
     for call in range(config.num_updates // per_call):
         state, call_metrics = steps(state)
         metrics.append(to_host(call_metrics))
@@ -163,15 +184,15 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
     wall_s = time.perf_counter() - start
     quarter = next(i for i, (_, steps, _) in enumerate(marks) if steps >= total_env_steps / 4)
     (t0, s0, c0), (t1, s1, c1) = marks[quarter], marks[-1]
-    twin_params = jax.jit(make_train(config, policy_lag=1))(jax.random.key(seed)).params
-    same = all(np.array_equal(a, b) for a, b in zip(
-        jax.tree.leaves(to_host(state[0].params)), jax.tree.leaves(to_host(twin_params))))
+    ran = train(config, progress=False).params
+    same = (flax.serialization.to_bytes(to_host(state[0].params))
+            == flax.serialization.to_bytes(to_host(ran)))
     return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "wall_s": wall_s,
             "cpu_s_per_100k_steps": (c1 - c0) / (s1 - s0) * 1e5, "cores_busy": (c1 - c0) / (t1 - t0),
             "first_update_s": marks[0][0] - start,
             "final_return": recent_return_mean({k: np.concatenate([m[k] for m in metrics])
                                                 for k in ("episode_return_sum", "episodes")}),
-            "same_params_as_twin_lag_1": same}
+            "same_params_as_train": same}
 
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
@@ -238,8 +259,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     def line(row):
         lag = f", policy lag {row['policy_lag_mean']:.2f}" if "policy_lag_mean" in row else ""
-        if "same_params_as_twin_lag_1" in row:
-            lag = f", the lag-1 twin's params: {row['same_params_as_twin_lag_1']}"
+        if "same_params_as_train" in row:
+            lag = f", train()'s params: {row['same_params_as_train']}"
         return (f"{row['mode']:15s} seed {row['seed']}: {row['env_steps_per_s']:8.0f} env steps/s, "
                 f"{row['cpu_s_per_100k_steps']:.2f} CPU s per 100k steps on "
                 f"{row['cores_busy']:.2f} cores (final return {row['final_return']:.1f}{lag}, "

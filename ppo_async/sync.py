@@ -61,15 +61,10 @@ class SyncCarry(NamedTuple):
 
 
 class SyncTwin(NamedTuple):
-    """The twin as pure functions, for loops that stop early (benchmarks) or run its parts in another order."""
+    """The twin as two pure functions, for loops that stop early (benchmarks)."""
 
     init: Callable[[jax.Array], SyncCarry]  # key -> carry
     step: Callable[[SyncCarry], tuple[SyncCarry, dict[str, jax.Array]]]  # one update
-    # (acting params, env carry, each env's lag [E]) -> (env carry, batch, the
-    # finished episodes' return sum and count): one rollout as the learner's batch.
-    collect: Callable[[Any, EnvCarry, jax.Array], tuple[EnvCarry, Batch, dict[str, jax.Array]]]
-    # (learner state, batch) -> (learner state, metrics): one update.
-    update: Callable[[LearnerState, Batch], tuple[LearnerState, dict[str, jax.Array]]]
 
 
 def make_sync_twin(
@@ -135,25 +130,20 @@ def make_sync_twin(
             )
         return carry
 
-    def collect(acting: Any, env_carry: EnvCarry,
-                lag: jax.Array) -> tuple[EnvCarry, Batch, dict[str, jax.Array]]:
-        env_carry, trajectory, bootstrap_value = rollout(acting, env_carry)
-        episodes = {"episode_return_sum": jnp.sum(trajectory.episode_return),
-                    "episodes": jnp.sum(trajectory.episode_length > 0)}
-        return env_carry, _batch_of(trajectory, env_carry.obs, bootstrap_value, lag), episodes
-
     def step(carry: SyncCarry) -> tuple[SyncCarry, dict[str, jax.Array]]:
         acting, lag = carry.learner.params, jnp.zeros((config.num_envs,), jnp.int32)
         if history_size:
             acting, lag = _stale_params(carry, env_index, per_actor)
-        env_carry, batch, episodes = collect(acting, carry.env, lag)
-        learner, metrics = update(carry.learner, batch)
-        metrics.update(episodes)
+        env_carry, trajectory, bootstrap_value = rollout(acting, carry.env)
+        learner, metrics = update(carry.learner,
+                                  _batch_of(trajectory, env_carry.obs, bootstrap_value, lag))
+        metrics["episode_return_sum"] = jnp.sum(trajectory.episode_return)
+        metrics["episodes"] = jnp.sum(trajectory.episode_length > 0)
         if not history_size:
             return SyncCarry(learner, env_carry), metrics
         return _with_history(SyncCarry(learner, env_carry), carry), metrics
 
-    return SyncTwin(init, step, collect, update)
+    return SyncTwin(init, step)
 
 
 def _checked_lags(config: AsyncActorLearnerConfig,

@@ -279,6 +279,14 @@ class _UpdateWarmUp:
             self._thread.join(timeout_s)
 
 
+def initial_learner_state(config: AsyncActorLearnerConfig, program: ActorProgram) -> LearnerState:
+    """A fresh run's learner state: the params and optimizer state that ``config.seed`` gives."""
+    params_key, learner_key = keys.split(keys.key(config.seed))
+    params = wrap_params(init_params(program.network, params_key, program.observation_shape),
+                         program.observation_shape, config.normalization_options())
+    return init_learner_state(config.update_options(), params, learner_key)
+
+
 def _summary(report: LearnerReport, not_reproducible: str | None) -> dict[str, Any]:
     """The report as JSON (actor stats as dicts), and whether the run is fixed by its seed."""
     summary = dataclasses.asdict(report)
@@ -558,12 +566,7 @@ class _Run:
             actor_device=self.actor_device if config.actor_backend == "threads" else None)
         try:  # until the shutdown, which joins it on every path
             if resume is None:
-                params_key, learner_key = keys.split(keys.key(config.seed))
-                program = self.program
-                params = wrap_params(
-                    init_params(program.network, params_key, program.observation_shape),
-                    program.observation_shape, config.normalization_options())
-                state = init_learner_state(config.update_options(), params, learner_key)
+                state = initial_learner_state(config, self.program)
                 self.report = LearnerReport()
                 self.carries = (None,) * config.num_actors
             else:

@@ -241,8 +241,8 @@ def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, scrip
                                                       "async-own-device", "fused-lag1"]
     assert all(row["env_steps_per_s"] > 0 for row in saved["rows"])
     assert all(0 <= row["policy_lag_mean"] <= 1 for row in saved["rows"][1:4])
-    # The bound computes what the runtime computes at an exact lag of 1 (one actor).
-    assert saved["rows"][4]["same_params_as_twin_lag_1"] is True
+    # The bound computes what train() computes at its default exact lag of 1.
+    assert saved["rows"][4]["same_params_as_train"] is True
     assert set(saved["ratio_to_twin"]) == {"async-1t", "async-unpipelined", "async-own-device",
                                            "fused-lag1"}
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3

@@ -85,15 +85,17 @@ class RolloutBuffer:
         return batch
 
 
-def stack_experiences(experiences: Sequence[Experience], lags: Sequence[int] | None = None) -> Batch:
+def stack_experiences(experiences: Sequence[Experience], lags: Sequence[int] | None = None,
+                      xp: Any = np) -> Batch:
     """Concatenate chunks along the env axis, in the order given (numpy).
 
     ``lags``: each chunk's policy lag in learner updates (default 0), copied
-    to every env of its chunk.
+    to every env of its chunk. ``xp=jax.numpy`` stacks traced chunks inside
+    a jitted function instead (the same values).
     """
 
     def cat(arrays, axis):
-        return np.concatenate(arrays, axis=axis)
+        return xp.concatenate(arrays, axis=axis)
 
     trajectories = [e.trajectory for e in experiences]
     recurrent = trajectories[0].hidden is not None
@@ -112,7 +114,7 @@ def stack_experiences(experiences: Sequence[Experience], lags: Sequence[int] | N
         # re-unrolls the rest under its own params.
         reset=cat([t.reset for t in trajectories], 1) if recurrent else None,
         initial_hidden=cat([t.hidden[0] for t in trajectories], 0) if recurrent else None,
-        policy_lag=cat([np.full(t.reward.shape[1], lag, np.int32)
+        policy_lag=cat([xp.full(t.reward.shape[1], lag, np.int32)
                         for t, lag in zip(trajectories, lags, strict=True)], 0),
         truncated=cat([t.truncated for t in trajectories], 1) if final_obs else None,
         final_obs=cat([t.final_obs for t in trajectories], 1) if final_obs else None,
