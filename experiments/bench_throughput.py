@@ -117,13 +117,23 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
     start = time.perf_counter()
     report = train(config, progress=False, on_update=lambda m: marks.append(
         (time.perf_counter(), m["env_steps"], common.cpu_seconds(children=True)))).report
+    return {**_steady_rate(marks, total_env_steps, start), "final_return": report.episode_return_mean,
+            "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
+
+
+def _steady_rate(marks: list[tuple[float, int, float]], total_env_steps: int,
+                 start: float) -> dict:
+    """The rate from the first mark at or past a quarter of the budget to the last.
+
+    ``marks``: (time, env steps, CPU seconds) after each update (or call);
+    ``start``: when the run began.
+    """
     wall_s = time.perf_counter() - start
     quarter = next(i for i, (_, steps, _) in enumerate(marks) if steps >= total_env_steps / 4)
     (t0, s0, c0), (t1, s1, c1) = marks[quarter], marks[-1]
     return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "wall_s": wall_s,
             "cpu_s_per_100k_steps": (c1 - c0) / (s1 - s0) * 1e5, "cores_busy": (c1 - c0) / (t1 - t0),
-            "first_update_s": marks[0][0] - start, "final_return": report.episode_return_mean,
-            "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
+            "first_update_s": marks[0][0] - start}
 
 
 FUSED_UPDATES_PER_CALL = {"fused-lag1": 1, "fused-lag1-16": 16}
@@ -137,20 +147,18 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
 
     from ppo_async import AsyncActorLearnerConfig, train
     from ppo_async.core.devices import to_host
-    from ppo_async.core.update import default_schedule, make_update_fn, with_normalization
+    from ppo_async.core.update import default_schedule
     from ppo_async.envs.backends import make_actor_program
     from ppo_async.runtime.actor import ActorStart, _first_carry
     from ppo_async.runtime.learner import stack_experiences
     from ppo_async.runtime.messages import Experience
     from ppo_async.sync import recent_return_mean
-    from ppo_async.train import initial_learner_state
+    from ppo_async.train import initial_learner_state, learner_update
 
     # What train() builds: the actors' program, each actor's first carry, the update.
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
     program, cpu = make_actor_program(config), jax.devices("cpu")[0]
-    update = with_normalization(make_update_fn(config.update_options(), program.network,
-                                               schedule=default_schedule(config.update_options())),
-                                config.normalization_options())
+    update = learner_update(config, program, default_schedule(config.update_options()))
     carries = [_first_carry(actor, config, program, cpu, ActorStart())
                for actor in range(config.num_actors)]
 
@@ -181,15 +189,11 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
         metrics.append(to_host(call_metrics))
         marks.append((time.perf_counter(), (call + 1) * per_call * config.batch_size,
                       common.cpu_seconds(children=True)))
-    wall_s = time.perf_counter() - start
-    quarter = next(i for i, (_, steps, _) in enumerate(marks) if steps >= total_env_steps / 4)
-    (t0, s0, c0), (t1, s1, c1) = marks[quarter], marks[-1]
+    rate = _steady_rate(marks, total_env_steps, start)
     ran = train(config, progress=False).params
     same = (flax.serialization.to_bytes(to_host(state[0].params))
             == flax.serialization.to_bytes(to_host(ran)))
-    return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "wall_s": wall_s,
-            "cpu_s_per_100k_steps": (c1 - c0) / (s1 - s0) * 1e5, "cores_busy": (c1 - c0) / (t1 - t0),
-            "first_update_s": marks[0][0] - start,
+    return {**rate,
             "final_return": recent_return_mean({k: np.concatenate([m[k] for m in metrics])
                                                 for k in ("episode_return_sum", "episodes")}),
             "same_params_as_train": same}

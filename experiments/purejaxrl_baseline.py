@@ -81,8 +81,8 @@ class StandInCategorical:
 
 def _unavailable(name: str):
     def refuse(*args, **kwargs):
-        raise RuntimeError(f"{name} is a stand-in (robustness.py): only purejaxrl's gymnax "
-                           "CartPole path is supported here")
+        raise RuntimeError(f"{name} is a stand-in (purejaxrl_baseline.py): only "
+                           "purejaxrl's gymnax CartPole path is supported here")
     return refuse
 
 
@@ -298,8 +298,7 @@ def run_purejaxrl_once(folder: pathlib.Path, total_env_steps: int, seed: int) ->
     (``[updates, steps, envs]``), ``updates`` and ``batch`` (env steps an update).
     """
     ppo, _ = import_purejaxrl_ppo(folder)
-    config = {**purejaxrl_default_config(folder / "ppo.py"), "DEBUG": False,
-              "TOTAL_TIMESTEPS": total_env_steps}
+    config = {**purejaxrl_config(folder / "ppo.py", 1), "TOTAL_TIMESTEPS": total_env_steps}
     return _train_timed(ppo, config, jax.random.PRNGKey(seed), False)
 
 

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import flax.serialization
 import jax
+from jax.sharding import Mesh
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.core import keys
@@ -277,6 +278,15 @@ class _UpdateWarmUp:
     def join(self, timeout_s: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+
+def learner_update(config: AsyncActorLearnerConfig, program: ActorProgram,
+                   schedule: LearningRateSchedule, mesh: Mesh | None = None) -> UpdateFn:
+    """The learner's jitted update as `train` runs it: ``schedule``'s learning rate, the
+    normalization statistics folded in where the config normalizes."""
+    return with_normalization(
+        make_update_fn(config.update_options(), program.network, schedule=schedule, mesh=mesh),
+        config.normalization_options())
 
 
 def initial_learner_state(config: AsyncActorLearnerConfig, program: ActorProgram) -> LearnerState:
@@ -557,10 +567,7 @@ class _Run:
         resume = self.resume
         self.schedule = (resume.schedule if resume is not None
                          else default_schedule(config.update_options()))
-        self.update = with_normalization(
-            make_update_fn(config.update_options(), self.program.network, schedule=self.schedule,
-                           mesh=self.learner.mesh),
-            config.normalization_options())
+        self.update = learner_update(config, self.program, self.schedule, self.learner.mesh)
         self.warm_up = _UpdateWarmUp(
             config, self.program, self.update, self.learner,
             actor_device=self.actor_device if config.actor_backend == "threads" else None)
