@@ -32,7 +32,7 @@ PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.
 # The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.actor_critic.TORSOS.
 TorsoName = Literal["auto", "none", "minatar", "nature"]
 TORSOS = get_args(TorsoName)
-SamplerName = Literal["actors", "shared"]
+SamplerName = Literal["actors", "shared", "learner"]
 SAMPLERS = get_args(SamplerName)  # the values of AsyncActorLearnerConfig.sampler
 
 
@@ -87,7 +87,7 @@ class AsyncActorLearnerConfig:
     batch_inference: bool | None = None
     """Thread actors of one device share their jitted calls: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, made by an inference thread for every actor waiting; a gymnax env's actors their chunks, one rollout program for all of them (from the thread that collects them, sampler 'shared'; in actor processes, an inference thread's call). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). None: on for host envs from 16 actors (fewer are as fast or faster calling alone) and for gymnax from 8 (on 2 cores, from one thread, a batch of 512 over 8 x 1 actors ran 115k env steps/s with one program against 78k calling their own in turn; at 4 x 2, 121k against 102k, what the shared program's longer compile, 0.8 s, costs on a run of 500k steps); docs/benchmarks.md has the figures. False: every actor calls alone, as Ray actors do."""
     sampler: SamplerName | None = None
-    """Who steps each actor's envs. Host envs (gymnasium:, envpool:, host:): 'actors': each actor's thread steps its own and calls the policy (alone, or shared per env step as batch_inference says). 'shared': one sampler thread per process steps the envs of all its actors in lock-step, one policy call per env step for all, in two cohorts so that one cohort's envs step while the other's actions are computed; each env batch steps in a thread of its own (or in its env workers), and the actor threads wake once per chunk. An env batch with its own step_async / step_wait (envpool's send / recv, a simulator that steps elsewhere: ppo_async.envs.host.steps_natively_async) is started and waited for by the sampler itself, with no thread. Exact-lag runs give the same bits as batched per-step calls. None: 'shared' from 16 actors in a process whose calls are shared (batch_inference not False), else 'actors'. On the 2 ms sleep env on 2 cores, 'shared' against 'actors': 64 x 1 with step_async 0.52-0.63 of ideal against 0.24-0.39, blocking 0.36-0.43 against 0.32-0.40 (docs/benchmarks.md). Gymnax envs (thread actors): 'shared' collects every actor's jitted chunk from one thread (each actor's program called in turn, with the bits of 'actors', a thread per actor; or one program for all where batch_inference shares them); None: 'shared' from 2 actors. At a batch of 512 on CartPole on 2 cores, calling in turn ran 1.06x (2 x 4), 1.14x (4 x 2) and 1.14x (8 x 1) the env steps/s of a thread per actor (docs/benchmarks.md)."""
+    """Who steps each actor's envs. Host envs (gymnasium:, envpool:, host:): 'actors': each actor's thread steps its own and calls the policy (alone, or shared per env step as batch_inference says). 'shared': one sampler thread per process steps the envs of all its actors in lock-step, one policy call per env step for all, in two cohorts so that one cohort's envs step while the other's actions are computed; each env batch steps in a thread of its own (or in its env workers), and the actor threads wake once per chunk. An env batch with its own step_async / step_wait (envpool's send / recv, a simulator that steps elsewhere: ppo_async.envs.host.steps_natively_async) is started and waited for by the sampler itself, with no thread. Exact-lag runs give the same bits as batched per-step calls. None: 'shared' from 16 actors in a process whose calls are shared (batch_inference not False), else 'actors'. On the 2 ms sleep env on 2 cores, 'shared' against 'actors': 64 x 1 with step_async 0.52-0.63 of ideal against 0.24-0.39, blocking 0.36-0.43 against 0.32-0.40 (docs/benchmarks.md). Gymnax envs (thread actors): 'shared' collects every actor's jitted chunk from one thread (each actor's program called in turn, with the bits of 'actors', a thread per actor; or one program for all where batch_inference shares them); None: 'shared' from 2 actors. At a batch of 512 on CartPole on 2 cores, calling in turn ran 1.06x (2 x 4), 1.14x (4 x 2) and 1.14x (8 x 1) the env steps/s of a thread per actor (docs/benchmarks.md). 'learner' (gymnax, an exact lag, broadcast_every=1, one learner device): the learner's own program collects every actor's chunk, up to 64 updates a call, each chunk with the params of the update its exact lag names, on the learner's device (actor_device is not used); the same bits as thread actors, without their threads, bytes and queues (ppo_async.runtime.in_learner). Checkpoints and evaluations due by count see their update; StopTraining and Ctrl-C take effect at the end of a call."""
     env_workers: int = 0
     """Host envs (gymnasium: and host: ids) of each actor step in this many worker processes that never import JAX, each stepping its share, with observations in shared memory (ppo_async.envs.workers). 0 (the default): the actor's thread steps them itself, as envpool: envs always do. On a 2-core machine workers did not beat thread-stepped envs on MuJoCo Hopper and ran 1.08x threads on a Python env holding the GIL, while Ray actor processes ran 1.8x (docs/benchmarks.md); an idle worker waits for its next command awake only while the run's workers (num_actors x env_workers) have a core each, else it sleeps; a host: env whose factory cannot be sent to a process steps in the actor's thread, with a warning."""
     env_groups: int | None = None
@@ -547,6 +547,9 @@ def _validate(cfg: AsyncActorLearnerConfig) -> None:
 def _validate_env_layout(cfg: AsyncActorLearnerConfig) -> None:
     from ppo_async.envs.registry import GYMNASIUM, GYMNAX, HOST, split_env_id
 
+    _require(cfg.sampler != "learner" or split_env_id(cfg.env_id)[0] == GYMNAX, "sampler",
+             cfg.sampler, f"runs jitted envs only, inside the learner's program; "
+             f"{cfg.env_id} steps on the host: use sampler=None")
     _require(cfg.sampler != "shared" or split_env_id(cfg.env_id)[0] != GYMNAX
              or cfg.actor_backend == "threads", "sampler", cfg.sampler,
              f"for a gymnax env ({cfg.env_id}) applies to thread actors only (actor_backend="
@@ -669,6 +672,15 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
         "integer >= 1")
     _require(cfg.sampler is None or cfg.sampler in SAMPLERS, "sampler", cfg.sampler,
              f"must be None or one of {SAMPLERS}")
+    _require(cfg.sampler != "learner" or cfg.actor_backend == "threads", "sampler", cfg.sampler,
+             f"the learner's program collects the chunks in the learner's process: it "
+             f"cannot with actor_backend={cfg.actor_backend!r}; use actor_backend='threads'")
+    _require(cfg.sampler != "learner" or cfg.exact_lag is not None, "sampler", cfg.sampler,
+             "collects every chunk with the params its exact lag names: free-running actors "
+             "(exact_policy_lag=None, or a max_lead_steps alone) cannot; set exact_policy_lag")
+    _require(cfg.sampler != "learner" or cfg.broadcast_every == 1, "sampler", cfg.sampler,
+             f"reads the learner's params after every update: broadcast_every="
+             f"{cfg.broadcast_every} has no meaning there; leave it 1")
     _require(cfg.sampler != "shared" or cfg.actor_backend != "ray", "sampler", cfg.sampler,
              "'shared' needs several actors in a process: actor_backend 'threads' or "
              "'processes' (a Ray actor process runs one actor)")

@@ -77,9 +77,17 @@ from ppo_async.runs.run_dir import (
 from ppo_async.runs.run_log import RunLog
 from ppo_async.runs.wandb_log import WandbSettings
 from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart, exact_version
+from ppo_async.runtime.in_learner import (
+    InLearnerActors,
+    LoopProgram,
+    in_learner_loop,
+    loop_program,
+    warm_up_loop,
+)
 from ppo_async.runtime.learner import (
     EvalOutcome,
     LearnerConnections,
+    LearnerHooks,
     LearnerReport,
     drain_evaluations,
     learner_loop,
@@ -198,9 +206,10 @@ def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram) -> Ba
     Built from ``program.chunk_spec`` (the traced shapes of one chunk) and
     stacked as the learner stacks real chunks. None where the program has no
     spec (host envs, whose rollout steps Python envs): their update compiles
-    when the first batch arrives.
+    when the first batch arrives. None with ``sampler='learner'`` too: its update
+    compiles inside the program that collects the chunks.
     """
-    if program.chunk_spec is None:
+    if program.chunk_spec is None or config.sampler == "learner":
         return None
     trajectory, bootstrap_obs, bootstrap_value = host_zeros(program.chunk_spec)
     chunk = Experience(0, 0, trajectory, bootstrap_obs, bootstrap_value)
@@ -227,20 +236,26 @@ class _UpdateWarmUp:
     def __init__(
         self, config: AsyncActorLearnerConfig, program: ActorProgram, update: UpdateFn,
         placement: LearnerPlacement, actor_device: jax.Device | None = None,
+        loop: LoopProgram | None = None,
     ):
         self._done: concurrent.futures.Future = concurrent.futures.Future()
         batch = _warm_up_batch(config, program)
         self._thread = None
-        if batch is None:
+        if batch is None and loop is None:
             self._done.set_result(None)
             return
 
         def run() -> None:
             try:
-                if actor_device is not None:
-                    place(program.params_template, actor_device)
                 state = init_learner_state(config.update_options(), program.params_template,
                                            keys.key(0))
+                if loop is not None:
+                    warm_up_loop(loop, config, program, placement.put_state(state),
+                                 placement.device)
+                    self._done.set_result(None)
+                    return
+                if actor_device is not None:
+                    place(program.params_template, actor_device)
                 jax.block_until_ready(update(placement.put_state(state),
                                              placement.put_batch(batch)))
                 self._done.set_result(None)
@@ -335,6 +350,14 @@ class _Checkpoints:
             self.history.append((report.updates, state.params))
         if self.policy.due(report.updates):
             self.save_latest()
+
+    def after_call(self, state: LearnerState, report: LearnerReport, carries: list,
+                   history: list[tuple[int, Any]]) -> None:
+        """`after_update` for ``sampler='learner'``, whose program keeps the versions before
+        ``state``'s (``history``, oldest first) where the learner would have seen each."""
+        self.history.clear()
+        self.history.extend(history)
+        self.after_update(state, report, carries)
 
     def save_latest(self) -> pathlib.Path | None:
         """Write the newest good state unless it is already on disk; the newest checkpoint's path."""
@@ -545,6 +568,12 @@ class _Run:
         self.config, self.directories = config, directories
         self.run_dir = directories.run_dir
         self.learner = config.learner_placement()
+        self.in_learner = config.sampler == "learner"  # the actors' chunks in its program
+        if self.in_learner and self.learner.mesh is not None:
+            raise ConfigError(
+                f"sampler='learner' with learner_device={config.learner_device!r} "
+                f"({self.learner.describe()}): the actors' chunks run in the program of one "
+                "learner device; name one device, or use sampler=None")
         self.actor_device = resolve_device(config.actor_device)
         self.evaluating = config.eval_every_updates > 0
         self.stop = threading.Event()  # the evaluator's
@@ -568,9 +597,12 @@ class _Run:
         self.schedule = (resume.schedule if resume is not None
                          else default_schedule(config.update_options()))
         self.update = learner_update(config, self.program, self.schedule, self.learner.mesh)
+        self.loop = (loop_program(config, self.program, self.update) if self.in_learner
+                     else None)
         self.warm_up = _UpdateWarmUp(
             config, self.program, self.update, self.learner,
-            actor_device=self.actor_device if config.actor_backend == "threads" else None)
+            actor_device=self.actor_device if config.actor_backend == "threads" else None,
+            loop=self.loop)
         try:  # until the shutdown, which joins it on every path
             if resume is None:
                 state = initial_learner_state(config, self.program)
@@ -604,7 +636,8 @@ class _Run:
         """Start the transport, the run's files, the evaluator and the actors; run the learner."""
         config, watchdog = self.config, self.watchdog
         # Before any run file: Ray refuses a cluster without room for the actors here.
-        transport = self.transport = _make_transport(config, self.program, self.actor_device)
+        transport = self.transport = (InLearnerActors(config) if self.in_learner else
+                                      _make_transport(config, self.program, self.actor_device))
         self.channels = LearnerConnections(
             transport, *(queue.Queue() if self.evaluating else None for _ in range(2)))
         self.supervisor = Supervisor(config, transport, watchdog)
@@ -631,14 +664,24 @@ class _Run:
         transport.wait_started()  # processes take seconds to start; threads none
         if watchdog is not None:
             watchdog.name_threads()
-        self.state, self.report = learner_loop(
-            config, self.program.network, self.state, self.channels, self.learner, record,
-            on_actor_failure=self.supervisor.on_failure, on_stuck_actors=self.supervisor.on_stuck,
-            after_update=self.checkpoints.after_update, report=self.report,
-            update=self.warm_up.before(self.update), end_update=self.end_update,
-            on_evaluation=run_log.evaluation,
-            heartbeat=watchdog.heartbeat if watchdog is not None else None,
-        )
+        heartbeat = watchdog.heartbeat if watchdog is not None else None
+        if self.in_learner:
+            self.state, self.report = in_learner_loop(
+                config, self.program, self.loop, self.state, self.channels, self.learner,
+                self.update, self.report, self.end_update, self.published,
+                LearnerHooks(record, self.supervisor.on_failure, self.supervisor.on_stuck,
+                             on_evaluation=run_log.evaluation, heartbeat=heartbeat),
+                after_call=self.checkpoints.after_call,
+                before_first_call=lambda: self.warm_up.result(_WARM_UP_TIMEOUT_S))
+        else:
+            self.state, self.report = learner_loop(
+                config, self.program.network, self.state, self.channels, self.learner, record,
+                on_actor_failure=self.supervisor.on_failure,
+                on_stuck_actors=self.supervisor.on_stuck,
+                after_update=self.checkpoints.after_update, report=self.report,
+                update=self.warm_up.before(self.update), end_update=self.end_update,
+                on_evaluation=run_log.evaluation, heartbeat=heartbeat,
+            )
         if self.evaluator_thread is not None:
             # Let the evaluations asked for finish, so that they are reported and logged.
             self.channels.evaluator_queue.put(None)

@@ -1,0 +1,355 @@
+"""``sampler='learner'``: gymnax actors whose chunks the learner's own program collects.
+
+The layout the Podracer paper calls Anakin (Hessel et al. 2021), with the
+runtime's bits. One jitted call runs up to ``max_updates`` updates; in each,
+every actor collects its next chunk with the learner's current params, and the
+update trains on the batch collected ``exact_lag`` updates earlier. Those are
+the chunks, params versions, keys and columns that thread actors collect at the
+same exact lag (`ppo_async.runtime.actor.exact_version`), stacked as the learner
+stacks them, so a run gives the bits of the same config with thread actors
+(tests/runtime/test_in_learner.py). What it leaves out is everything between
+the two programs: no actor thread, no broadcast bytes, no queue, and one
+program launch for many updates.
+
+The host reads each call's metrics and finished episodes back at once and
+passes every update through the learner's own bookkeeping (`_Learner.finish`):
+the metrics lines, progress, ``on_update`` and evaluations are those of any
+run. A call ends where a checkpoint (``checkpoint_every_updates``) or an
+evaluation is due, so both see the params of their update; a checkpoint due by
+time (``checkpoint_every_s``), ``StopTraining`` from ``on_update`` and Ctrl-C
+take effect at the end of the call (the updates after the one that stopped are
+logged and passed to ``on_update`` too). An update whose params or metrics are
+not finite ends its call with the params before it kept, and raises
+`NonFiniteError` as the learner does.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core.devices import LearnerPlacement, to_host
+from ppo_async.core.update import Batch, LearnerState, UpdateFn
+from ppo_async.envs.program import ActorProgram
+from ppo_async.runtime.actor import ActorStart, ActorStats, _first_carry, exact_version
+from ppo_async.runtime.learner import (
+    LearnerConnections,
+    LearnerHooks,
+    LearnerReport,
+    _InFlight,
+    _Learner,
+    stack_experiences,
+)
+from ppo_async.runtime.messages import ActorFailure, Experience
+from ppo_async.runtime.transport import shares_calls
+
+MAX_UPDATES_PER_CALL = 64
+_CALL_S = 0.2  # what a call aims to last once its updates are timed: the progress stays live
+_EPISODE_ROWS_PER_CALL = 1 << 20  # bounds the episodes read back per call (rows x envs x updates)
+
+# after_call(state, report, carries, history): `AfterUpdate` with the params of the
+# versions before the state's (oldest first) that a checkpoint keeps, from the program.
+AfterCall = Callable[[LearnerState, LearnerReport, list[Any], list[tuple[int, Any]]], None]
+
+
+class _Chunks(NamedTuple):
+    """Every actor's chunk of one update, collected and stacked."""
+
+    batch: Batch
+    episodes: tuple  # per actor: (episode_return [T, E], episode_length [T, E])
+    carries: tuple  # each actor's carry after its chunk
+
+
+class _Loop(NamedTuple):
+    """The carry of one call's loop, and what it returns."""
+
+    count: jax.Array  # updates run (the last not finite where ``good`` is False)
+    good: jax.Array
+    state: LearnerState  # after the last good update
+    carries: tuple  # each actor's carry after the chunk of the last good update
+    history: tuple  # params of the versions before ``state``'s, oldest first
+    metrics: dict  # name -> [max_updates]
+    episodes: tuple  # per actor: ([max_updates, T, E], [max_updates, T, E])
+
+
+class _Episodes(NamedTuple):
+    """The parts of a chunk's trajectory the learner counts (`LearnerReport.record_update`)."""
+
+    episode_return: np.ndarray
+    episode_length: np.ndarray
+
+
+def _collector(config: AsyncActorLearnerConfig, program: ActorProgram):
+    """``collect(params, carries, lag) -> _Chunks``: every actor's next chunk, traced.
+
+    One program for all actors where thread actors would share theirs
+    (`shares_calls`), else each actor's own in turn: the bits of thread actors.
+    """
+    grouped = shares_calls(config, program)
+
+    def collect(params: Any, carries: tuple, lag: Any) -> _Chunks:
+        chunks = (program.rollout_group(params, list(carries)) if grouped
+                  else [program.rollout(params, carry) for carry in carries])
+        experiences = [Experience(actor_id, 0, trajectory, bootstrap_obs, bootstrap_value)
+                       for actor_id, (_, trajectory, bootstrap_obs, bootstrap_value)
+                       in enumerate(chunks)]
+        return _Chunks(
+            stack_experiences(experiences, [lag] * len(chunks), xp=jnp),
+            tuple((e.trajectory.episode_return, e.trajectory.episode_length)
+                  for e in experiences),
+            tuple(chunk[0] for chunk in chunks))
+
+    return collect
+
+
+def _shapes(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _loop_program(config: AsyncActorLearnerConfig, collect: Callable[..., _Chunks],
+                  update: UpdateFn, max_updates: int):
+    """The jitted ``run(state, carries, history, n, done, first_version) -> _Loop``: up to
+    ``n`` updates (at most ``max_updates``), stopping after one that is not finite.
+
+    The update after ``u`` done (0-based chunk ``u``) trains on chunks collected with
+    the params of version ``max(u - exact_lag, first_version)``: ``history[0]``, where
+    ``history`` holds the ``exact_lag`` versions before the state's (padded at the
+    front with the oldest there is), or the state's own params at lag 0.
+    """
+    lag = config.exact_lag
+
+    def run(state, carries, history, n, done, first_version):
+        chunk_spec = jax.eval_shape(collect, _shapes(state.params), _shapes(carries), 0)
+        _, metrics_spec = jax.eval_shape(update, _shapes(state), chunk_spec.batch)
+
+        def buffer(spec):
+            return jnp.zeros((max_updates, *spec.shape), spec.dtype)
+
+        def step(loop: _Loop) -> _Loop:
+            i = loop.count
+            chunk_lag = jnp.minimum(lag, done + i - first_version)
+            acting = loop.history[0] if lag else loop.state.params
+            chunks = collect(acting, loop.carries, chunk_lag)
+            state, metrics = update(*jax.lax.optimization_barrier((loop.state, chunks.batch)))
+            good = metrics["params_finite"] == 1.0
+            for value in metrics.values():
+                good &= jnp.all(jnp.isfinite(value))
+
+            def kept(new, old):  # a bad update's state is not kept: the run raises there
+                return jax.tree.map(lambda a, b: jnp.where(good, a, b), new, old)
+
+            return _Loop(
+                i + 1, good, kept(state, loop.state), kept(chunks.carries, loop.carries),
+                kept((*loop.history, loop.state.params)[1:], loop.history),
+                {name: loop.metrics[name].at[i].set(value) for name, value in metrics.items()},
+                jax.tree.map(lambda rows, x: rows.at[i].set(x), loop.episodes,
+                             chunks.episodes))
+
+        start = _Loop(jnp.int32(0), jnp.bool_(True), state, carries, history,
+                      jax.tree.map(buffer, metrics_spec), jax.tree.map(buffer, chunk_spec.episodes))
+        return jax.lax.while_loop(lambda loop: (loop.count < n) & loop.good, step, start)
+
+    return jax.jit(run)
+
+
+class InLearnerActors:
+    """The transport of ``sampler='learner'``: no actor runs anywhere but in the learner's
+    program, so nothing is sent; it keeps the actors' starts and counters, and the
+    evaluator's failures (`report_failure`) for the loop to raise."""
+
+    def __init__(self, config: AsyncActorLearnerConfig):
+        self.where_killed: dict[int, str] = {}
+        self.starts: dict[int, ActorStart] = {}
+        self.stats = [ActorStats(actor_id, pid=os.getpid()) for actor_id in
+                      range(config.num_actors)]
+        self.failures: queue.Queue = queue.Queue()
+
+    def start_actor(self, actor_id: int, start: ActorStart) -> None:
+        self.starts[actor_id] = start
+
+    def restart_actor(self, actor_id: int, start: ActorStart) -> None:
+        raise RuntimeError("sampler='learner' has no actor to restart")
+
+    def wait_started(self) -> None:
+        pass
+
+    def kill_actor(self, actor_id: int) -> bool:
+        return False
+
+    def receive(self, timeout_s: float) -> ActorFailure | None:
+        try:
+            return self.failures.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def report_failure(self, failure: ActorFailure) -> None:
+        self.failures.put(failure)
+
+    def publish(self, params: Any, learner_updates: int) -> None:
+        pass  # the program reads the learner's params itself
+
+    def queue_depth(self) -> int:
+        return 0
+
+    def actor_stats(self) -> list[ActorStats]:
+        return self.stats
+
+    def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
+        return []
+
+    def late_failures(self) -> list[ActorFailure]:
+        return []
+
+
+class _InLearner(_Learner):
+    """`_Learner`'s bookkeeping without a broadcast: the program reads the params itself."""
+
+    def _publish(self, state: LearnerState | None) -> float:
+        return 0.0
+
+
+def max_updates_per_call(config: AsyncActorLearnerConfig) -> int:
+    """How many updates one call can run: `MAX_UPDATES_PER_CALL`, fewer for large batches
+    (each update's episodes are read back, ``num_steps x envs`` rows)."""
+    return max(1, min(MAX_UPDATES_PER_CALL, _EPISODE_ROWS_PER_CALL // config.batch_size))
+
+
+class LoopProgram(NamedTuple):
+    """The jitted loop of a run (`_loop_program`), built once so that a warm-up compiles it."""
+
+    run: Callable[..., _Loop]
+    max_updates: int
+
+
+def loop_program(config: AsyncActorLearnerConfig, program: ActorProgram,
+                 update: UpdateFn) -> LoopProgram:
+    """The loop of ``sampler='learner'`` for ``config``, ``program`` and the learner's ``update``."""
+    max_updates = max_updates_per_call(config)
+    return LoopProgram(_loop_program(config, _collector(config, program), update, max_updates),
+                       max_updates)
+
+
+def warm_up_loop(loop: LoopProgram, config: AsyncActorLearnerConfig, program: ActorProgram,
+                 state: LearnerState, device: jax.Device) -> None:
+    """Compile ``loop`` by a call that runs no update, on ``state`` (on ``device``: the
+    learner's, where the run's own state is) and fresh carries of the real shapes."""
+    carries = tuple(_first_carry(actor_id, config, program, device, ActorStart())
+                    for actor_id in range(config.num_actors))
+    history = (state.params,) * config.exact_lag
+    jax.block_until_ready(loop.run(state, carries, history, jnp.int32(0), jnp.int32(0),
+                                   jnp.int32(0)).count)
+
+
+def in_learner_loop(
+    config: AsyncActorLearnerConfig, program: ActorProgram, loop_program: LoopProgram,
+    state: LearnerState, channels: LearnerConnections, placement: LearnerPlacement,
+    update: UpdateFn, report: LearnerReport, end_update: int,
+    published: list[tuple[int, Any]], hooks: LearnerHooks,
+    after_call: AfterCall | None = None, before_first_call: Callable[[], None] | None = None,
+) -> tuple[LearnerState, LearnerReport]:
+    """`ppo_async.runtime.learner.learner_loop` for ``sampler='learner'``: the updates and
+    the actors' chunks in one program (module docstring), until ``end_update``.
+
+    ``published``: (version, params) of the versions a resumed run's first chunks
+    need, ending with ``state``'s own; the actors start where ``channels.transport``
+    (an `InLearnerActors`) was told. ``after_call`` checkpoints after the last good
+    update of each call (``hooks.after_update`` is not called).
+    """
+    transport: InLearnerActors = channels.transport
+    lag, device = config.exact_lag, placement.device
+    learner = _InLearner(config, channels, placement, update, report, end_update,
+                         hooks._replace(after_update=None))
+    run, max_updates = loop_program
+    first_version = published[0][0]
+    versions = dict(published)
+
+    def version_of(chunk: int) -> int:  # the params a thread actor collects ``chunk`` with
+        return max(exact_version(chunk, lag, 1), first_version)
+
+    carries = jax.device_put(
+        tuple(_first_carry(actor_id, config, program, device, transport.starts[actor_id])
+              for actor_id in range(config.num_actors)), device)
+    # The versions before the state's that the chunks need and a checkpoint keeps
+    # (`ppo_async.resume.params_history_size`: exact_lag + broadcast_every - 1, here exact_lag).
+    size = lag
+    before = [params for _, params in published[:-1]][-size:] if size else []
+    history = tuple([before[0] if before else state.params] * (size - len(before)) + before)
+    loop = _Loop(None, None, state, carries, history, None, None)
+    updates_per_call, compiled = 1, False
+    while report.updates < end_update:
+        done = report.updates
+        n = min(updates_per_call, _next_stop(config, done, end_update) - done, max_updates)
+        if before_first_call is not None and not compiled:
+            before_first_call()
+        call_start = time.perf_counter()
+        loop = run(loop.state, loop.carries, loop.history, jnp.int32(n), jnp.int32(done),
+                   jnp.int32(first_version))
+        count, good, metrics, episodes = to_host((loop.count, loop.good, loop.metrics,
+                                                  loop.episodes))
+        count, good = int(count), bool(good)
+        if compiled:  # the first call compiles: its time says nothing
+            updates_per_call = int(max(1, min(max_updates, _CALL_S * count /
+                                              (time.perf_counter() - call_start))))
+        compiled = True
+        _count_chunks(config, transport.stats, count)
+        last_good = count - 1 if good else count - 2
+        stopped = False
+        for i in range(count):
+            chunk = done + i
+            experiences = [
+                Experience(actor_id, version_of(chunk),
+                           _Episodes(*(np.asarray(rows[i]) for rows in episodes[actor_id])),
+                           None, None)
+                for actor_id in range(config.num_actors)]
+            _count_episodes(transport.stats, experiences)
+            in_flight = _InFlight(loop.state if i == last_good else None,
+                                  {name: value[i] for name, value in metrics.items()},
+                                  experiences, [chunk - version_of(chunk)] * config.num_actors)
+            stopped |= not learner.finish(in_flight)  # raises for the update not finite
+            if i == last_good and after_call is not None:
+                after_call(loop.state, report, list(loop.carries),
+                           _history_versions(report.updates, size, first_version, loop.history))
+        learner._beat()
+        failure = None if transport.failures.empty() else transport.failures.get()
+        if failure is not None:
+            learner._actor_failed(failure)
+        if stopped:
+            break
+    return loop.state, report
+
+
+def _next_stop(config: AsyncActorLearnerConfig, done: int, end_update: int) -> int:
+    """The update after ``done`` where a call must end: the run's end, or the next
+    checkpoint or evaluation due by count (they need that update's params)."""
+    stops = [end_update]
+    for every in (config.checkpoint_every_updates, config.eval_every_updates):
+        if every:
+            stops.append((done // every + 1) * every)
+    return min(stops)
+
+
+def _history_versions(updates: int, size: int, first_version: int,
+                      history: tuple) -> list[tuple[int, Any]]:
+    """(version, params) of the program's history after ``updates`` updates, oldest first."""
+    return [(max(updates - size + i, first_version), params)
+            for i, params in enumerate(history)]
+
+
+def _count_chunks(config: AsyncActorLearnerConfig, stats: list[ActorStats],
+                  chunks: int) -> None:
+    for actor_stats in stats:
+        actor_stats.rollouts_sent += chunks
+        actor_stats.env_steps += chunks * config.num_steps * config.envs_per_actor
+
+
+def _count_episodes(stats: list[ActorStats], experiences: list[Experience]) -> None:
+    for actor_stats, experience in zip(stats, experiences, strict=True):
+        actor_stats.episodes += int((experience.trajectory.episode_length > 0).sum())

@@ -1,0 +1,165 @@
+"""sampler='learner': the learner's program collects the actors' chunks, with the bits
+of thread actors at the same exact lag, checkpoints they resume from, and the
+learner's checks."""
+
+import dataclasses
+import importlib
+import json
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from ppo_async import (
+    AsyncActorLearnerConfig,
+    ConfigError,
+    NonFiniteError,
+    StopTraining,
+    train,
+)
+from ppo_async.runs.analysis import read_metrics
+from ppo_async.runs.checkpoint import _decode, list_checkpoints
+from ppo_async.runtime.in_learner import max_updates_per_call
+
+from run_helpers import interrupt_at
+
+EXACT = AsyncActorLearnerConfig(
+    num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=2, num_minibatches=2,
+    total_env_steps=2 * 2 * 8 * 8, exact_policy_lag=1, learner_timeout_s=30.0,
+    shutdown_timeout_s=10.0, seed=5,
+)
+IN_LEARNER = dataclasses.replace(EXACT, sampler="learner")
+WALL_CLOCK = {"env_steps_per_s", "learner_wait_s", "broadcast_s", "queue_depth"}
+
+
+def _bytes(params):
+    return flax.serialization.to_bytes(jax.device_get(params))
+
+
+def _learning_metrics(run_dir):
+    return [{k: v for k, v in row.items() if k not in WALL_CLOCK}
+            for row in read_metrics(run_dir)]
+
+
+def _steps(run_dir):
+    return [int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints")]
+
+
+def test_the_learners_program_gives_the_bytes_metrics_and_checkpoints_of_thread_actors(
+        tmp_path):
+    # Checkpoints every 3 updates and evaluations every 4 each end a call there.
+    config = dataclasses.replace(EXACT, checkpoint_every_updates=3, keep_checkpoints=5,
+                                 eval_every_updates=4, eval_episodes=2)
+    threads = train(config, run_dir=tmp_path / "threads", progress=False)
+    in_learner = train(dataclasses.replace(config, sampler="learner"),
+                       run_dir=tmp_path / "learner", progress=False)
+    assert _bytes(in_learner.params) == _bytes(threads.params)
+    assert _learning_metrics(tmp_path / "learner") == _learning_metrics(tmp_path / "threads")
+    assert in_learner.report.eval_returns == threads.report.eval_returns
+    assert len(in_learner.report.eval_returns) == 2
+    assert in_learner.report.policy_lag_counts == threads.report.policy_lag_counts == {
+        0: 2, 1: 2 * 7}
+    assert in_learner.report.recent_returns == threads.report.recent_returns
+    assert _steps(tmp_path / "learner") == _steps(tmp_path / "threads") == [3, 6, 8]
+    # Learner state, counters, every actor's env carry and the params history, byte for byte.
+    for name in ("threads", "learner"):
+        assert json.loads((tmp_path / name / "summary.json").read_text())["reproducible"]
+    saved = [list_checkpoints(tmp_path / run / "checkpoints") for run in ("threads", "learner")]
+    for theirs, ours in zip(*saved, strict=True):  # all but the config (its sampler)
+        (step, counters, config_dict, state), ours = _decode(theirs.read_bytes()), _decode(
+            ours.read_bytes())
+        assert ours[:2] == (step, counters) and ours[2]["sampler"] == "learner"
+        assert flax.serialization.msgpack_serialize(ours[3]) == (
+            flax.serialization.msgpack_serialize(state))
+    stats = in_learner.report.actor_stats
+    assert [s.rollouts_sent for s in stats] == [8, 8]
+    assert [s.env_steps for s in stats] == [8 * 2 * 8] * 2
+
+
+@pytest.mark.parametrize("fields", [
+    dict(exact_policy_lag=0),
+    dict(exact_policy_lag=3, num_actors=4, envs_per_actor=1),
+    dict(normalize_observations=True, normalize_rewards=True),
+    dict(network="gru", batch_inference=True, num_minibatches=1),
+], ids=["lag0", "lag3-4actors", "normalized", "gru-one-program"])
+def test_other_lags_normalization_and_recurrent_actors_give_thread_actors_bytes(fields):
+    # batch_inference=True: the actors' chunks are one rollout program, in both runs.
+    config = dataclasses.replace(EXACT, **fields)
+    threads = train(config, progress=False)
+    in_learner = train(dataclasses.replace(config, sampler="learner"), progress=False)
+    assert _bytes(in_learner.params) == _bytes(threads.params)
+    assert in_learner.report.policy_lag_counts == threads.report.policy_lag_counts
+
+
+def test_a_run_cut_short_resumes_byte_identically_with_either_sampler(tmp_path):
+    config = dataclasses.replace(IN_LEARNER, checkpoint_every_updates=3, keep_checkpoints=2,
+                                 exact_policy_lag=2)
+    whole = train(config, run_dir=tmp_path / "whole", progress=False)
+    for name, sampler in (("again", "learner"), ("threads", None)):
+        with pytest.raises(KeyboardInterrupt):  # Ctrl-C at update 5: the checkpoint of 3
+            train(config, run_dir=tmp_path / name, progress=False, on_update=interrupt_at(5))
+        assert _steps(tmp_path / name) == [3]
+        resumed = train(dataclasses.replace(config, sampler=sampler),
+                        resume_from=tmp_path / name, progress=False)
+        assert resumed.report.updates == whole.report.updates
+        assert _bytes(resumed.params) == _bytes(whole.params)
+        assert _learning_metrics(tmp_path / name) == _learning_metrics(tmp_path / "whole")
+
+
+def test_stop_training_ends_the_run_at_the_end_of_its_call_with_that_calls_params(tmp_path):
+    seen = []
+
+    def stop_at_3(metrics):
+        seen.append(metrics["update"])
+        if metrics["update"] >= 3:
+            raise StopTraining
+
+    config = dataclasses.replace(IN_LEARNER, total_env_steps=IN_LEARNER.batch_size * 40)
+    stopped = train(config, run_dir=tmp_path, progress=False, on_update=stop_at_3)
+    updates = stopped.report.updates
+    assert 3 <= updates <= 3 + max_updates_per_call(config)
+    assert seen == list(range(1, updates + 1))  # every update of that call was passed on
+    assert [row["update"] for row in read_metrics(tmp_path)] == seen
+    assert _steps(tmp_path) == [updates]
+    # The params returned are those of the last update counted: a run of that many.
+    shorter = dataclasses.replace(config, total_env_steps=config.batch_size * updates,
+                                  sampler=None)
+    assert _bytes(train(shorter, progress=False).params) == _bytes(stopped.params)
+
+
+def test_an_update_that_is_not_finite_raises_and_the_update_before_it_is_kept(
+        tmp_path, monkeypatch):
+    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
+    original = train_module.learner_update
+    steps_per_update = IN_LEARNER.num_epochs * IN_LEARNER.num_minibatches
+
+    def poisoned_update(*args, **kwargs):
+        update = original(*args, **kwargs)
+
+        def poisoned(state, batch):  # NaN rewards from the 4th update on
+            count = optax.tree_utils.tree_get_all_with_path(state.opt_state, "count")[-1][1]
+            bad = count >= 3 * steps_per_update
+            return update(state, batch._replace(reward=jnp.where(bad, jnp.nan, batch.reward)))
+        return poisoned
+
+    monkeypatch.setattr(train_module, "learner_update", poisoned_update)
+    with pytest.raises(NonFiniteError, match="update 4"):
+        train(IN_LEARNER, run_dir=tmp_path, progress=False)
+    monkeypatch.undo()
+    assert _steps(tmp_path) == [3]  # the last good update, checkpointed as the run ended
+    resumed = train(IN_LEARNER, resume_from=tmp_path, progress=False)
+    assert _bytes(resumed.params) == _bytes(train(EXACT, progress=False).params)
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(env_id="gymnasium:CartPole-v1"), "steps on the host"),
+    (dict(actor_backend="processes"), "actor_backend='processes'"),
+    (dict(exact_policy_lag=None), "free-running"),
+    (dict(exact_policy_lag="auto", max_lead_steps=16), "free-running"),
+    (dict(broadcast_every=2), "broadcast_every=2"),
+])
+def test_what_the_learners_program_cannot_run_is_refused_with_the_reason(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(IN_LEARNER, **fields)
