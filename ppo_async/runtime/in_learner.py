@@ -269,7 +269,6 @@ def in_learner_loop(
                          hooks._replace(after_update=None))
     run, max_updates = loop_program
     first_version = published[0][0]
-    versions = dict(published)
 
     def version_of(chunk: int) -> int:  # the params a thread actor collects ``chunk`` with
         return max(exact_version(chunk, lag, 1), first_version)
