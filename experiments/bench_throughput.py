@@ -27,6 +27,12 @@ alternating seed by seed:
   programs one at a time (``experiments/cpu_device_queue.py``); on two, the
   update and the rollouts may run at the same time.
 
+- ``learner``: the same `train()` with ``sampler="learner"``: the learner's
+  program collects the actors' chunks, up to 64 updates a call
+  (`ppo_async.runtime.in_learner`), with the bits of ``async``. A call's
+  updates are read back together, so the rate runs from the end of the call
+  that holds the quarter's update (the last of that call's marks) to the end.
+
 - ``fused-lag1``: not the runtime, a bound on what it could reach with its
   actors inside the learner's program: what `train()` builds (the actors'
   program, each actor's first carry, the update) as one jitted call per
@@ -45,7 +51,7 @@ alternating seed by seed:
   its ``__main__`` runs it (`purejaxrl_baseline.run_purejaxrl_once`); like the twin,
   compiled first and timed over its run alone.
 
-Targets: async / twin >= 1.0, async / purejaxrl >= 1.2. The machine's load
+Targets: async (and learner) / twin >= 1.0, async (and learner) / purejaxrl >= 1.2. The machine's load
 average is printed with the figures: run it with nothing else on the machine.
 
     python experiments/bench_throughput.py [--seeds 0 1 2] [--total-env-steps 500000]
@@ -95,7 +101,8 @@ def _purejaxrl(folder: str, total_env_steps: int, seed: int) -> dict:
 
 
 def _async(total_env_steps: int, seed: int, pipeline: bool = True,
-           actor_backend: str = "threads", own_device: bool = False) -> dict:
+           actor_backend: str = "threads", own_device: bool = False,
+           sampler: str | None = None) -> dict:
     import functools
     import importlib
 
@@ -110,15 +117,32 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
     if not pipeline:  # every update read back before the next is dispatched
         train_module.learner_loop = functools.partial(train_module.learner_loop, pipeline=False)
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
-                                     actor_backend=actor_backend)
+                                     actor_backend=actor_backend, sampler=sampler)
     if own_device:
         config = dataclasses.replace(config, learner_device="cpu:1", actor_device="cpu:0")
     marks = []
+    # Child processes' CPU is read only where there are some (actor processes): that
+    # reading scans them, about 0.5 ms a call on 2 cores, on the learner's thread.
+    children = actor_backend == "processes"
     start = time.perf_counter()
     report = train(config, progress=False, on_update=lambda m: marks.append(
-        (time.perf_counter(), m["env_steps"], common.cpu_seconds(children=True)))).report
+        (time.perf_counter(), m["env_steps"], common.cpu_seconds(children=children)))).report
+    if sampler == "learner":
+        marks = _last_of_each_call(marks)
     return {**_steady_rate(marks, total_env_steps, start), "final_return": report.episode_return_mean,
             "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
+
+
+_SAME_CALL_S = 5e-4
+
+
+def _last_of_each_call(marks: list[tuple[float, int, float]]) -> list[tuple[float, int, float]]:
+    """The marks of ``sampler="learner"``, one per program call: its updates are passed
+    on one after the other once the call returns (tens of microseconds apart, where
+    calls take milliseconds), so a mark less than `_SAME_CALL_S` before the next is
+    one of the same call's, and the steps done by its time are the next one's."""
+    return [mark for mark, after in zip(marks, [*marks[1:], None])
+            if after is None or after[0] - mark[0] >= _SAME_CALL_S]
 
 
 def _steady_rate(marks: list[tuple[float, int, float]], total_env_steps: int,
@@ -188,7 +212,7 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
         state, call_metrics = steps(state)
         metrics.append(to_host(call_metrics))
         marks.append((time.perf_counter(), (call + 1) * per_call * config.batch_size,
-                      common.cpu_seconds(children=True)))
+                      common.cpu_seconds()))
     rate = _steady_rate(marks, total_env_steps, start)
     ran = train(config, progress=False).params
     same = (flax.serialization.to_bytes(to_host(state[0].params))
@@ -201,7 +225,7 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
 MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes", "async-own-device",
-         *FUSED_UPDATES_PER_CALL, "purejaxrl")
+         "learner", *FUSED_UPDATES_PER_CALL, "purejaxrl")
 BASELINES = {"twin": ("the twin's run phase", 1.0), "purejaxrl": ("purejaxrl's run phase", 1.2)}
 
 
@@ -257,7 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined",
                             "processes" if args.one == "async-processes" else "threads",
-                            own_device=args.one == "async-own-device")
+                            own_device=args.one == "async-own-device",
+                            sampler="learner" if args.one == "learner" else None)
         print(json.dumps(result))
         return {}
 
@@ -282,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
         for baseline, (name, target) in BASELINES.items():
             if mode != baseline and baseline in medians:
                 ratios[baseline][mode] = medians[mode] / medians[baseline]
-                aim = f" (target >= {target})" if mode == "async" else ""
+                aim = f" (target >= {target})" if mode in ("async", "learner") else ""
                 text += f"  {ratios[baseline][mode]:.2f}x {name}{aim}"
         print(f"  {mode:15s} {medians[mode]:8.0f}{text}")
     summary = {"rows": rows, "median_env_steps_per_s": medians,

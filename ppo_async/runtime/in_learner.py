@@ -2,12 +2,14 @@
 
 The layout the Podracer paper calls Anakin (Hessel et al. 2021), with the
 runtime's bits. One jitted call runs up to ``max_updates`` updates; in each,
-every actor collects its next chunk with the learner's current params, and the
-update trains on the batch collected ``exact_lag`` updates earlier. Those are
-the chunks, params versions, keys and columns that thread actors collect at the
-same exact lag (`ppo_async.runtime.actor.exact_version`), stacked as the learner
-stacks them, so a run gives the bits of the same config with thread actors
-(tests/runtime/test_in_learner.py). What it leaves out is everything between
+every actor collects its next chunk with the params of the version its exact
+lag names (`ppo_async.runtime.actor.exact_version`, the learner's own at lag
+0), and the update trains on that batch. Those are the chunks, params
+versions, keys and columns that thread actors collect at the same exact lag,
+stacked as the learner stacks them, so a run gives the bits of the same config
+with thread actors sharing one rollout program (``batch_inference=True``; with
+``batch_inference=False``, of thread actors calling alone, `rolls_out_together`),
+tests/runtime/test_in_learner.py. What it leaves out is everything between
 the two programs: no actor thread, no broadcast bytes, no queue, and one
 program launch for many updates.
 
@@ -49,7 +51,6 @@ from ppo_async.runtime.learner import (
     stack_experiences,
 )
 from ppo_async.runtime.messages import ActorFailure, Experience
-from ppo_async.runtime.transport import shares_calls
 
 MAX_UPDATES_PER_CALL = 64
 _CALL_S = 0.2  # what a call aims to last once its updates are timed: the progress stays live
@@ -87,13 +88,19 @@ class _Episodes(NamedTuple):
     episode_length: np.ndarray
 
 
-def _collector(config: AsyncActorLearnerConfig, program: ActorProgram):
-    """``collect(params, carries, lag) -> _Chunks``: every actor's next chunk, traced.
+def rolls_out_together(config: AsyncActorLearnerConfig) -> bool:
+    """Whether ``sampler='learner'`` collects every actor's chunk as one rollout of all their
+    envs (``program.rollout_group``, the actor axis kept): unless ``batch_inference`` is
+    False, from 2 actors. Thread actors do so with ``batch_inference=True``, and those are
+    the bits; with False, each actor's rollout in turn, the bits of thread actors
+    calling alone. Together ran 1.10-1.18x the env steps/s of in turn (docs/benchmarks.md)."""
+    return config.num_actors > 1 and config.batch_inference is not False
 
-    One program for all actors where thread actors would share theirs
-    (`shares_calls`), else each actor's own in turn: the bits of thread actors.
-    """
-    grouped = shares_calls(config, program)
+
+def _collector(config: AsyncActorLearnerConfig, program: ActorProgram):
+    """``collect(params, carries, lag) -> _Chunks``: every actor's next chunk, traced
+    (together or in turn: `rolls_out_together`)."""
+    grouped = rolls_out_together(config)
 
     def collect(params: Any, carries: tuple, lag: Any) -> _Chunks:
         chunks = (program.rollout_group(params, list(carries)) if grouped

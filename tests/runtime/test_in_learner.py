@@ -51,7 +51,7 @@ def test_the_learners_program_gives_the_bytes_metrics_and_checkpoints_of_thread_
         tmp_path):
     # Checkpoints every 3 updates and evaluations every 4 each end a call there.
     config = dataclasses.replace(EXACT, checkpoint_every_updates=3, keep_checkpoints=5,
-                                 eval_every_updates=4, eval_episodes=2)
+                                 eval_every_updates=4, eval_episodes=2, batch_inference=True)
     threads = train(config, run_dir=tmp_path / "threads", progress=False)
     in_learner = train(dataclasses.replace(config, sampler="learner"),
                        run_dir=tmp_path / "learner", progress=False)
@@ -82,11 +82,17 @@ def test_the_learners_program_gives_the_bytes_metrics_and_checkpoints_of_thread_
     dict(exact_policy_lag=0),
     dict(exact_policy_lag=3, num_actors=4, envs_per_actor=1),
     dict(normalize_observations=True, normalize_rewards=True),
-    dict(network="gru", batch_inference=True, num_minibatches=1),
-], ids=["lag0", "lag3-4actors", "normalized", "gru-one-program"])
+    dict(network="gru", num_minibatches=1),
+    dict(batch_inference=False),
+    dict(num_actors=1, envs_per_actor=4),
+], ids=["lag0", "lag3-4actors", "normalized", "gru", "each-actor-alone", "one-actor"])
 def test_other_lags_normalization_and_recurrent_actors_give_thread_actors_bytes(fields):
-    # batch_inference=True: the actors' chunks are one rollout program, in both runs.
-    config = dataclasses.replace(EXACT, **fields)
+    # One rollout program for every actor's chunks, in both runs, unless batch_inference
+    # is False (each actor's in turn; thread actors calling alone, the threads' default
+    # below 8 actors) or there is one actor.
+    config = dataclasses.replace(EXACT, **{"batch_inference": True, **fields})
+    if config.num_actors == 1:
+        config = dataclasses.replace(config, batch_inference=None)
     threads = train(config, progress=False)
     in_learner = train(dataclasses.replace(config, sampler="learner"), progress=False)
     assert _bytes(in_learner.params) == _bytes(threads.params)
@@ -95,7 +101,7 @@ def test_other_lags_normalization_and_recurrent_actors_give_thread_actors_bytes(
 
 def test_a_run_cut_short_resumes_byte_identically_with_either_sampler(tmp_path):
     config = dataclasses.replace(IN_LEARNER, checkpoint_every_updates=3, keep_checkpoints=2,
-                                 exact_policy_lag=2)
+                                 exact_policy_lag=2, batch_inference=True)
     whole = train(config, run_dir=tmp_path / "whole", progress=False)
     for name, sampler in (("again", "learner"), ("threads", None)):
         with pytest.raises(KeyboardInterrupt):  # Ctrl-C at update 5: the checkpoint of 3
@@ -125,7 +131,7 @@ def test_stop_training_ends_the_run_at_the_end_of_its_call_with_that_calls_param
     assert _steps(tmp_path) == [updates]
     # The params returned are those of the last update counted: a run of that many.
     shorter = dataclasses.replace(config, total_env_steps=config.batch_size * updates,
-                                  sampler=None)
+                                  sampler=None, batch_inference=True)
     assert _bytes(train(shorter, progress=False).params) == _bytes(stopped.params)
 
 
@@ -150,7 +156,8 @@ def test_an_update_that_is_not_finite_raises_and_the_update_before_it_is_kept(
     monkeypatch.undo()
     assert _steps(tmp_path) == [3]  # the last good update, checkpointed as the run ended
     resumed = train(IN_LEARNER, resume_from=tmp_path, progress=False)
-    assert _bytes(resumed.params) == _bytes(train(EXACT, progress=False).params)
+    threads = dataclasses.replace(EXACT, batch_inference=True)
+    assert _bytes(resumed.params) == _bytes(train(threads, progress=False).params)
 
 
 @pytest.mark.parametrize("fields, match", [
