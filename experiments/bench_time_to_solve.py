@@ -5,6 +5,10 @@ process (so every run pays its imports and compiles, as a user's would):
 
 - ``async``: `ppo_async.train` with the defaults (actors one chunk ahead);
 - ``lockstep``: `train` with ``max_lead_steps = num_steps`` (lag 0, no overlap);
+- ``learner``: `train` with ``sampler="learner"``: the learner's program collects
+  the actors' chunks, up to 64 updates a call (`ppo_async.runtime.in_learner`);
+  a call's updates are passed on together after it, so it stops at the end of
+  the call that solved, and its time is that call's end;
 - ``sync``: the synchronous twin (`ppo_async.sync.make_sync_twin`), jitted in
   blocks of ``--sync-block`` updates so that it can stop as soon as it solves;
 - ``purejaxrl``: purejaxrl's own ``purejaxrl/ppo.py`` (``make_train``, its
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--modes", nargs="+", default=["async", "lockstep", "sync"],
-                        choices=["async", "lockstep", "sync", "purejaxrl"])
+                        choices=["async", "lockstep", "learner", "sync", "purejaxrl"])
     parser.add_argument("--purejaxrl", default=None, metavar="DIR",
                         help="a checkout of github.com/luchris429/purejaxrl "
                              "(for --modes purejaxrl)")
@@ -127,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sync-block", type=int, default=25,
                         help="updates per jitted call of the twin between checks")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--one", choices=["async", "lockstep", "sync", "purejaxrl"], default=None,
+    parser.add_argument("--one", choices=["async", "lockstep", "learner", "sync", "purejaxrl"],
+                        default=None,
                         help=argparse.SUPPRESS)  # the child process of one run
     args = parser.parse_args(argv)
     if "purejaxrl" in args.modes + [args.one]:
@@ -141,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     configs = {
         "async": base,
         "lockstep": dataclasses.replace(base, max_lead_steps=base.num_steps),
+        "learner": dataclasses.replace(base, sampler="learner"),
         "sync": base,
     }
     if args.one == "purejaxrl":
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
             "runs": len(times),
         }
     for baseline in ("sync", "purejaxrl"):
-        for mode in ("async", "lockstep", "sync"):
+        for mode in ("async", "lockstep", "learner", "sync"):
             if baseline in summary and mode in summary and mode != baseline:
                 summary[mode][f"ratio_to_{baseline}"] = (
                     summary[mode]["median_time_s"] / summary[baseline]["median_time_s"]
