@@ -32,6 +32,9 @@ alternating seed by seed:
   (`ppo_async.runtime.in_learner`), with the bits of ``async``. A call's
   updates are read back together, so the rate runs from the end of the call
   that holds the quarter's update (the last of that call's marks) to the end.
+- ``learner-in-turn``: the same with ``batch_inference=False``: each actor's
+  rollout in turn inside the program, where ``learner`` rolls every actor's
+  envs out as one (the bits of thread actors calling alone, ``async``'s).
 
 - ``fused-lag1``: not the runtime, a bound on what it could reach with its
   actors inside the learner's program: what `train()` builds (the actors'
@@ -102,7 +105,7 @@ def _purejaxrl(folder: str, total_env_steps: int, seed: int) -> dict:
 
 def _async(total_env_steps: int, seed: int, pipeline: bool = True,
            actor_backend: str = "threads", own_device: bool = False,
-           sampler: str | None = None) -> dict:
+           sampler: str | None = None, batch_inference: bool | None = None) -> dict:
     import functools
     import importlib
 
@@ -117,7 +120,8 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
     if not pipeline:  # every update read back before the next is dispatched
         train_module.learner_loop = functools.partial(train_module.learner_loop, pipeline=False)
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
-                                     actor_backend=actor_backend, sampler=sampler)
+                                     actor_backend=actor_backend, sampler=sampler,
+                                     batch_inference=batch_inference)
     if own_device:
         config = dataclasses.replace(config, learner_device="cpu:1", actor_device="cpu:0")
     marks = []
@@ -225,7 +229,7 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
 MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes", "async-own-device",
-         "learner", *FUSED_UPDATES_PER_CALL, "purejaxrl")
+         "learner", "learner-in-turn", *FUSED_UPDATES_PER_CALL, "purejaxrl")
 BASELINES = {"twin": ("the twin's run phase", 1.0), "purejaxrl": ("purejaxrl's run phase", 1.2)}
 
 
@@ -282,7 +286,8 @@ def main(argv: list[str] | None = None) -> dict:
             result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined",
                             "processes" if args.one == "async-processes" else "threads",
                             own_device=args.one == "async-own-device",
-                            sampler="learner" if args.one == "learner" else None)
+                            sampler="learner" if args.one.startswith("learner") else None,
+                            batch_inference=False if args.one == "learner-in-turn" else None)
         print(json.dumps(result))
         return {}
 

@@ -234,17 +234,21 @@ def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, scrip
     bench = script("bench_throughput")
     # Eight updates a mode: the quarter mark is the second, the rate runs to the eighth.
     bench.main(["--seeds", "0", "--modes", "twin", "async-1t", "async-unpipelined",
-                "async-own-device", "fused-lag1", "--total-env-steps", "4096",
+                "async-own-device", "learner", "fused-lag1", "--total-env-steps", "4096",
                 "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [row["mode"] for row in saved["rows"]] == ["twin", "async-1t", "async-unpipelined",
-                                                      "async-own-device", "fused-lag1"]
+                                                      "async-own-device", "learner",
+                                                      "fused-lag1"]
     assert all(row["env_steps_per_s"] > 0 for row in saved["rows"])
-    assert all(0 <= row["policy_lag_mean"] <= 1 for row in saved["rows"][1:4])
+    assert all(0 <= row["policy_lag_mean"] <= 1 for row in saved["rows"][1:5])
     # The bound computes what train() computes at its default exact lag of 1.
-    assert saved["rows"][4]["same_params_as_train"] is True
+    assert saved["rows"][5]["same_params_as_train"] is True
     assert set(saved["ratio_to_twin"]) == {"async-1t", "async-unpipelined", "async-own-device",
-                                           "fused-lag1"}
+                                           "learner", "fused-lag1"}
+    # sampler="learner" passes a call's updates on together: one mark per call is kept.
+    marks = [(1.0, 512, 0.1), (1.0001, 1024, 0.1), (1.2, 1536, 0.3), (1.2002, 2048, 0.3)]
+    assert bench._last_of_each_call(marks) == [marks[1], marks[3]]
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3
     assert "x the twin's run phase" in capsys.readouterr().out
     # 8 updates are not 4 calls of 16: refused before any process starts.
