@@ -5,10 +5,27 @@ import os
 import pathlib
 import signal
 
+import flax.serialization
+import jax
 import numpy as np
 
 from ppo_async.envs.host import HostStep
+from ppo_async.runs.analysis import read_metrics
 from ppo_async.runtime.actor import current_actor
+
+# Metrics fields that measure time, not learning.
+WALL_CLOCK = {"env_steps_per_s", "learner_wait_s", "broadcast_s", "queue_depth"}
+
+
+def params_bytes(params) -> bytes:
+    """``params`` as the bytes a broadcast or ``params.msgpack`` holds: equal bytes, equal params."""
+    return flax.serialization.to_bytes(jax.device_get(params))
+
+
+def learning_metrics(run_dir) -> list[dict]:
+    """A run directory's metrics lines without the fields that measure time."""
+    return [{k: v for k, v in row.items() if k not in WALL_CLOCK}
+            for row in read_metrics(run_dir)]
 
 
 def interrupt_at(update: int):

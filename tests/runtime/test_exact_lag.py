@@ -8,7 +8,6 @@ import queue
 import threading
 import time
 
-import flax.serialization
 import gymnasium
 import jax
 import numpy as np
@@ -18,29 +17,19 @@ from ppo_async import AsyncActorLearnerConfig, ConfigError, PolicyBroadcast, tra
 from ppo_async.config import fields_from_json
 from ppo_async.envs.host import HostStep
 from ppo_async.envs.registry import register_host_env
-from ppo_async.runs.analysis import read_metrics
 from ppo_async.runs.checkpoint import list_checkpoints
 from ppo_async.runtime.actor import ActorStats, QueueEndpoint, _ExactParams, exact_version
 from ppo_async.sync import make_train
 
 from run_helpers import break_actor_once, interrupt_at
+from run_helpers import learning_metrics as _learning_metrics
+from run_helpers import params_bytes as _bytes
 
 EXACT = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=2, num_minibatches=2,
     total_env_steps=2 * 2 * 8 * 8, exact_policy_lag=1, learner_timeout_s=30.0,
     shutdown_timeout_s=10.0, seed=5,
 )
-# Fields that measure time, not learning.
-WALL_CLOCK = {"env_steps_per_s", "learner_wait_s", "broadcast_s", "queue_depth"}
-
-
-def _bytes(params):
-    return flax.serialization.to_bytes(jax.device_get(params))
-
-
-def _learning_metrics(run_dir):
-    return [{k: v for k, v in row.items() if k not in WALL_CLOCK}
-            for row in read_metrics(run_dir)]
 
 
 def test_each_chunk_needs_the_version_lag_updates_behind_its_own():

@@ -7,7 +7,6 @@ import importlib
 import json
 
 import flax.serialization
-import jax
 import jax.numpy as jnp
 import optax
 import pytest
@@ -24,6 +23,8 @@ from ppo_async.runs.checkpoint import _decode, list_checkpoints
 from ppo_async.runtime.in_learner import max_updates_per_call
 
 from run_helpers import interrupt_at
+from run_helpers import learning_metrics as _learning_metrics
+from run_helpers import params_bytes as _bytes
 
 EXACT = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=2, num_minibatches=2,
@@ -31,17 +32,6 @@ EXACT = AsyncActorLearnerConfig(
     shutdown_timeout_s=10.0, seed=5,
 )
 IN_LEARNER = dataclasses.replace(EXACT, sampler="learner")
-WALL_CLOCK = {"env_steps_per_s", "learner_wait_s", "broadcast_s", "queue_depth"}
-
-
-def _bytes(params):
-    return flax.serialization.to_bytes(jax.device_get(params))
-
-
-def _learning_metrics(run_dir):
-    return [{k: v for k, v in row.items() if k not in WALL_CLOCK}
-            for row in read_metrics(run_dir)]
-
 
 def _steps(run_dir):
     return [int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints")]
