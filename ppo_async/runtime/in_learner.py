@@ -171,7 +171,8 @@ def _loop_program(config: AsyncActorLearnerConfig, collect: Callable[..., _Chunk
 class InLearnerActors:
     """The transport of ``sampler='learner'``: no actor runs anywhere but in the learner's
     program, so nothing is sent; it keeps the actors' starts and counters, and the
-    evaluator's failures (`report_failure`) for the loop to raise."""
+    evaluator's failures (`report_failure`) for the loop to raise. The counters
+    (`ActorStats`) count the chunks the updates consumed: no chunk is collected ahead."""
 
     def __init__(self, config: AsyncActorLearnerConfig):
         self.where_killed: dict[int, str] = {}
