@@ -79,7 +79,7 @@ from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
 # hyperparameters, with why), so `ppo-async train --preset NAME` trains exactly
 # the config of the table's row.
 ENV_PRESETS: dict[str, str] = {PRESETS[name]["env_id"]: name for name in LEARNING_RESULTS_PRESETS}
-MODES = ("async", "sync")
+MODES = ("async", "learner", "sync")  # learner: train() with sampler="learner"
 RESULT_FIELDS = (
     "env_id", "mode", "seed", "env_steps", "budget_scale", "final_return",
     "wall_time_s", "wall_time_scope", "compile_s", "policy_lag_mean", "policy_lag_max", "command",
@@ -166,8 +166,9 @@ def load_curves(path) -> dict[str, dict[int, list[tuple[int, float]]]]:
 
 def plot_env(ax, title: str, curves: dict[str, dict[int, list[tuple[int, float]]]]) -> None:
     """Mean ± std over seeds of each mode's curve, seeds as thin lines."""
-    colors = {"async": "tab:blue", "sync": "tab:orange"}
-    labels = {"async": "async (train)", "sync": "synchronous twin"}
+    colors = {"async": "tab:blue", "learner": "tab:green", "sync": "tab:orange"}
+    labels = {"async": "async (train)", "learner": "train, sampler='learner'",
+              "sync": "synchronous twin"}
     for mode, per_seed in curves.items():
         if not per_seed:
             continue
@@ -207,8 +208,8 @@ def summarize(rows: list[dict[str, str]]) -> dict[str, dict[str, Any]]:
             summary[env_id][mode] = dict(
                 final_return_mean=mean, final_return_std=std, seeds=[int(r["seed"]) for r in runs],
                 env_steps=int(runs[0]["env_steps"]), budget_scale=float(runs[0]["budget_scale"]),
-                # async: each seed is its own run; sync: one vmapped run for all seeds.
-                wall_time_s=sum(walls) if mode == "async" else walls[0],
+                # async, learner: each seed is its own run; sync: one vmapped run for all seeds.
+                wall_time_s=walls[0] if mode == "sync" else sum(walls),
                 compile_s=float(runs[0].get("compile_s") or "nan"),
                 policy_lag_mean=mean_std(float(r["policy_lag_mean"]) for r in runs)[0],
                 policy_lag_max=max(int(r["policy_lag_max"]) for r in runs),
@@ -218,6 +219,7 @@ def summarize(rows: list[dict[str, str]]) -> dict[str, dict[str, Any]]:
 
 
 def results_table(summary: dict[str, dict[str, Any]]) -> str:
+    learner = any("learner" in entry for entry in summary.values())
     rows = []
     for env_id, entry in summary.items():
         if "async" not in entry or "sync" not in entry:
@@ -228,12 +230,16 @@ def results_table(summary: dict[str, dict[str, Any]]) -> str:
             env_id, f"{a['env_steps']:,}" + ("" if scale == 1 else f" (x{scale:g})"),
             len(a["seeds"]),
             format_mean_std(a["final_return_mean"], a["final_return_std"]),
+            *([format_mean_std(entry["learner"]["final_return_mean"],
+                               entry["learner"]["final_return_std"])
+               if "learner" in entry else ""] if learner else []),
             format_mean_std(s["final_return_mean"], s["final_return_std"]),
             f"{a['policy_lag_mean']:.2f} / {a['policy_lag_max']}",
             f"{a['wall_time_s'] / len(a['seeds']):.0f}", f"{s['wall_time_s']:.0f}",
         ])
     return markdown_table(
-        ["env", "env steps", "seeds", "async return", "sync twin return",
+        ["env", "env steps", "seeds", "async return",
+         *(["sampler='learner' return"] if learner else []), "sync twin return",
          "async lag mean / max", "async s per seed", "sync s (all seeds, vmapped)"],
         rows,
     )
@@ -246,8 +252,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     parser.add_argument("--budget-scale", type=float, default=1.0,
                         help="multiplies every env's total_env_steps (e.g. 0.01 for a smoke run)")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
-                        help="async, sync or both (default both)")
+    parser.add_argument("--modes", nargs="+", default=["async", "sync"], choices=MODES,
+                        help="async, learner (train() with sampler='learner') and sync "
+                             "(default: async and sync)")
     parser.add_argument("--out", default=None, help="output dir (default experiments/out/learning_results)")
     args = parser.parse_args(argv)
     check_seeds_and_budget(parser, args)
@@ -271,13 +278,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"seeds {seeds}", flush=True)
         curves: dict[str, dict[int, list]] = {mode: {} for mode in args.modes}
         new_rows: list[dict[str, Any]] = []
-        if "async" in args.modes:
+        for mode in [m for m in ("async", "learner") if m in args.modes]:
+            sampler = {"sampler": "learner"} if mode == "learner" else {}
             for seed in seeds:
-                row, curve = run_async(dataclasses.replace(config, seed=seed))
-                new_rows.append(dict(env_id=env_id, mode="async", seed=seed,
+                row, curve = run_async(dataclasses.replace(config, seed=seed, **sampler))
+                new_rows.append(dict(env_id=env_id, mode=mode, seed=seed,
                                      budget_scale=args.budget_scale, **row))
-                curves["async"][seed] = curve
-                print(f"   async seed {seed}: return {row['final_return']:.1f} "
+                curves[mode][seed] = curve
+                print(f"   {mode} seed {seed}: return {row['final_return']:.1f} "
                       f"in {row['wall_time_s']:.0f} s (lag mean {row['policy_lag_mean']:.2f})",
                       flush=True)
         if "sync" in args.modes:

@@ -231,6 +231,11 @@ class _UpdateWarmUp:
     milliseconds alone, that takes up to half a second on an actor's way to
     its first chunk when it compiles beside the update (XLA's compiles wait on each
     other).
+
+    Given ``loop`` (``sampler='learner'``), it compiles that loop instead, by a
+    call of no update on that state and fresh carries
+    (`ppo_async.runtime.in_learner.warm_up_loop`), while the caller builds the run's
+    own state.
     """
 
     def __init__(
@@ -247,17 +252,14 @@ class _UpdateWarmUp:
 
         def run() -> None:
             try:
-                state = init_learner_state(config.update_options(), program.params_template,
-                                           keys.key(0))
-                if loop is not None:
-                    warm_up_loop(loop, config, program, placement.put_state(state),
-                                 placement.device)
-                    self._done.set_result(None)
-                    return
-                if actor_device is not None:
+                if actor_device is not None and loop is None:
                     place(program.params_template, actor_device)
-                jax.block_until_ready(update(placement.put_state(state),
-                                             placement.put_batch(batch)))
+                state = placement.put_state(init_learner_state(
+                    config.update_options(), program.params_template, keys.key(0)))
+                if loop is not None:
+                    warm_up_loop(loop, config, program, state, placement.device)
+                else:
+                    jax.block_until_ready(update(state, placement.put_batch(batch)))
                 self._done.set_result(None)
             except BaseException as error:  # re-raised on the caller's thread by result()
                 self._done.set_exception(error)

@@ -89,7 +89,8 @@ def test_tiny_sweep_writes_its_csv_and_a_rerun_skips_the_finished_cell(sweep, tm
 
 
 def test_learning_results_on_cartpole_writes_csv_json_and_png(tmp_path):
-    argv = ["--envs", "CartPole-v1", "--seeds", "2", "--budget-scale", "0.002", "--out", str(tmp_path)]
+    argv = ["--envs", "CartPole-v1", "--seeds", "2", "--budget-scale", "0.002", "--out", str(tmp_path),
+            "--modes", "async", "learner", "sync"]
     run = subprocess.run(
         [sys.executable, str(EXPERIMENTS / "learning_results.py"), *argv],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=400,
@@ -97,17 +98,18 @@ def test_learning_results_on_cartpole_writes_csv_json_and_png(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     rows = read_rows(tmp_path / "results.csv")
     assert sorted((r["mode"], r["seed"]) for r in rows) == [
-        ("async", "0"), ("async", "1"), ("sync", "0"), ("sync", "1")]
+        ("async", "0"), ("async", "1"), ("learner", "0"), ("learner", "1"),
+        ("sync", "0"), ("sync", "1")]
     # Equal env steps: two updates of 2 actors x 4 envs x 64 steps each (the floor).
     assert {int(r["env_steps"]) for r in rows} == {2 * 512}
     summary = json.loads((tmp_path / "summary.json").read_text())["envs"]["CartPole-v1"]
-    assert set(summary) >= {"config", "async", "sync"}
+    assert set(summary) >= {"config", "async", "learner", "sync"}
     assert summary["async"]["seeds"] == [0, 1]
     for name in ("curves_CartPole-v1.csv", "curves_CartPole-v1.png", "learning_curves.png"):
         assert (tmp_path / name).stat().st_size > 0
     curve_modes = {r["mode"] for r in read_rows(tmp_path / "curves_CartPole-v1.csv")}
-    assert curve_modes == {"async", "sync"}
-    assert "| CartPole-v1 |" in run.stdout
+    assert curve_modes == {"async", "learner", "sync"}
+    assert "| CartPole-v1 |" in run.stdout and "sampler='learner' return" in run.stdout
     assert "python experiments/learning_results.py --envs CartPole-v1" in run.stdout
     machine = json.loads((tmp_path / "summary.json").read_text())["machine"]
     assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in machine["xla_flags"]
