@@ -21,7 +21,7 @@ A run ends right after its first update (``on_update`` raises
 imports gymnax), and its build time is reported beside. The machine's load
 average is printed and saved: figures from a busy machine are slower.
 
-    python experiments/bench_startup.py [--import-repeats 7] [--train-repeats 3]
+    python experiments/bench_startup.py [--import-repeats 7] [--train-repeats 3] [--sampler learner]
 """
 
 from __future__ import annotations
@@ -132,9 +132,11 @@ def main(argv: list[str] | None = None) -> dict:
                         help="cold runs, and warm pairs (each with a fresh cache)")
     parser.add_argument("--num-steps", type=int, default=None, help="override the config's")
     parser.add_argument("--envs-per-actor", type=int, default=None, help="override the config's")
+    parser.add_argument("--sampler", default=None, choices=["actors", "shared", "learner"],
+                        help="override the config's (learner: the chunks in the learner's program)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    overrides = {name: getattr(args, name) for name in ("num_steps", "envs_per_actor")
+    overrides = {name: getattr(args, name) for name in ("num_steps", "envs_per_actor", "sampler")
                  if getattr(args, name) is not None}
 
     load_before = os.getloadavg()

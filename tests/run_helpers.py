@@ -43,7 +43,7 @@ def patch_rollout(monkeypatch, wrap):
 
     def make(config):
         program = original_make(config)
-        return program._replace(rollout=wrap(program.rollout))
+        return program._replace(rollout=wrap(program.rollout), identity=None)
 
     monkeypatch.setattr(train_module, "make_actor_program", make)
 

@@ -490,4 +490,5 @@ def _actor_program(config: AsyncActorLearnerConfig, env: Any,
         # s) on a run of 500k env steps; fewer call their own in turn (docs/benchmarks.md).
         inference=BatchedInference(rollouts, gather_s=0.002, default_from_actors=8),
         rollout_group=rollout_group,
+        identity=jits,
     )

@@ -161,3 +161,8 @@ class ActorProgram(NamedTuple):
     # (`ppo_async.runtime.actor.ActorGroup`): with this call where they share their calls,
     # else each actor's rollout in turn. None: a thread per actor.
     rollout_group: Callable[[Any, list[Carry]], list[tuple]] | None = None
+    # Equal (and hashable) for programs whose rollouts compute the same chunks (gymnax:
+    # the process-wide jitted programs they call), so that a program built on one
+    # serves the next run in the process (`ppo_async.runtime.in_learner`); None: not shared.
+    # A program whose rollout is replaced (a wrapper) must drop it: _replace(identity=None).
+    identity: Any = None

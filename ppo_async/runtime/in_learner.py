@@ -39,7 +39,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import LearnerPlacement, to_host
-from ppo_async.core.update import Batch, LearnerState, UpdateFn
+from ppo_async.core.update import Batch, LearnerState, ScheduledUpdate, UpdateFn
 from ppo_async.envs.program import ActorProgram
 from ppo_async.runtime.actor import ActorStart, ActorStats, _first_carry, exact_version
 from ppo_async.runtime.learner import (
@@ -123,9 +123,14 @@ def _shapes(tree: Any) -> Any:
 
 
 def _loop_program(config: AsyncActorLearnerConfig, collect: Callable[..., _Chunks],
-                  update: UpdateFn, max_updates: int):
-    """The jitted ``run(state, carries, history, n, done, first_version) -> _Loop``: up to
-    ``n`` updates (at most ``max_updates``), stopping after one that is not finite.
+                  update_program: Callable[..., Any], max_updates: int):
+    """The jitted ``run(state, carries, history, n, done, first_version, rate) -> _Loop``:
+    up to ``n`` updates (at most ``max_updates``), stopping after one that is not finite.
+
+    ``update_program(state, batch, rate)`` is the learner's update, its learning-rate
+    piece ``rate`` an argument (`ScheduledUpdate`), so that runs that differ only in
+    their budget or learning rate run one loop program (one entry of a compilation
+    cache).
 
     The update after ``u`` done (0-based chunk ``u``) trains on chunks collected with
     the params of version ``max(u - exact_lag, first_version)``: ``history[0]``, where
@@ -134,7 +139,10 @@ def _loop_program(config: AsyncActorLearnerConfig, collect: Callable[..., _Chunk
     """
     lag = config.exact_lag
 
-    def run(state, carries, history, n, done, first_version):
+    def run(state, carries, history, n, done, first_version, rate):
+        def update(state, batch):
+            return update_program(state, batch, rate)
+
         chunk_spec = jax.eval_shape(collect, _shapes(state.params), _shapes(carries), 0)
         _, metrics_spec = jax.eval_shape(update, _shapes(state), chunk_spec.batch)
 
@@ -232,18 +240,43 @@ def max_updates_per_call(config: AsyncActorLearnerConfig) -> int:
 
 
 class LoopProgram(NamedTuple):
-    """The jitted loop of a run (`_loop_program`), built once so that a warm-up compiles it."""
+    """The jitted loop of a run (`_loop_program`), built once so that a warm-up compiles it;
+    ``rate``: its learning-rate argument."""
 
     run: Callable[..., _Loop]
     max_updates: int
+    rate: Any
 
 
 def loop_program(config: AsyncActorLearnerConfig, program: ActorProgram,
                  update: UpdateFn) -> LoopProgram:
     """The loop of ``sampler='learner'`` for ``config``, ``program`` and the learner's ``update``."""
     max_updates = max_updates_per_call(config)
-    return LoopProgram(_loop_program(config, _collector(config, program), update, max_updates),
-                       max_updates)
+    if isinstance(update, ScheduledUpdate):
+        update_program, rate = update.program, update.rate
+    else:
+        def update_program(state, batch, _):
+            return update(state, batch)
+        rate = None
+    key = (program.identity, config.num_actors, rolls_out_together(config), config.exact_lag,
+           max_updates, update_program)
+    run = _LOOPS.get(key) if program.identity is not None else None
+    if run is None:
+        run = _loop_program(config, _collector(config, program), update_program, max_updates)
+        if program.identity is not None:
+            _LOOPS[key] = run
+            while len(_LOOPS) > _LOOPS_KEPT:
+                del _LOOPS[next(iter(_LOOPS))]  # the oldest
+    return LoopProgram(run, max_updates, rate)
+
+
+# Held for the process, like the programs they call (`ppo_async.envs.gymnax_env`):
+# a notebook's next run, a sweep's next seed or learning rate or a resumed run calls
+# the loop the first one traced and compiled. The key is everything the loop is built
+# from; the update program is the same object for runs that differ only in their
+# budget or learning rate, which are its argument.
+_LOOPS: dict[tuple, Callable[..., _Loop]] = {}
+_LOOPS_KEPT = 32
 
 
 def warm_up_loop(loop: LoopProgram, config: AsyncActorLearnerConfig, program: ActorProgram,
@@ -254,7 +287,7 @@ def warm_up_loop(loop: LoopProgram, config: AsyncActorLearnerConfig, program: Ac
                     for actor_id in range(config.num_actors))
     history = (state.params,) * config.exact_lag
     jax.block_until_ready(loop.run(state, carries, history, jnp.int32(0), jnp.int32(0),
-                                   jnp.int32(0)).count)
+                                   jnp.int32(0), loop.rate).count)
 
 
 def in_learner_loop(
@@ -276,7 +309,7 @@ def in_learner_loop(
     lag, device = config.exact_lag, placement.device
     learner = _InLearner(config, channels, placement, update, report, end_update,
                          hooks._replace(after_update=None))
-    run, max_updates = loop_program
+    run, max_updates, rate = loop_program
     first_version = published[0][0]
 
     def version_of(chunk: int) -> int:  # the params a thread actor collects ``chunk`` with
@@ -299,7 +332,7 @@ def in_learner_loop(
             before_first_call()
         call_start = time.perf_counter()
         loop = run(loop.state, loop.carries, loop.history, jnp.int32(n), jnp.int32(done),
-                   jnp.int32(first_version))
+                   jnp.int32(first_version), rate)
         count, good, metrics, episodes = to_host((loop.count, loop.good, loop.metrics,
                                                   loop.episodes))
         count, good = int(count), bool(good)
