@@ -160,3 +160,25 @@ def test_an_update_that_is_not_finite_raises_and_the_update_before_it_is_kept(
 def test_what_the_learners_program_cannot_run_is_refused_with_the_reason(fields, match):
     with pytest.raises(ConfigError, match=match):
         dataclasses.replace(IN_LEARNER, **fields)
+
+
+def test_a_sweep_point_or_the_next_run_finds_the_loop_the_first_one_built():
+    # The learning rate and the budget are the loop's argument, not part of it.
+    from ppo_async.core.update import default_schedule
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.in_learner import loop_program
+    from ppo_async.train import learner_update
+
+    def loop_of(config, wrap=False):
+        program = make_actor_program(config)
+        if wrap:  # a replaced rollout computes other chunks: not shared
+            program = program._replace(rollout=program.rollout, identity=None)
+        update = learner_update(config, program, default_schedule(config.update_options()))
+        return loop_program(config, program, update)
+
+    first = loop_of(IN_LEARNER)
+    sweep_point = loop_of(dataclasses.replace(IN_LEARNER, learning_rate=1e-3,
+                                              total_env_steps=IN_LEARNER.batch_size * 4))
+    assert sweep_point.run is first.run and sweep_point.rate != first.rate
+    assert loop_of(dataclasses.replace(IN_LEARNER, exact_policy_lag=2)).run is not first.run
+    assert loop_of(IN_LEARNER, wrap=True).run is not first.run
