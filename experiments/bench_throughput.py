@@ -54,8 +54,9 @@ alternating seed by seed:
   its ``__main__`` runs it (`purejaxrl_baseline.run_purejaxrl_once`); like the twin,
   compiled first and timed over its run alone.
 
-Targets: async (and learner) / twin >= 1.0, async (and learner) / purejaxrl >= 1.2. The machine's load
-average is printed with the figures: run it with nothing else on the machine.
+Targets: async (and learner) / twin >= 1.0, async (and learner) / purejaxrl >= 1.2.
+The machine's load average is printed with the figures: run it with nothing
+else on the machine.
 
     python experiments/bench_throughput.py [--seeds 0 1 2] [--total-env-steps 500000]
     python experiments/bench_throughput.py --seeds 0 1 2 3 --modes twin async purejaxrl --purejaxrl ~/src/purejaxrl
