@@ -13,7 +13,10 @@ inference modes alternate seed by seed:
 - ``per-actor``: ``batch_inference=False``, each actor runs its own rollout,
   all of them called in turn from one thread (``sampler`` None: the default);
 - ``threads``: ``batch_inference=False, sampler='actors'``, each actor runs
-  its own rollout from a thread of its own.
+  its own rollout from a thread of its own;
+- ``learner``: ``sampler='learner'``, the learner's program collects every
+  actor's chunk (one rollout of all their envs), up to 64 updates a call
+  (its rate runs from the end of a call: `common.last_mark_of_each_call`).
 
 A row reports the steady env steps/s (from the first update at or past a
 quarter of the budget to the last, start-up excluded) and the time from
@@ -49,7 +52,8 @@ BATCH = 512
 
 
 MODES = {"batched": dict(batch_inference=True), "per-actor": dict(batch_inference=False),
-         "threads": dict(batch_inference=False, sampler="actors")}
+         "threads": dict(batch_inference=False, sampler="actors"),
+         "learner": dict(sampler="learner")}
 
 
 def one_run(env_id: str, num_actors: int, envs_per_actor: int, mode: str, seed: int,
@@ -66,6 +70,8 @@ def one_run(env_id: str, num_actors: int, envs_per_actor: int, mode: str, seed: 
     start = time.perf_counter()
     train(config, progress=False,
           on_update=lambda m: marks.append((time.perf_counter(), int(m["env_steps"]))))
+    if config.sampler == "learner":
+        marks = common.last_mark_of_each_call(marks)
     first = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps // 4)
     (t0, s0), (t1, s1) = marks[first], marks[-1]
     return {"env_id": env_id, "num_actors": num_actors, "envs_per_actor": envs_per_actor,

@@ -133,21 +133,9 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
     report = train(config, progress=False, on_update=lambda m: marks.append(
         (time.perf_counter(), m["env_steps"], common.cpu_seconds(children=children)))).report
     if sampler == "learner":
-        marks = _last_of_each_call(marks)
+        marks = common.last_mark_of_each_call(marks)
     return {**_steady_rate(marks, total_env_steps, start), "final_return": report.episode_return_mean,
             "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
-
-
-_SAME_CALL_S = 5e-4
-
-
-def _last_of_each_call(marks: list[tuple[float, int, float]]) -> list[tuple[float, int, float]]:
-    """The marks of ``sampler="learner"``, one per program call: its updates are passed
-    on one after the other once the call returns (tens of microseconds apart, where
-    calls take milliseconds), so a mark less than `_SAME_CALL_S` before the next is
-    one of the same call's, and the steps done by its time are the next one's."""
-    return [mark for mark, after in zip(marks, [*marks[1:], None])
-            if after is None or after[0] - mark[0] >= _SAME_CALL_S]
 
 
 def _steady_rate(marks: list[tuple[float, int, float]], total_env_steps: int,

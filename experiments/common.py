@@ -189,6 +189,21 @@ def cpu_seconds(children: bool = False) -> float:
     return total
 
 
+SAME_CALL_S = 5e-4
+
+
+def last_mark_of_each_call(marks: Sequence[tuple]) -> list[tuple]:
+    """``on_update`` marks ``(time, ...)`` of a ``sampler="learner"`` run, one per program call.
+
+    Its updates are passed on one after the other once their call returns (tens of
+    microseconds apart, where calls take milliseconds), so a mark less than
+    `SAME_CALL_S` before the next is one of the same call's, and the env steps done
+    by its time are the next one's; a rate from such a mark would count them twice.
+    """
+    return [mark for mark, after in zip(marks, [*marks[1:], None])
+            if after is None or after[0] - mark[0] >= SAME_CALL_S]
+
+
 def median_time(fn, repeats: int) -> float:
     """Median wall seconds of ``repeats`` calls of ``fn``."""
     import statistics

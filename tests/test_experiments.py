@@ -250,7 +250,7 @@ def test_bench_throughput_measures_every_mode_in_fresh_processes(tmp_path, scrip
                                            "learner", "fused-lag1"}
     # sampler="learner" passes a call's updates on together: one mark per call is kept.
     marks = [(1.0, 512, 0.1), (1.0001, 1024, 0.1), (1.2, 1536, 0.3), (1.2002, 2048, 0.3)]
-    assert bench._last_of_each_call(marks) == [marks[1], marks[3]]
+    assert bench.common.last_mark_of_each_call(marks) == [marks[1], marks[3]]
     assert len(saved["machine"]["load_average_1_5_15_min"]) == 3
     assert "x the twin's run phase" in capsys.readouterr().out
     # 8 updates are not 4 calls of 16: refused before any process starts.
