@@ -167,8 +167,7 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
     from ppo_async.core.update import default_schedule
     from ppo_async.envs.backends import make_actor_program
     from ppo_async.runtime.actor import ActorStart, _first_carry
-    from ppo_async.runtime.learner import stack_experiences
-    from ppo_async.runtime.messages import Experience
+    from ppo_async.runtime.in_learner import _collector
     from ppo_async.sync import recent_return_mean
     from ppo_async.train import initial_learner_state, learner_update
 
@@ -176,19 +175,17 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed)
     program, cpu = make_actor_program(config), jax.devices("cpu")[0]
     update = learner_update(config, program, default_schedule(config.update_options()))
-    carries = [_first_carry(actor, config, program, cpu, ActorStart())
-               for actor in range(config.num_actors)]
+    carries = tuple(_first_carry(actor, config, program, cpu, ActorStart())
+                    for actor in range(config.num_actors))
+    # Every actor's own chunk in turn, stacked as the learner does: train()'s bits,
+    # as sampler="learner" collects them with batch_inference=False.
+    chunks_of = _collector(dataclasses.replace(config, batch_inference=False), program)
 
-    def collect(params, carries, lag):  # every actor's own chunk, stacked as the learner does
-        chunks = [program.rollout(params, carry) for carry in carries]
-        experiences = [Experience(actor, 0, trajectory, bootstrap_obs, bootstrap_value)
-                       for actor, (_, trajectory, bootstrap_obs, bootstrap_value)
-                       in enumerate(chunks)]
-        episodes = {"episode_return_sum": sum(jnp.sum(e.trajectory.episode_return)
-                                              for e in experiences),
-                    "episodes": sum(jnp.sum(e.trajectory.episode_length > 0) for e in experiences)}
-        batch = stack_experiences(experiences, [lag] * len(chunks), xp=jnp)
-        return [chunk[0] for chunk in chunks], batch, episodes
+    def collect(params, carries, lag):
+        chunks = chunks_of(params, carries, lag)
+        episodes = {"episode_return_sum": sum(jnp.sum(ret) for ret, _ in chunks.episodes),
+                    "episodes": sum(jnp.sum(length > 0) for _, length in chunks.episodes)}
+        return chunks.carries, chunks.batch, episodes
 
     def step(state, _):
         learner, carries, batch, episodes = state

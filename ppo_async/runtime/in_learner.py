@@ -359,7 +359,7 @@ def in_learner_loop(
                 after_call(loop.state, report, list(loop.carries),
                            _history_versions(report.updates, size, first_version, loop.history))
         learner._beat()
-        failure = None if transport.failures.empty() else transport.failures.get()
+        failure = transport.receive(0.0)  # the evaluator's, reported while the call ran
         if failure is not None:
             learner._actor_failed(failure)
         if stopped:
