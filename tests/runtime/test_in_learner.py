@@ -20,6 +20,7 @@ from ppo_async import (
 )
 from ppo_async.runs.analysis import read_metrics
 from ppo_async.runs.checkpoint import _decode, list_checkpoints
+from ppo_async.runtime import in_learner
 from ppo_async.runtime.in_learner import max_updates_per_call
 
 from run_helpers import interrupt_at
@@ -119,10 +120,24 @@ def test_stop_training_ends_the_run_at_the_end_of_its_call_with_that_calls_param
     assert seen == list(range(1, updates + 1))  # every update of that call was passed on
     assert [row["update"] for row in read_metrics(tmp_path)] == seen
     assert _steps(tmp_path) == [updates]
-    # The params returned are those of the last update counted: a run of that many.
-    shorter = dataclasses.replace(config, total_env_steps=config.batch_size * updates,
-                                  sampler=None, batch_inference=True)
-    assert _bytes(train(shorter, progress=False).params) == _bytes(stopped.params)
+    # The params returned are those of the last update counted: thread actors stopped
+    # there (the same budget, so the same learning-rate schedule) end with them.
+
+    def stop_there(metrics):
+        if metrics["update"] == updates:
+            raise StopTraining
+
+    threads = dataclasses.replace(config, sampler=None, batch_inference=True)
+    assert _bytes(train(threads, progress=False, on_update=stop_there).params) == _bytes(
+        stopped.params)
+
+
+def test_calls_split_anywhere_give_the_same_bytes(monkeypatch):
+    # Calls aimed at a few microseconds run one update each after the first two.
+    monkeypatch.setattr(in_learner, "_CALL_S", 1e-6)
+    one_by_one = train(IN_LEARNER, progress=False)
+    monkeypatch.undo()
+    assert _bytes(one_by_one.params) == _bytes(train(IN_LEARNER, progress=False).params)
 
 
 def test_an_update_that_is_not_finite_raises_and_the_update_before_it_is_kept(
