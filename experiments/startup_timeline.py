@@ -23,7 +23,7 @@ CPU seconds over the same span: with C idle cores the wall time cannot be
 below ``cpu / C``. With ``--compilation-cache-dir`` the run uses (and fills)
 that cache: run twice for the warm timeline.
 
-    python experiments/startup_timeline.py [--updates 10] [--compilation-cache-dir DIR]
+    python experiments/startup_timeline.py [--updates 10] [--compilation-cache-dir DIR] [--sampler learner]
 """
 
 from __future__ import annotations
@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--updates", type=int, default=10)
     parser.add_argument("--compilation-cache-dir", default=None,
                         help="use (and fill) this persistent compilation cache; default: none")
+    parser.add_argument("--sampler", default=None, choices=["actors", "shared", "learner"],
+                        help="the config's sampler; default: the config's own")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -134,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     original_result = train_module._UpdateWarmUp.result
     train_module.init_params = timed("init_params", original_init)
     train_module._UpdateWarmUp.result = timed("warm_up_wait", original_result)
-    config = AsyncActorLearnerConfig(compilation_cache_dir=args.compilation_cache_dir)
+    config = AsyncActorLearnerConfig(compilation_cache_dir=args.compilation_cache_dir,
+                                     sampler=args.sampler)
     config = dataclasses.replace(config, total_env_steps=config.batch_size * args.updates)
     cpu_start = [0.0]
 
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     jax.block_until_ready(init_params(network, jax.random.key(1), (4,)))
     marks["init_params_alone_s"] = time.perf_counter() - alone
     marks["actor_first_chunk_s"] = [s.first_chunk_s for s in report.actor_stats]
-    if args.compilation_cache_dir is None:
+    if args.compilation_cache_dir is None and config.sampler != "learner":  # steps of thread actors
         marks["alone_cpu_s"] = steps_alone(config)
     jax.config.update("jax_enable_compilation_cache", cache_was_enabled)
 

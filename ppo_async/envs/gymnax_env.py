@@ -491,4 +491,5 @@ def _actor_program(config: AsyncActorLearnerConfig, env: Any,
         inference=BatchedInference(rollouts, gather_s=0.002, default_from_actors=8),
         rollout_group=rollout_group,
         identity=jits,
+        carry_spec=carry_spec,
     )

@@ -166,3 +166,6 @@ class ActorProgram(NamedTuple):
     # serves the next run in the process (`ppo_async.runtime.in_learner`); None: not shared.
     # A program whose rollout is replaced (a wrapper) must drop it: _replace(identity=None).
     identity: Any = None
+    # one actor's fresh carry as jax.ShapeDtypeStructs, where the reset can be traced
+    # (gymnax): what a loop is compiled on ahead of the reset; None where it cannot
+    carry_spec: Any = None

@@ -91,6 +91,7 @@ def _standard_normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return np.float32(math.sqrt(2.0)) * jax.lax.erf_inv(uniform)
 
 
+@functools.cache
 def orthogonal(scale: float = 1.0):
     """Orthogonal initializer (Saxe et al. 2014): the polar factor of a Gaussian matrix.
 
@@ -107,8 +108,15 @@ def orthogonal(scale: float = 1.0):
     which deadlocks the CPU thread pool -- the twin hangs forever; matrix
     products have no such kernel. The last axis is the output (column) axis,
     as in flax's default.
+
+    Jitted (shape and dtype static), and one function per ``scale``: flax
+    checks every param of every ``apply`` against ``jax.eval_shape`` of its
+    initializer, a trace of the whole draw each time, where a jitted one is
+    traced once per shape (0.2 s of the 0.6 s a default learner's update and
+    rollout took to trace, timed with cProfile). The bits are unchanged.
     """
 
+    @functools.partial(jax.jit, static_argnums=(1, 2))
     def init(key, shape, dtype=jnp.float32):
         num_cols = shape[-1]
         num_rows = math.prod(shape[:-1])

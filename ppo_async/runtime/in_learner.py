@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.core import keys
 from ppo_async.core.devices import LearnerPlacement, to_host
 from ppo_async.core.update import Batch, LearnerState, ScheduledUpdate, UpdateFn
 from ppo_async.envs.program import ActorProgram
@@ -283,11 +284,23 @@ def warm_up_loop(loop: LoopProgram, config: AsyncActorLearnerConfig, program: Ac
                  state: LearnerState, device: jax.Device) -> None:
     """Compile ``loop`` by a call that runs no update, on ``state`` (on ``device``: the
     learner's, where the run's own state is) and fresh carries of the real shapes."""
-    carries = tuple(_first_carry(actor_id, config, program, device, ActorStart())
-                    for actor_id in range(config.num_actors))
+    if program.carry_spec is not None:  # zeros: the reset compiles beside the loop, not before
+        carries = (jax.device_put(jax.tree.map(_zeros, program.carry_spec), device),
+                   ) * config.num_actors
+    else:
+        carries = tuple(_first_carry(actor_id, config, program, device, ActorStart())
+                        for actor_id in range(config.num_actors))
     history = (state.params,) * config.exact_lag
     jax.block_until_ready(loop.run(state, carries, history, jnp.int32(0), jnp.int32(0),
                                    jnp.int32(0), loop.rate).count)
+
+
+def _zeros(spec: jax.ShapeDtypeStruct) -> Any:
+    """Host zeros of ``spec``'s shape and dtype (a key array of zero words for a key dtype)."""
+    if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.prng_key):
+        words = jax.random.key_data(keys.key(0)).shape
+        return jax.random.wrap_key_data(np.zeros((*spec.shape, *words), np.uint32))
+    return np.zeros(spec.shape, spec.dtype)
 
 
 def in_learner_loop(

@@ -308,6 +308,21 @@ def test_orthogonal_init_gives_orthonormal_columns_or_rows(shape):
     assert not np.allclose(other.reshape(w.shape), w)
 
 
+def test_applying_a_network_traces_each_initializer_once_per_shape():
+    # flax checks each param of every apply against jax.eval_shape of its initializer.
+    import flax.linen as nn
+
+    from ppo_async.networks.actor_critic import orthogonal
+
+    init = orthogonal(0.37)  # a scale of this test alone: its own traces
+    assert orthogonal(0.37) is init
+    dense = nn.Dense(3, kernel_init=init)
+    params = dense.init(jax.random.key(0), jnp.zeros((1, 5)))
+    for _ in range(3):
+        jax.eval_shape(dense.apply, params, jnp.zeros((2, 5)))
+    assert init._cache_size() == 1
+
+
 def _ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
     grid = np.concatenate([a, b])

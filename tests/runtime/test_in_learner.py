@@ -197,3 +197,13 @@ def test_a_sweep_point_or_the_next_run_finds_the_loop_the_first_one_built():
     assert sweep_point.run is first.run and sweep_point.rate != first.rate
     assert loop_of(dataclasses.replace(IN_LEARNER, exact_policy_lag=2)).run is not first.run
     assert loop_of(IN_LEARNER, wrap=True).run is not first.run
+
+
+def test_the_warm_ups_call_and_the_runs_calls_share_one_compiled_loop():
+    # The warm-up calls the loop on zero carries of the reset's traced shapes; a
+    # carry of another dtype, weak type or placement would compile it again.
+    in_learner._LOOPS.clear()
+    train(dataclasses.replace(IN_LEARNER, total_env_steps=IN_LEARNER.batch_size * 3),
+          progress=False)
+    (run,) = in_learner._LOOPS.values()
+    assert run._cache_size() == 1
