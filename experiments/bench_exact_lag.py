@@ -57,11 +57,12 @@ def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float) -> dic
 
         train_module.make_actor_program = slow_actor_0
     lag = int(mode[len("exact")]) if mode.startswith("exact") else None
-    # A straggler is one actor's: a thread per actor, so that it does not hold the others
-    # up as it would from their one thread (the default for gymnax actors).
+    # Thread actors, every mode: the learner's program (the default where it can run)
+    # takes exact lags only. A straggler is one actor's: a thread per actor, so that it
+    # does not hold the others up as it would from their one thread.
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
                                      exact_policy_lag=lag,
-                                     sampler="actors" if mode.endswith("straggler") else None)
+                                     sampler="actors" if mode.endswith("straggler") else "shared")
     marks = []
     report = train(config, progress=False, on_update=lambda m: marks.append(
         (time.perf_counter(), m["env_steps"]))).report

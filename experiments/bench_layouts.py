@@ -8,10 +8,10 @@ default; the network is the default for its observations: the MinAtar
 torso for an image). Each row is a fresh process; layouts and the two
 inference modes alternate seed by seed:
 
-- ``batched``: ``batch_inference=True``, the actors' chunks are one rollout
-  program per actor device, called from one thread;
-- ``per-actor``: ``batch_inference=False``, each actor runs its own rollout,
-  all of them called in turn from one thread (``sampler`` None: the default);
+- ``batched``: ``batch_inference=True, sampler='shared'``, the actors' chunks
+  are one rollout program per actor device, called from one thread;
+- ``per-actor``: ``batch_inference=False, sampler='shared'``, each actor runs
+  its own rollout, all of them called in turn from one thread;
 - ``threads``: ``batch_inference=False, sampler='actors'``, each actor runs
   its own rollout from a thread of its own;
 - ``learner``: ``sampler='learner'``, the learner's program collects every
@@ -51,7 +51,8 @@ import common
 BATCH = 512
 
 
-MODES = {"batched": dict(batch_inference=True), "per-actor": dict(batch_inference=False),
+MODES = {"batched": dict(batch_inference=True, sampler="shared"),
+         "per-actor": dict(batch_inference=False, sampler="shared"),
          "threads": dict(batch_inference=False, sampler="actors"),
          "learner": dict(sampler="learner")}
 

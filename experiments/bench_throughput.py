@@ -7,15 +7,21 @@ alternating seed by seed:
 - ``twin``: ``jax.jit(make_train(config))`` is compiled first (timed apart),
   then run over the whole budget; its env steps/s is the budget over the run
   alone, compile excluded.
-- ``async``: `ppo_async.train`; its env steps/s is measured from the first
-  update at or past a quarter of the budget to the last update (start-up and
-  the first compiles excluded), from the ``on_update`` timestamps.
+- ``async``: `ppo_async.train`, its default config; its env steps/s is
+  measured from the first update at or past a quarter of the budget to the
+  last update (start-up and the first compiles excluded), from the
+  ``on_update`` timestamps. On a machine without a GPU the default collects
+  in the learner's program (``sampler=None`` is ``"learner"`` there: see
+  ``learner`` below, whose rule for the marks it follows).
+- ``threads``: the same `train()` with ``sampler="shared"``: thread actors,
+  every actor's chunk collected from one thread, each actor's program called
+  in turn (the default before the learner's program was).
 
 - ``async-1t``: the same `train()` with XLA's CPU ops single-threaded
   (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false``): every actor and the
   learner is already a thread of its own, and on a small machine XLA's
   intra-op pool only adds hand-offs between them.
-- ``async-unpipelined``: the same `train()` with the learner's pipelined
+- ``async-unpipelined``: ``threads`` with the learner's pipelined
   readback off (``learner_loop(pipeline=False)``: every update read back
   before the next is dispatched), to measure what pipelining gives.
 - ``async-processes``: the same `train()` with ``actor_backend="processes"``:
@@ -29,12 +35,13 @@ alternating seed by seed:
 
 - ``learner``: the same `train()` with ``sampler="learner"``: the learner's
   program collects the actors' chunks, up to 64 updates a call
-  (`ppo_async.runtime.in_learner`), with the bits of ``async``. A call's
+  (`ppo_async.runtime.in_learner`), with the bits of thread actors that share
+  their calls (``batch_inference=True``). A call's
   updates are read back together, so the rate runs from the end of the call
   that holds the quarter's update (the last of that call's marks) to the end.
 - ``learner-in-turn``: the same with ``batch_inference=False``: each actor's
   rollout in turn inside the program, where ``learner`` rolls every actor's
-  envs out as one (the bits of thread actors calling alone, ``async``'s).
+  envs out as one (the bits of thread actors calling alone, ``threads``').
 
 - ``fused-lag1``: not the runtime, a bound on what it could reach with its
   actors inside the learner's program: what `train()` builds (the actors'
@@ -43,9 +50,9 @@ alternating seed by seed:
   and updates on the batch collected one update earlier, launched from
   Python with its metrics read back every update, as a learner loop would.
   The rollouts and the update of a call do not depend on each other. Its
-  bits are `train()`'s at the default exact lag of 1 (checked after the
-  timing by running `train()`: ``same_params_as_train``). Measured as
-  ``async``.
+  bits are those of `train()`'s thread actors (``threads``) at the default
+  exact lag of 1 (checked after the timing by running `train()`:
+  ``same_params_as_train``). Measured as ``async``.
 - ``fused-lag1-16``: the same, 16 updates per call (a ``lax.scan``; the
   metrics read back every 16 updates): what the launches cost.
 - ``purejaxrl``: purejaxrl's own ``purejaxrl/ppo.py`` from the checkout
@@ -132,7 +139,10 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
     start = time.perf_counter()
     report = train(config, progress=False, on_update=lambda m: marks.append(
         (time.perf_counter(), m["env_steps"], common.cpu_seconds(children=children)))).report
-    if sampler == "learner":
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.in_learner import collects_in_learner
+
+    if collects_in_learner(config, make_actor_program(config)):
         marks = common.last_mark_of_each_call(marks)
     return {**_steady_rate(marks, total_env_steps, start), "final_return": report.episode_return_mean,
             "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
@@ -177,8 +187,9 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
     update = learner_update(config, program, default_schedule(config.update_options()))
     carries = tuple(_first_carry(actor, config, program, cpu, ActorStart())
                     for actor in range(config.num_actors))
-    # Every actor's own chunk in turn, stacked as the learner does: train()'s bits,
-    # as sampler="learner" collects them with batch_inference=False.
+    # Every actor's own chunk in turn, stacked as the learner does: the bits of thread
+    # actors (sampler="shared"), as sampler="learner" collects them with
+    # batch_inference=False.
     chunks_of = _collector(dataclasses.replace(config, batch_inference=False), program)
 
     def collect(params, carries, lag):
@@ -204,7 +215,7 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
         marks.append((time.perf_counter(), (call + 1) * per_call * config.batch_size,
                       common.cpu_seconds()))
     rate = _steady_rate(marks, total_env_steps, start)
-    ran = train(config, progress=False).params
+    ran = train(dataclasses.replace(config, sampler="shared"), progress=False).params
     same = (flax.serialization.to_bytes(to_host(state[0].params))
             == flax.serialization.to_bytes(to_host(ran)))
     return {**rate,
@@ -214,8 +225,10 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
 
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
-MODES = ("twin", "async", "async-1t", "async-unpipelined", "async-processes", "async-own-device",
-         "learner", "learner-in-turn", *FUSED_UPDATES_PER_CALL, "purejaxrl")
+# The sampler of each mode (or of its name's first word); None: the default config's.
+_SAMPLERS = {"threads": "shared", "learner": "learner", "async-unpipelined": "shared"}
+MODES = ("twin", "async", "threads", "async-1t", "async-unpipelined", "async-processes",
+         "async-own-device", "learner", "learner-in-turn", *FUSED_UPDATES_PER_CALL, "purejaxrl")
 BASELINES = {"twin": ("the twin's run phase", 1.0), "purejaxrl": ("purejaxrl's run phase", 1.2)}
 
 
@@ -272,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
             result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined",
                             "processes" if args.one == "async-processes" else "threads",
                             own_device=args.one == "async-own-device",
-                            sampler="learner" if args.one.startswith("learner") else None,
+                            sampler=_SAMPLERS.get(args.one, _SAMPLERS.get(args.one.split("-")[0])),
                             batch_inference=False if args.one == "learner-in-turn" else None)
         print(json.dumps(result))
         return {}

@@ -3,8 +3,11 @@
 Three ways to train the same config, each seed in turn, each run in a FRESH
 process (so every run pays its imports and compiles, as a user's would):
 
-- ``async``: `ppo_async.train` with the defaults (actors one chunk ahead);
-- ``lockstep``: `train` with ``max_lead_steps = num_steps`` (lag 0, no overlap);
+- ``async``: `ppo_async.train` with the defaults (actors one chunk ahead; on a
+  machine without a GPU, collected in the learner's program, as ``learner``);
+- ``threads``: `train` with ``sampler="shared"``: thread actors, every actor's
+  chunk collected from one thread;
+- ``lockstep``: ``threads`` with ``max_lead_steps = num_steps`` (lag 0, no overlap);
 - ``learner``: `train` with ``sampler="learner"``: the learner's program collects
   the actors' chunks, up to 64 updates a call (`ppo_async.runtime.in_learner`);
   a call's updates are passed on together after it, so it stops at the end of
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--modes", nargs="+", default=["async", "lockstep", "sync"],
-                        choices=["async", "lockstep", "learner", "sync", "purejaxrl"])
+                        choices=["async", "threads", "lockstep", "learner", "sync", "purejaxrl"])
     parser.add_argument("--purejaxrl", default=None, metavar="DIR",
                         help="a checkout of github.com/luchris429/purejaxrl "
                              "(for --modes purejaxrl)")
@@ -131,8 +134,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sync-block", type=int, default=25,
                         help="updates per jitted call of the twin between checks")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--one", choices=["async", "lockstep", "learner", "sync", "purejaxrl"],
-                        default=None,
+    parser.add_argument("--one", default=None,
+                        choices=["async", "threads", "lockstep", "learner", "sync", "purejaxrl"],
                         help=argparse.SUPPRESS)  # the child process of one run
     args = parser.parse_args(argv)
     if "purejaxrl" in args.modes + [args.one]:
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     base = AsyncActorLearnerConfig(total_env_steps=args.total_env_steps)
     configs = {
         "async": base,
-        "lockstep": dataclasses.replace(base, max_lead_steps=base.num_steps),
+        "threads": dataclasses.replace(base, sampler="shared"),
+        "lockstep": dataclasses.replace(base, max_lead_steps=base.num_steps, sampler="shared"),
         "learner": dataclasses.replace(base, sampler="learner"),
         "sync": base,
     }
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
             "runs": len(times),
         }
     for baseline in ("sync", "purejaxrl"):
-        for mode in ("async", "lockstep", "learner", "sync"):
+        for mode in ("async", "threads", "lockstep", "learner", "sync"):
             if baseline in summary and mode in summary and mode != baseline:
                 summary[mode][f"ratio_to_{baseline}"] = (
                     summary[mode]["median_time_s"] / summary[baseline]["median_time_s"]

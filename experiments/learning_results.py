@@ -2,8 +2,10 @@
 
 For each env in ``ENV_PRESETS`` and each seed, one asynchronous run
 (``ppo_async.train``, the env's preset in ``ppo_async.presets`` (``ppo-async
-train --preset NAME``) with its default topology: actor
-threads, a staleness valve of two chunks) and one synchronous run
+train --preset NAME``) with thread actors (``sampler='shared'``, mode
+``async``) or collected in the learner's program (``sampler='learner'``, mode
+``learner``: the default on a machine without a GPU), at the default exact
+lag of one update) and one synchronous run
 (``ppo_async.sync.make_train``, all seeds at once with
 ``jax.jit(jax.vmap(...))``). Both consume the same env steps in batches of the
 same shape (``num_actors * envs_per_actor`` envs x ``num_steps``), with the
@@ -79,7 +81,8 @@ from ppo_async.sync import make_train, recent_return_mean  # noqa: E402
 # hyperparameters, with why), so `ppo-async train --preset NAME` trains exactly
 # the config of the table's row.
 ENV_PRESETS: dict[str, str] = {PRESETS[name]["env_id"]: name for name in LEARNING_RESULTS_PRESETS}
-MODES = ("async", "learner", "sync")  # learner: train() with sampler="learner"
+MODES = ("async", "learner", "sync")
+SAMPLERS = {"async": "shared", "learner": "learner"}  # each train() mode's sampler
 RESULT_FIELDS = (
     "env_id", "mode", "seed", "env_steps", "budget_scale", "final_return",
     "wall_time_s", "wall_time_scope", "compile_s", "policy_lag_mean", "policy_lag_max", "command",
@@ -167,7 +170,7 @@ def load_curves(path) -> dict[str, dict[int, list[tuple[int, float]]]]:
 def plot_env(ax, title: str, curves: dict[str, dict[int, list[tuple[int, float]]]]) -> None:
     """Mean ± std over seeds of each mode's curve, seeds as thin lines."""
     colors = {"async": "tab:blue", "learner": "tab:green", "sync": "tab:orange"}
-    labels = {"async": "async (train)", "learner": "train, sampler='learner'",
+    labels = {"async": "train, sampler='shared'", "learner": "train, sampler='learner'",
               "sync": "synchronous twin"}
     for mode, per_seed in curves.items():
         if not per_seed:
@@ -253,8 +256,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-scale", type=float, default=1.0,
                         help="multiplies every env's total_env_steps (e.g. 0.01 for a smoke run)")
     parser.add_argument("--modes", nargs="+", default=["async", "sync"], choices=MODES,
-                        help="async, learner (train() with sampler='learner') and sync "
-                             "(default: async and sync)")
+                        help="async (train() with sampler='shared'), learner "
+                             "(sampler='learner') and sync (default: async and sync)")
     parser.add_argument("--out", default=None, help="output dir (default experiments/out/learning_results)")
     args = parser.parse_args(argv)
     check_seeds_and_budget(parser, args)
@@ -279,9 +282,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         curves: dict[str, dict[int, list]] = {mode: {} for mode in args.modes}
         new_rows: list[dict[str, Any]] = []
         for mode in [m for m in ("async", "learner") if m in args.modes]:
-            sampler = {"sampler": "learner"} if mode == "learner" else {}
             for seed in seeds:
-                row, curve = run_async(dataclasses.replace(config, seed=seed, **sampler))
+                row, curve = run_async(dataclasses.replace(config, seed=seed,
+                                                           sampler=SAMPLERS[mode]))
                 new_rows.append(dict(env_id=env_id, mode=mode, seed=seed,
                                      budget_scale=args.budget_scale, **row))
                 curves[mode][seed] = curve

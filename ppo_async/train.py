@@ -80,6 +80,7 @@ from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart, exact_
 from ppo_async.runtime.in_learner import (
     InLearnerActors,
     LoopProgram,
+    collects_in_learner,
     in_learner_loop,
     loop_program,
     warm_up_loop,
@@ -200,16 +201,17 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, program: ActorProgram,
     return thread
 
 
-def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram) -> Batch | None:
+def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram,
+                   in_learner: bool = False) -> Batch | None:
     """Zeros shaped like one learner batch, for compiling the update early.
 
     Built from ``program.chunk_spec`` (the traced shapes of one chunk) and
     stacked as the learner stacks real chunks. None where the program has no
     spec (host envs, whose rollout steps Python envs): their update compiles
-    when the first batch arrives. None with ``sampler='learner'`` too: its update
-    compiles inside the program that collects the chunks.
+    when the first batch arrives. None where the learner collects the chunks
+    (``in_learner``) too: its update compiles inside the program that collects them.
     """
-    if program.chunk_spec is None or config.sampler == "learner":
+    if program.chunk_spec is None or in_learner:
         return None
     trajectory, bootstrap_obs, bootstrap_value = host_zeros(program.chunk_spec)
     chunk = Experience(0, 0, trajectory, bootstrap_obs, bootstrap_value)
@@ -244,7 +246,7 @@ class _UpdateWarmUp:
         loop: LoopProgram | None = None,
     ):
         self._done: concurrent.futures.Future = concurrent.futures.Future()
-        batch = _warm_up_batch(config, program)
+        batch = _warm_up_batch(config, program, in_learner=loop is not None)
         self._thread = None
         if batch is None and loop is None:
             self._done.set_result(None)
@@ -570,8 +572,7 @@ class _Run:
         self.config, self.directories = config, directories
         self.run_dir = directories.run_dir
         self.learner = config.learner_placement()
-        self.in_learner = config.sampler == "learner"  # the actors' chunks in its program
-        if self.in_learner and self.learner.mesh is not None:
+        if config.sampler == "learner" and self.learner.mesh is not None:
             raise ConfigError(
                 f"sampler='learner' with learner_device={config.learner_device!r} "
                 f"({self.learner.describe()}): the actors' chunks run in the program of one "
@@ -591,6 +592,8 @@ class _Run:
         """The actor program, the state to start from (fresh or resumed), the update compiling."""
         config = self.config
         self.program = make_actor_program(config)
+        # The actors' chunks in the learner's program (`ppo_async.runtime.in_learner`).
+        self.in_learner = collects_in_learner(config, self.program)
         self.resume: ResumePoint | None = None
         if self.directories.resume_from is not None:
             self.resume = load_resume_point(config, self.program,

@@ -290,7 +290,7 @@ def test_bench_startup_measures_each_figure_in_a_fresh_process(tmp_path, script,
 def test_startup_timeline_lists_the_programs_compiled_before_the_first_update(
         tmp_path, script, capsys):
     timeline = script("startup_timeline")
-    result = timeline.main(["--updates", "1", "--out", str(tmp_path)])
+    result = timeline.main(["--updates", "1", "--sampler", "shared", "--out", str(tmp_path)])
     assert 0 < result["first_update_s"] <= result["train_total_s"]
     assert result["first_update_cpu_s"] > 0
     # JAX's compile log was parsed: the big programs are there, each with its seconds.
@@ -430,7 +430,7 @@ def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path, sc
     rows = result["rows"]
     assert result["env_id"] == "Acrobot-v1" and {r["env_id"] for r in rows} == {"Acrobot-v1"}
     assert [(r["num_actors"], r["envs_per_actor"], r["num_steps"], r["batch_inference"],
-             r["sampler"]) for r in rows] == [(2, 4, 64, True, None), (2, 4, 64, False, "actors")]
+             r["sampler"]) for r in rows] == [(2, 4, 64, True, "shared"), (2, 4, 64, False, "actors")]
     assert all(r["env_steps_per_s"] > 0 and 0 < r["first_update_s"] < r["wall_s"] for r in rows)
     medians = result["medians"]
     assert medians["2x4 batched"]["ratio"] == 1.0  # the first layout and mode is the base

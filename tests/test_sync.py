@@ -6,6 +6,7 @@ import chex
 import flax.serialization
 import jax
 import numpy as np
+import pytest
 
 from ppo_async import AsyncActorLearnerConfig, train
 from ppo_async.sync import make_train, recent_return_curve, recent_return_mean
@@ -29,8 +30,10 @@ def test_vmap_over_seeds_trains_each_seed():
     chex.assert_trees_all_close(again.params, first, atol=1e-6)
 
 
-def test_lock_step_async_with_one_actor_reproduces_the_sync_twin_exactly():
-    config = dataclasses.replace(TINY, max_lead_steps=TINY.num_steps)
+@pytest.mark.parametrize("sampler", [None, "actors"], ids=["default", "thread-actor"])
+def test_lock_step_async_with_one_actor_reproduces_the_sync_twin_exactly(sampler):
+    # None: the learner's program collects the chunk (the default without a GPU).
+    config = dataclasses.replace(TINY, max_lead_steps=TINY.num_steps, sampler=sampler)
     assert config.lock_step
     async_params = train(config, progress=False).params
     sync_params = jax.jit(make_train(config))(jax.random.key(config.seed)).params

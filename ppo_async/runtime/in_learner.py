@@ -18,9 +18,11 @@ passes every update through the learner's own bookkeeping (`_Learner.finish`):
 the metrics lines, progress, ``on_update`` and evaluations are those of any
 run. A call ends where a checkpoint (``checkpoint_every_updates``) or an
 evaluation is due, so both see the params of their update; a checkpoint due by
-time (``checkpoint_every_s``), ``StopTraining`` from ``on_update`` and Ctrl-C
-take effect at the end of the call (the updates after the one that stopped are
-logged and passed to ``on_update`` too). An update whose params or metrics are
+time (``checkpoint_every_s``) and a Ctrl-C while the call runs take effect at
+its end. ``StopTraining`` (or any exception) from ``on_update`` ends the run
+with that update, as with thread actors: the call is run again from its start
+up to it (the same bits), and its state is the one returned and checkpointed;
+the call's later updates are dropped. An update whose params or metrics are
 not finite ends its call with the params before it kept, and raises
 `NonFiniteError` as the learner does.
 """
@@ -39,7 +41,7 @@ import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core import keys
-from ppo_async.core.devices import LearnerPlacement, to_host
+from ppo_async.core.devices import LearnerPlacement, resolve_device, to_host
 from ppo_async.core.update import Batch, LearnerState, ScheduledUpdate, UpdateFn
 from ppo_async.envs.program import ActorProgram
 from ppo_async.runtime.actor import ActorStart, ActorStats, _first_carry, exact_version
@@ -87,6 +89,21 @@ class _Episodes(NamedTuple):
 
     episode_return: np.ndarray
     episode_length: np.ndarray
+
+
+def collects_in_learner(config: AsyncActorLearnerConfig, program: ActorProgram) -> bool:
+    """Whether the learner's program collects the actors' chunks: ``sampler='learner'``, or
+    ``sampler=None`` where it can and nothing else is asked of the actors: a gymnax env's
+    own rollout (``program.identity``: not a wrapped one), thread actors, an exact lag,
+    ``broadcast_every=1``, and one learner device, the actors' own (a run that trains on
+    a GPU keeps its actors on ``actor_device``)."""
+    if config.sampler is not None or program.identity is None:
+        return config.sampler == "learner"
+    if (config.actor_backend != "threads" or config.exact_lag is None
+            or config.broadcast_every != 1):
+        return False
+    devices = config.learner_placement().devices
+    return devices == (resolve_device(config.actor_device),)
 
 
 def rolls_out_together(config: AsyncActorLearnerConfig) -> bool:
@@ -224,7 +241,12 @@ class InLearnerActors:
         return []
 
     def late_failures(self) -> list[ActorFailure]:
-        return []
+        """The evaluator's failures that came after the loop's last look (its final
+        evaluation's): the run raises the first, as thread actors' runs do."""
+        failures = []
+        while (failure := self.receive(0.0)) is not None:
+            failures.append(failure)
+        return failures
 
 
 class _InLearner(_Learner):
@@ -344,7 +366,8 @@ def in_learner_loop(
         if before_first_call is not None and not compiled:
             before_first_call()
         call_start = time.perf_counter()
-        loop = run(loop.state, loop.carries, loop.history, jnp.int32(n), jnp.int32(done),
+        start = loop
+        loop = run(start.state, start.carries, start.history, jnp.int32(n), jnp.int32(done),
                    jnp.int32(first_version), rate)
         count, good, metrics, episodes = to_host((loop.count, loop.good, loop.metrics,
                                                   loop.episodes))
@@ -353,8 +376,20 @@ def in_learner_loop(
             updates_per_call = int(max(1, min(max_updates, _CALL_S * count /
                                               (time.perf_counter() - call_start))))
         compiled = True
-        _count_chunks(config, transport.stats, count)
-        last_good = count - 1 if good else count - 2
+        last_good = count - 1 if good else count - 2  # the loop's state is this update's
+
+        def kept(i: int) -> _Loop:
+            """The loop after the call's update ``i``, checkpointed: ``loop``, or the call
+            run again from its start up to ``i`` (the same bits) where it went on past it."""
+            nonlocal loop
+            if i != last_good:
+                loop = run(start.state, start.carries, start.history, jnp.int32(i + 1),
+                           jnp.int32(done), jnp.int32(first_version), rate)
+            if after_call is not None:
+                after_call(loop.state, report, list(loop.carries),
+                           _history_versions(report.updates, size, first_version, loop.history))
+            return loop
+
         stopped = False
         for i in range(count):
             chunk = done + i
@@ -363,14 +398,24 @@ def in_learner_loop(
                            _Episodes(*(np.asarray(rows[i]) for rows in episodes[actor_id])),
                            None, None)
                 for actor_id in range(config.num_actors)]
+            _count_chunks(config, transport.stats, 1)
             _count_episodes(transport.stats, experiences)
             in_flight = _InFlight(loop.state if i == last_good else None,
                                   {name: value[i] for name, value in metrics.items()},
                                   experiences, [chunk - version_of(chunk)] * config.num_actors)
-            stopped |= not learner.finish(in_flight)  # raises for the update not finite
-            if i == last_good and after_call is not None:
-                after_call(loop.state, report, list(loop.carries),
-                           _history_versions(report.updates, size, first_version, loop.history))
+            try:
+                going = learner.finish(in_flight)  # raises for the update not finite
+            except BaseException:
+                # From on_update (Ctrl-C, the user's error): this update is the one
+                # kept, as thread actors' learner keeps it.
+                if i <= last_good:
+                    kept(i)
+                raise
+            if not going:  # StopTraining: the run ends with this update
+                loop, stopped = kept(i), True
+                break
+            if i == last_good:
+                kept(i)
         learner._beat()
         failure = transport.receive(0.0)  # the evaluator's, reported while the call ran
         if failure is not None:

@@ -28,7 +28,7 @@ from run_helpers import params_bytes as _bytes
 EXACT = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=2, num_minibatches=2,
     total_env_steps=2 * 2 * 8 * 8, exact_policy_lag=1, learner_timeout_s=30.0,
-    shutdown_timeout_s=10.0, seed=5,
+    shutdown_timeout_s=10.0, seed=5, sampler="shared",  # thread actors (None: the learner's program)
 )
 
 

@@ -21,7 +21,6 @@ from ppo_async import (
 from ppo_async.runs.analysis import read_metrics
 from ppo_async.runs.checkpoint import _decode, list_checkpoints
 from ppo_async.runtime import in_learner
-from ppo_async.runtime.in_learner import max_updates_per_call
 
 from run_helpers import interrupt_at
 from run_helpers import learning_metrics as _learning_metrics
@@ -30,7 +29,7 @@ from run_helpers import params_bytes as _bytes
 EXACT = AsyncActorLearnerConfig(
     num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=2, num_minibatches=2,
     total_env_steps=2 * 2 * 8 * 8, exact_policy_lag=1, learner_timeout_s=30.0,
-    shutdown_timeout_s=10.0, seed=5,
+    shutdown_timeout_s=10.0, seed=5, sampler="shared",  # thread actors, to compare with
 )
 IN_LEARNER = dataclasses.replace(EXACT, sampler="learner")
 
@@ -94,10 +93,11 @@ def test_a_run_cut_short_resumes_byte_identically_with_either_sampler(tmp_path):
     config = dataclasses.replace(IN_LEARNER, checkpoint_every_updates=3, keep_checkpoints=2,
                                  exact_policy_lag=2, batch_inference=True)
     whole = train(config, run_dir=tmp_path / "whole", progress=False)
-    for name, sampler in (("again", "learner"), ("threads", None)):
-        with pytest.raises(KeyboardInterrupt):  # Ctrl-C at update 5: the checkpoint of 3
+    for name, sampler in (("again", "learner"), ("threads", "shared")):
+        with pytest.raises(KeyboardInterrupt) as info:  # Ctrl-C in on_update at update 5
             train(config, run_dir=tmp_path / name, progress=False, on_update=interrupt_at(5))
-        assert _steps(tmp_path / name) == [3]
+        assert info.value.updates == 5  # kept and saved, as thread actors keep it
+        assert _steps(tmp_path / name) == [3, 5]
         resumed = train(dataclasses.replace(config, sampler=sampler),
                         resume_from=tmp_path / name, progress=False)
         assert resumed.report.updates == whole.report.updates
@@ -105,7 +105,7 @@ def test_a_run_cut_short_resumes_byte_identically_with_either_sampler(tmp_path):
         assert _learning_metrics(tmp_path / name) == _learning_metrics(tmp_path / "whole")
 
 
-def test_stop_training_ends_the_run_at_the_end_of_its_call_with_that_calls_params(tmp_path):
+def test_stop_training_in_the_middle_of_a_call_ends_the_run_with_that_updates_params(tmp_path):
     seen = []
 
     def stop_at_3(metrics):
@@ -115,21 +115,16 @@ def test_stop_training_ends_the_run_at_the_end_of_its_call_with_that_calls_param
 
     config = dataclasses.replace(IN_LEARNER, total_env_steps=IN_LEARNER.batch_size * 40)
     stopped = train(config, run_dir=tmp_path, progress=False, on_update=stop_at_3)
-    updates = stopped.report.updates
-    assert 3 <= updates <= 3 + max_updates_per_call(config)
-    assert seen == list(range(1, updates + 1))  # every update of that call was passed on
+    assert stopped.report.updates == 3 and seen == [1, 2, 3]
     assert [row["update"] for row in read_metrics(tmp_path)] == seen
-    assert _steps(tmp_path) == [updates]
-    # The params returned are those of the last update counted: thread actors stopped
-    # there (the same budget, so the same learning-rate schedule) end with them.
-
-    def stop_there(metrics):
-        if metrics["update"] == updates:
-            raise StopTraining
-
-    threads = dataclasses.replace(config, sampler=None, batch_inference=True)
-    assert _bytes(train(threads, progress=False, on_update=stop_there).params) == _bytes(
-        stopped.params)
+    assert _steps(tmp_path) == [3]
+    assert [s.rollouts_sent for s in stopped.report.actor_stats] == [3, 3]
+    # The call ran on past update 3 (the whole run fits in a call or two); the params
+    # returned are update 3's all the same: thread actors stopped there end with them.
+    threads = dataclasses.replace(config, sampler="shared", batch_inference=True)
+    ran = train(threads, progress=False, on_update=stop_at_3)
+    assert ran.report.updates == 3
+    assert _bytes(ran.params) == _bytes(stopped.params)
 
 
 def test_calls_split_anywhere_give_the_same_bytes(monkeypatch):
@@ -207,3 +202,21 @@ def test_the_warm_ups_call_and_the_runs_calls_share_one_compiled_loop():
           progress=False)
     (run,) = in_learner._LOOPS.values()
     assert run._cache_size() == 1
+
+
+def test_the_default_sampler_is_the_learners_program_where_it_can_run(monkeypatch):
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.in_learner import collects_in_learner
+
+    config = dataclasses.replace(EXACT, sampler=None)
+    program = make_actor_program(config)
+    assert collects_in_learner(config, program)
+    for fields in (dict(sampler="shared"), dict(exact_policy_lag=None),
+                   dict(broadcast_every=2), dict(actor_backend="processes")):
+        assert not collects_in_learner(dataclasses.replace(config, **fields), program), fields
+    assert not collects_in_learner(config, program._replace(identity=None))  # a wrapped rollout
+    host = dataclasses.replace(config, env_id="gymnasium:CartPole-v1")
+    assert not collects_in_learner(host, make_actor_program(host))
+    # A learner on another device than the actors' (a GPU's): thread actors.
+    monkeypatch.setattr(in_learner, "resolve_device", lambda spec: None)
+    assert not collects_in_learner(config, program)

@@ -329,7 +329,7 @@ def test_a_group_of_gymnax_actors_gives_the_bytes_of_shared_chunks_and_restarts_
             if len(callers) == broken["at"]:
                 raise RuntimeError("the group breaks once")
             return program.rollout_group(params, carries)
-        return program._replace(rollout_group=rollout_group)
+        return program._replace(rollout_group=rollout_group, identity=None)  # a wrapper
 
     monkeypatch.setattr(train_module, "make_actor_program", make)
     config = AsyncActorLearnerConfig(num_actors=3, envs_per_actor=2, num_steps=8,

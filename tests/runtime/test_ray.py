@@ -114,7 +114,8 @@ def test_lock_step_ray_run_on_a_private_instance_equals_the_thread_run():
     assert sorted(s.cpus for s in result.report.actor_stats) == (
         [(c,) for c in mine[:2]] if len(mine) >= 2 else [mine, mine])
     assert result.report.updates == 6 and result.report.policy_lag_max == 0
-    threads = train(dataclasses.replace(LOCK_STEP, actor_backend="threads"), progress=False)
+    threads = train(dataclasses.replace(LOCK_STEP, actor_backend="threads", sampler="actors"),
+                    progress=False)
     assert all(s.cpus == mine for s in threads.report.actor_stats)  # the learner's process
     # The actor processes run XLA with one thread, the thread actors with the
     # learner's settings: the rollouts still agree to the bit.
@@ -197,8 +198,8 @@ def test_exact_lag_ray_actors_give_the_bytes_of_thread_actors(ray_local, env_id)
     # Ray actors are processes of one actor each: they call their policy alone, as thread
     # actors do without batched inference (a batched call gives other bits, though a
     # batched run is as fixed by its seed).
-    threads = train(dataclasses.replace(config, actor_backend="threads", batch_inference=False),
-                    progress=False)
+    threads = train(dataclasses.replace(config, actor_backend="threads", batch_inference=False,
+                                        sampler="actors"), progress=False)
     assert _bytes(over_ray.params) == _bytes(threads.params)
     assert over_ray.report.policy_lag_counts == threads.report.policy_lag_counts == {
         0: 3, 1: 3 * (config.num_updates - 1)}
@@ -285,7 +286,8 @@ def test_a_ray_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(ray_
     resumed = train(LOCK_STEP, resume_from=tmp_path, progress=False)
     assert resumed.report.updates == 6
     whole = _RUNS.get("private") or _bytes(
-        train(dataclasses.replace(LOCK_STEP, actor_backend="threads"), progress=False).params)
+        train(dataclasses.replace(LOCK_STEP, actor_backend="threads", sampler="actors"),
+              progress=False).params)
     assert _bytes(resumed.params) == whole
 
 

@@ -280,7 +280,8 @@ def test_stop_training_with_the_next_update_in_flight_returns_the_stopped_update
 
 def test_two_actors_run_a_few_updates_and_stop_cleanly(tmp_path):
     seen = []
-    result = train(TINY, run_dir=tmp_path, progress=False, on_update=seen.append)
+    config = dataclasses.replace(TINY, sampler="shared")  # thread actors: broadcasts they take
+    result = train(config, run_dir=tmp_path, progress=False, on_update=seen.append)
     report = result.report
     assert report.updates == TINY.num_updates == 6
     assert report.env_steps == 6 * TINY.batch_size
@@ -330,7 +331,7 @@ def test_a_second_run_in_the_process_compiles_nothing(caplog):
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_the_update_compiles_once_before_the_first_batch(recorded_updates, env_id):
     updates, calls = recorded_updates
-    config = dataclasses.replace(TINY, env_id=env_id)
+    config = dataclasses.replace(TINY, env_id=env_id, sampler="shared")  # thread actors
     train(config, progress=False)
     # One warm-up call on zeros (in its own thread, while the initializers and the
     # actors' rollout compile), then the real batches, all with the same shapes
