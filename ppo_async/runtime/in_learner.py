@@ -84,6 +84,16 @@ class _Loop(NamedTuple):
     episodes: tuple  # per actor: ([max_updates, T, E], [max_updates, T, E])
 
 
+class _Call(NamedTuple):
+    """One call of the loop: the loop it ``start``-ed from after ``done`` updates, its
+    result (``loop``, not waited for) and when it was ``launched``."""
+
+    start: _Loop
+    done: int
+    loop: _Loop
+    launched: float
+
+
 class _Episodes(NamedTuple):
     """The parts of a chunk's trajectory the learner counts (`LearnerReport.record_update`)."""
 
@@ -358,41 +368,48 @@ def in_learner_loop(
     size = lag
     before = [params for _, params in published[:-1]][-size:] if size else []
     history = tuple([before[0] if before else state.params] * (size - len(before)) + before)
-    loop = _Loop(None, None, state, carries, history, None, None)
     updates_per_call, compiled = 1, False
-    while report.updates < end_update:
-        done = report.updates
+
+    def launch(start: _Loop, done: int) -> _Call:
         n = min(updates_per_call, _next_stop(config, done, end_update) - done, max_updates)
-        if before_first_call is not None and not compiled:
-            before_first_call()
-        call_start = time.perf_counter()
-        start = loop
-        loop = run(start.state, start.carries, start.history, jnp.int32(n), jnp.int32(done),
-                   jnp.int32(first_version), rate)
-        count, good, metrics, episodes = to_host((loop.count, loop.good, loop.metrics,
-                                                  loop.episodes))
+        return _Call(start, done, run(start.state, start.carries, start.history, jnp.int32(n),
+                                      jnp.int32(done), jnp.int32(first_version), rate),
+                     time.perf_counter())
+
+    def kept(call: _Call, i: int, last_good: int) -> _Loop:
+        """The loop after ``call``'s update ``i``, checkpointed: the call's own, or the
+        call run again from its start up to ``i`` (the same bits) where it went on past it."""
+        loop = call.loop
+        if i != last_good:
+            loop = run(call.start.state, call.start.carries, call.start.history,
+                       jnp.int32(i + 1), jnp.int32(call.done), jnp.int32(first_version), rate)
+        if after_call is not None:
+            after_call(loop.state, report, list(loop.carries),
+                       _history_versions(report.updates, size, first_version, loop.history))
+        return loop
+
+    loop = _Loop(None, None, state, carries, history, None, None)
+    if report.updates < end_update and before_first_call is not None:
+        before_first_call()
+    pending = launch(loop, report.updates) if report.updates < end_update else None
+    while pending is not None:
+        call, pending = pending, None
+        count, good, metrics, episodes = to_host((call.loop.count, call.loop.good,
+                                                  call.loop.metrics, call.loop.episodes))
         count, good = int(count), bool(good)
         if compiled:  # the first call compiles: its time says nothing
             updates_per_call = int(max(1, min(max_updates, _CALL_S * count /
-                                              (time.perf_counter() - call_start))))
+                                              (time.perf_counter() - call.launched))))
         compiled = True
+        loop = call.loop
         last_good = count - 1 if good else count - 2  # the loop's state is this update's
-
-        def kept(i: int) -> _Loop:
-            """The loop after the call's update ``i``, checkpointed: ``loop``, or the call
-            run again from its start up to ``i`` (the same bits) where it went on past it."""
-            nonlocal loop
-            if i != last_good:
-                loop = run(start.state, start.carries, start.history, jnp.int32(i + 1),
-                           jnp.int32(done), jnp.int32(first_version), rate)
-            if after_call is not None:
-                after_call(loop.state, report, list(loop.carries),
-                           _history_versions(report.updates, size, first_version, loop.history))
-            return loop
-
-        stopped = False
+        if good and call.done + count < end_update:
+            # The next call computes while this one's updates are passed on below (one
+            # program at a time on the device; the host's part on another core). A run
+            # that stops in them drops it.
+            pending = launch(loop, call.done + count)
         for i in range(count):
-            chunk = done + i
+            chunk = call.done + i
             experiences = [
                 Experience(actor_id, version_of(chunk),
                            _Episodes(*(np.asarray(rows[i]) for rows in episodes[actor_id])),
@@ -409,19 +426,17 @@ def in_learner_loop(
                 # From on_update (Ctrl-C, the user's error): this update is the one
                 # kept, as thread actors' learner keeps it.
                 if i <= last_good:
-                    kept(i)
+                    kept(call, i, last_good)
                 raise
             if not going:  # StopTraining: the run ends with this update
-                loop, stopped = kept(i), True
+                loop, pending = kept(call, i, last_good), None
                 break
             if i == last_good:
-                kept(i)
+                kept(call, i, last_good)
         learner._beat()
         failure = transport.receive(0.0)  # the evaluator's, reported while the call ran
         if failure is not None:
             learner._actor_failed(failure)
-        if stopped:
-            break
     return loop.state, report
 
 
