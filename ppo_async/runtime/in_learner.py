@@ -1,5 +1,8 @@
 """``sampler='learner'``: gymnax actors whose chunks the learner's own program collects.
 
+What ``sampler=None`` chooses where it can run (`collects_in_learner`): on a
+machine without a GPU, the default config.
+
 The layout the Podracer paper calls Anakin (Hessel et al. 2021), with the
 runtime's bits. One jitted call runs up to ``max_updates`` updates; in each,
 every actor collects its next chunk with the params of the version its exact
