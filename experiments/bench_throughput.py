@@ -42,6 +42,9 @@ alternating seed by seed:
 - ``learner-in-turn``: the same with ``batch_inference=False``: each actor's
   rollout in turn inside the program, where ``learner`` rolls every actor's
   envs out as one (the bits of thread actors calling alone, ``threads``').
+- ``learner-unpipelined``: ``learner`` with each call launched only once the
+  last one's updates are passed on (``in_learner_loop(pipeline=False)``), to
+  measure what launching it before them gives.
 
 - ``fused-lag1``: not the runtime, a bound on what it could reach with its
   actors inside the learner's program: what `train()` builds (the actors'
@@ -125,8 +128,10 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
 
     train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
 
-    if not pipeline:  # every update read back before the next is dispatched
+    if not pipeline:  # every update (call) read back before the next is dispatched (launched)
         train_module.learner_loop = functools.partial(train_module.learner_loop, pipeline=False)
+        train_module.in_learner_loop = functools.partial(train_module.in_learner_loop,
+                                                         pipeline=False)
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
                                      actor_backend=actor_backend, sampler=sampler,
                                      batch_inference=batch_inference)
@@ -226,9 +231,11 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
 # The sampler of each mode (or of its name's first word); None: the default config's.
-_SAMPLERS = {"threads": "shared", "learner": "learner", "async-unpipelined": "shared"}
+_SAMPLERS = {"threads": "shared", "learner": "learner", "async-unpipelined": "shared",
+             "learner-unpipelined": "learner"}
 MODES = ("twin", "async", "threads", "async-1t", "async-unpipelined", "async-processes",
-         "async-own-device", "learner", "learner-in-turn", *FUSED_UPDATES_PER_CALL, "purejaxrl")
+         "async-own-device", "learner", "learner-in-turn", "learner-unpipelined",
+         *FUSED_UPDATES_PER_CALL, "purejaxrl")
 BASELINES = {"twin": ("the twin's run phase", 1.0), "purejaxrl": ("purejaxrl's run phase", 1.2)}
 
 
@@ -282,7 +289,8 @@ def main(argv: list[str] | None = None) -> dict:
             result = _fused_lag1(args.total_env_steps, args.seeds[0],
                                  FUSED_UPDATES_PER_CALL[args.one])
         else:
-            result = _async(args.total_env_steps, args.seeds[0], args.one != "async-unpipelined",
+            result = _async(args.total_env_steps, args.seeds[0],
+                            not args.one.endswith("-unpipelined"),
                             "processes" if args.one == "async-processes" else "threads",
                             own_device=args.one == "async-own-device",
                             sampler=_SAMPLERS.get(args.one, _SAMPLERS.get(args.one.split("-")[0])),

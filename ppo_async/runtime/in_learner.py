@@ -344,6 +344,7 @@ def in_learner_loop(
     update: UpdateFn, report: LearnerReport, end_update: int,
     published: list[tuple[int, Any]], hooks: LearnerHooks,
     after_call: AfterCall | None = None, before_first_call: Callable[[], None] | None = None,
+    pipeline: bool = True,
 ) -> tuple[LearnerState, LearnerReport]:
     """`ppo_async.runtime.learner.learner_loop` for ``sampler='learner'``: the updates and
     the actors' chunks in one program (module docstring), until ``end_update``.
@@ -351,7 +352,9 @@ def in_learner_loop(
     ``published``: (version, params) of the versions a resumed run's first chunks
     need, ending with ``state``'s own; the actors start where ``channels.transport``
     (an `InLearnerActors`) was told. ``after_call`` checkpoints after the last good
-    update of each call (``hooks.after_update`` is not called).
+    update of each call (``hooks.after_update`` is not called). ``pipeline=False``
+    launches a call only once the last one's updates are passed on (to measure what
+    launching it before them gives: ``experiments/bench_throughput.py``).
     """
     transport: InLearnerActors = channels.transport
     lag, device = config.exact_lag, placement.device
@@ -406,11 +409,12 @@ def in_learner_loop(
         compiled = True
         loop = call.loop
         last_good = count - 1 if good else count - 2  # the loop's state is this update's
-        if good and call.done + count < end_update:
+        if pipeline and good and call.done + count < end_update:
             # The next call computes while this one's updates are passed on below (one
             # program at a time on the device; the host's part on another core). A run
             # that stops in them drops it.
             pending = launch(loop, call.done + count)
+        stopped = False
         for i in range(count):
             chunk = call.done + i
             experiences = [
@@ -432,7 +436,7 @@ def in_learner_loop(
                     kept(call, i, last_good)
                 raise
             if not going:  # StopTraining: the run ends with this update
-                loop, pending = kept(call, i, last_good), None
+                loop, pending, stopped = kept(call, i, last_good), None, True
                 break
             if i == last_good:
                 kept(call, i, last_good)
@@ -440,6 +444,8 @@ def in_learner_loop(
         failure = transport.receive(0.0)  # the evaluator's, reported while the call ran
         if failure is not None:
             learner._actor_failed(failure)
+        if not (pipeline or stopped) and report.updates < end_update:
+            pending = launch(loop, report.updates)
     return loop.state, report
 
 

@@ -3,6 +3,7 @@ of thread actors at the same exact lag, checkpoints they resume from, and the
 learner's checks."""
 
 import dataclasses
+import functools
 import importlib
 import json
 
@@ -127,12 +128,20 @@ def test_stop_training_in_the_middle_of_a_call_ends_the_run_with_that_updates_pa
     assert _bytes(ran.params) == _bytes(stopped.params)
 
 
-def test_calls_split_anywhere_give_the_same_bytes(monkeypatch):
+def test_calls_split_anywhere_or_launched_after_the_last_give_the_same_bytes(monkeypatch):
     # Calls aimed at a few microseconds run one update each after the first two.
     monkeypatch.setattr(in_learner, "_CALL_S", 1e-6)
     one_by_one = train(IN_LEARNER, progress=False)
     monkeypatch.undo()
-    assert _bytes(one_by_one.params) == _bytes(train(IN_LEARNER, progress=False).params)
+    whole = train(IN_LEARNER, progress=False)
+    assert _bytes(one_by_one.params) == _bytes(whole.params)
+    # Each call launched only once the last one's updates are passed on.
+    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
+    monkeypatch.setattr(train_module, "in_learner_loop", functools.partial(
+        in_learner.in_learner_loop, pipeline=False))
+    in_turn = train(IN_LEARNER, progress=False)
+    assert in_turn.report.updates == whole.report.updates
+    assert _bytes(in_turn.params) == _bytes(whole.params)
 
 
 def test_an_update_that_is_not_finite_raises_and_the_update_before_it_is_kept(
