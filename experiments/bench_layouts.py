@@ -71,8 +71,7 @@ def one_run(env_id: str, num_actors: int, envs_per_actor: int, mode: str, seed: 
     start = time.perf_counter()
     train(config, progress=False,
           on_update=lambda m: marks.append((time.perf_counter(), int(m["env_steps"]))))
-    if config.sampler == "learner":
-        marks = common.last_mark_of_each_call(marks)
+    marks = common.rate_marks(config, marks)
     first = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps // 4)
     (t0, s0), (t1, s1) = marks[first], marks[-1]
     return {"env_id": env_id, "num_actors": num_actors, "envs_per_actor": envs_per_actor,

@@ -144,11 +144,7 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
     start = time.perf_counter()
     report = train(config, progress=False, on_update=lambda m: marks.append(
         (time.perf_counter(), m["env_steps"], common.cpu_seconds(children=children)))).report
-    from ppo_async.envs.backends import make_actor_program
-    from ppo_async.runtime.in_learner import collects_in_learner
-
-    if collects_in_learner(config, make_actor_program(config)):
-        marks = common.last_mark_of_each_call(marks)
+    marks = common.rate_marks(config, marks)
     return {**_steady_rate(marks, total_env_steps, start), "final_return": report.episode_return_mean,
             "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
 
@@ -230,9 +226,9 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
 
 
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false"
-# The sampler of each mode (or of its name's first word); None: the default config's.
-_SAMPLERS = {"threads": "shared", "learner": "learner", "async-unpipelined": "shared",
-             "learner-unpipelined": "learner"}
+# The sampler each mode names; None (the modes not here): the default config's.
+_SAMPLERS = {"threads": "shared", "async-unpipelined": "shared", "learner": "learner",
+             "learner-in-turn": "learner", "learner-unpipelined": "learner"}
 MODES = ("twin", "async", "threads", "async-1t", "async-unpipelined", "async-processes",
          "async-own-device", "learner", "learner-in-turn", "learner-unpipelined",
          *FUSED_UPDATES_PER_CALL, "purejaxrl")
@@ -293,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
                             not args.one.endswith("-unpipelined"),
                             "processes" if args.one == "async-processes" else "threads",
                             own_device=args.one == "async-own-device",
-                            sampler=_SAMPLERS.get(args.one, _SAMPLERS.get(args.one.split("-")[0])),
+                            sampler=_SAMPLERS.get(args.one),
                             batch_inference=False if args.one == "learner-in-turn" else None)
         print(json.dumps(result))
         return {}

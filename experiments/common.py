@@ -192,6 +192,17 @@ def cpu_seconds(children: bool = False) -> float:
 SAME_CALL_S = 5e-4
 
 
+def rate_marks(config, marks: Sequence[tuple]) -> list[tuple]:
+    """The ``on_update`` marks of a run of ``config`` that a rate may be taken from: all
+    of them, or `last_mark_of_each_call` where the learner's program collected the chunks."""
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.in_learner import collects_in_learner
+
+    if collects_in_learner(config, make_actor_program(config)):
+        return last_mark_of_each_call(marks)
+    return list(marks)
+
+
 def last_mark_of_each_call(marks: Sequence[tuple]) -> list[tuple]:
     """``on_update`` marks ``(time, ...)`` of a ``sampler="learner"`` run, one per program call.
 

@@ -201,17 +201,15 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, program: ActorProgram,
     return thread
 
 
-def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram,
-                   in_learner: bool = False) -> Batch | None:
+def _warm_up_batch(config: AsyncActorLearnerConfig, program: ActorProgram) -> Batch | None:
     """Zeros shaped like one learner batch, for compiling the update early.
 
     Built from ``program.chunk_spec`` (the traced shapes of one chunk) and
     stacked as the learner stacks real chunks. None where the program has no
     spec (host envs, whose rollout steps Python envs): their update compiles
-    when the first batch arrives. None where the learner collects the chunks
-    (``in_learner``) too: its update compiles inside the program that collects them.
+    when the first batch arrives.
     """
-    if program.chunk_spec is None or in_learner:
+    if program.chunk_spec is None:
         return None
     trajectory, bootstrap_obs, bootstrap_value = host_zeros(program.chunk_spec)
     chunk = Experience(0, 0, trajectory, bootstrap_obs, bootstrap_value)
@@ -246,7 +244,8 @@ class _UpdateWarmUp:
         loop: LoopProgram | None = None,
     ):
         self._done: concurrent.futures.Future = concurrent.futures.Future()
-        batch = _warm_up_batch(config, program, in_learner=loop is not None)
+        # With ``loop`` the update compiles inside the program that collects the chunks.
+        batch = _warm_up_batch(config, program) if loop is None else None
         self._thread = None
         if batch is None and loop is None:
             self._done.set_result(None)

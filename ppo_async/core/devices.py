@@ -131,8 +131,15 @@ def _read(leaf: Any) -> Any:
 def host_zeros(shapes: Any) -> Any:
     """Numpy zeros with the structure, shapes and dtypes of ``shapes`` (a tree of
     `jax.ShapeDtypeStruct`, as `jax.eval_shape` returns): what a program's arguments
-    look like, built without running or compiling anything."""
-    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    look like, built without running or compiling anything. A leaf of a key dtype
+    (JAX's default implementation, the project's) is a key array of zero words."""
+    def zeros(spec: jax.ShapeDtypeStruct) -> Any:
+        if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.prng_key):
+            words = jax.eval_shape(jax.random.key_data, spec).shape
+            return jax.random.wrap_key_data(np.zeros(words, np.uint32))
+        return np.zeros(spec.shape, spec.dtype)
+
+    return jax.tree.map(zeros, shapes)
 
 
 @functools.cache

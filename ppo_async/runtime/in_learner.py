@@ -43,8 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
-from ppo_async.core import keys
-from ppo_async.core.devices import LearnerPlacement, resolve_device, to_host
+from ppo_async.core.devices import LearnerPlacement, host_zeros, resolve_device, to_host
 from ppo_async.core.update import Batch, LearnerState, ScheduledUpdate, UpdateFn
 from ppo_async.envs.program import ActorProgram
 from ppo_async.runtime.actor import ActorStart, ActorStats, _first_carry, exact_version
@@ -320,22 +319,13 @@ def warm_up_loop(loop: LoopProgram, config: AsyncActorLearnerConfig, program: Ac
     """Compile ``loop`` by a call that runs no update, on ``state`` (on ``device``: the
     learner's, where the run's own state is) and fresh carries of the real shapes."""
     if program.carry_spec is not None:  # zeros: the reset compiles beside the loop, not before
-        carries = (jax.device_put(jax.tree.map(_zeros, program.carry_spec), device),
-                   ) * config.num_actors
+        carries = (jax.device_put(host_zeros(program.carry_spec), device),) * config.num_actors
     else:
         carries = tuple(_first_carry(actor_id, config, program, device, ActorStart())
                         for actor_id in range(config.num_actors))
     history = (state.params,) * config.exact_lag
     jax.block_until_ready(loop.run(state, carries, history, jnp.int32(0), jnp.int32(0),
                                    jnp.int32(0), loop.rate).count)
-
-
-def _zeros(spec: jax.ShapeDtypeStruct) -> Any:
-    """Host zeros of ``spec``'s shape and dtype (a key array of zero words for a key dtype)."""
-    if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.prng_key):
-        words = jax.random.key_data(keys.key(0)).shape
-        return jax.random.wrap_key_data(np.zeros((*spec.shape, *words), np.uint32))
-    return np.zeros(spec.shape, spec.dtype)
 
 
 def in_learner_loop(
@@ -422,8 +412,7 @@ def in_learner_loop(
                            _Episodes(*(np.asarray(rows[i]) for rows in episodes[actor_id])),
                            None, None)
                 for actor_id in range(config.num_actors)]
-            _count_chunks(config, transport.stats, 1)
-            _count_episodes(transport.stats, experiences)
+            _count_consumed(config, transport.stats, experiences)
             in_flight = _InFlight(loop.state if i == last_good else None,
                                   {name: value[i] for name, value in metrics.items()},
                                   experiences, [chunk - version_of(chunk)] * config.num_actors)
@@ -466,13 +455,10 @@ def _history_versions(updates: int, size: int, first_version: int,
             for i, params in enumerate(history)]
 
 
-def _count_chunks(config: AsyncActorLearnerConfig, stats: list[ActorStats],
-                  chunks: int) -> None:
-    for actor_stats in stats:
-        actor_stats.rollouts_sent += chunks
-        actor_stats.env_steps += chunks * config.num_steps * config.envs_per_actor
-
-
-def _count_episodes(stats: list[ActorStats], experiences: list[Experience]) -> None:
+def _count_consumed(config: AsyncActorLearnerConfig, stats: list[ActorStats],
+                    experiences: list[Experience]) -> None:
+    """Each actor's counters after an update consumed its chunk (``experiences``)."""
     for actor_stats, experience in zip(stats, experiences, strict=True):
+        actor_stats.rollouts_sent += 1
+        actor_stats.env_steps += config.num_steps * config.envs_per_actor
         actor_stats.episodes += int((experience.trajectory.episode_length > 0).sum())
