@@ -822,7 +822,7 @@ def test_ctrl_c_in_the_cli_prints_the_update_and_the_resume_command(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130
+    assert process.returncode == 130, err
     (run_dir,) = tmp_path.iterdir()
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert len(lines) == 1, err
