@@ -229,6 +229,9 @@ def test_bench_exact_lag_measures_exact_lags_and_a_straggler(tmp_path, script):
     # Actor 0 was held back on each of its 16 chunks (or more, ahead), and only with a straggler.
     assert rows["exact1-straggler"]["straggler_chunks"] >= 16
     assert rows["exact2"]["straggler_chunks"] == 0
+    # What the default config chooses at an exact lag; a straggler is a thread of its own.
+    assert (rows["exact2"]["sampler"], rows["exact1-straggler"]["sampler"]) == ("learner",
+                                                                               "actors")
     assert 1.0 < rows["exact2"]["policy_lag_mean"] <= 2.0  # lag 2 once two updates are done
 
 
