@@ -79,19 +79,25 @@ class CompileLog(logging.Handler):
         self.start_epoch = time.time()
 
     def programs(self, until_s: float) -> list[dict]:
-        """One row per XLA compile (trace and lowering folded into it), up to ``until_s``."""
+        """One row per XLA compile (trace and lowering folded into it, and the thread they
+        ran in: ``traced_in``, where a program is lowered in one thread and compiled in
+        another), up to ``until_s``."""
         rows, pending = [], collections.defaultdict(dict)
         for record in self.records:
             if record["at_s"] > until_s:
                 continue
             key = (record["thread"], record["program"])
-            pending[key].update({k: v for k, v in record.items() if k.endswith("_s") and k != "at_s"})
-            if "compile_s" in record:
-                row = {"thread": record["thread"], "program": record["program"],
-                       "done_at_s": round(record["at_s"], 3), "trace_s": 0.0, "lower_s": 0.0,
-                       **pending.pop(key)}
-                row["cache_hit"] = self.hits[(record["thread"], "jit_" + record["program"].strip("<>"))] > 0
-                rows.append(row)
+            times = {k: v for k, v in record.items() if k.endswith("_s") and k != "at_s"}
+            if "compile_s" not in record:
+                pending[key].update(times)
+                continue
+            if key not in pending:  # lowered in another thread (`jax.stages.Lowered.compile`)
+                key = next((k for k in pending if k[1] == record["program"]), key)
+            row = {"thread": record["thread"], "traced_in": key[0], "program": record["program"],
+                   "done_at_s": round(record["at_s"], 3), "trace_s": 0.0, "lower_s": 0.0,
+                   **pending.pop(key, {}), **times}
+            row["cache_hit"] = self.hits[(record["thread"], "jit_" + record["program"].strip("<>"))] > 0
+            rows.append(row)
         return rows
 
 
@@ -232,12 +238,15 @@ def print_programs(programs: list[dict], top: int = 12) -> None:
     print(f"  {'done at':>7s} {'thread':14s} {'program':28s} {'trace':>6s} {'lower':>6s} {'compile':>7s}")
     for row in sorted(programs, key=lambda r: -(r["trace_s"] + r["lower_s"] + r["compile_s"]))[:top]:
         hit = " (cache hit)" if row["cache_hit"] else ""
+        where = (f" (traced and lowered in {row['traced_in']})"
+                 if row["traced_in"] != row["thread"] else "")
         print(f"  {row['done_at_s']:7.2f} {row['thread'][:14]:14s} {row['program'][:28]:28s} "
-              f"{row['trace_s']:6.2f} {row['lower_s']:6.2f} {row['compile_s']:7.2f}{hit}")
+              f"{row['trace_s']:6.2f} {row['lower_s']:6.2f} {row['compile_s']:7.2f}{hit}{where}")
     totals = collections.defaultdict(lambda: [0, 0.0])
     for row in programs:
         totals[row["thread"]][0] += 1
-        totals[row["thread"]][1] += row["trace_s"] + row["lower_s"] + row["compile_s"]
+        totals[row["traced_in"]][1] += row["trace_s"] + row["lower_s"]
+        totals[row["thread"]][1] += row["compile_s"]
     for thread, (count, seconds) in sorted(totals.items()):
         print(f"  {thread:22s} {count:3d} programs, {seconds:6.2f} s tracing+lowering+compiling")
 

@@ -83,6 +83,7 @@ from ppo_async.runtime.in_learner import (
     collects_in_learner,
     in_learner_loop,
     loop_program,
+    lower_loop,
     warm_up_loop,
 )
 from ppo_async.runtime.learner import (
@@ -233,9 +234,9 @@ class _UpdateWarmUp:
     other).
 
     Given ``loop`` (``sampler='learner'``), it compiles that loop instead, by a
-    call of no update on that state and fresh carries
-    (`ppo_async.runtime.in_learner.warm_up_loop`), while the caller builds the run's
-    own state.
+    call of no update on that state and fresh carries, traced and lowered in the
+    caller's thread before it returns (`ppo_async.runtime.in_learner.lower_loop`)
+    and compiled in the thread while the caller builds the run's own state.
     """
 
     def __init__(
@@ -251,16 +252,22 @@ class _UpdateWarmUp:
             self._done.set_result(None)
             return
 
+        def zero_state() -> LearnerState:
+            return placement.put_state(init_learner_state(
+                config.update_options(), program.params_template, keys.key(0)))
+
+        # The loop is traced and lowered here, the XLA compile left to the thread.
+        lowered = (lower_loop(loop, config, program, zero_state(), placement.device)
+                   if loop is not None else None)
+
         def run() -> None:
             try:
-                if actor_device is not None and loop is None:
-                    place(program.params_template, actor_device)
-                state = placement.put_state(init_learner_state(
-                    config.update_options(), program.params_template, keys.key(0)))
-                if loop is not None:
-                    warm_up_loop(loop, config, program, state, placement.device)
+                if lowered is not None:
+                    warm_up_loop(lowered)
                 else:
-                    jax.block_until_ready(update(state, placement.put_batch(batch)))
+                    if actor_device is not None:
+                        place(program.params_template, actor_device)
+                    jax.block_until_ready(update(zero_state(), placement.put_batch(batch)))
                 self._done.set_result(None)
             except BaseException as error:  # re-raised on the caller's thread by result()
                 self._done.set_exception(error)

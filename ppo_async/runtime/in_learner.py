@@ -79,8 +79,8 @@ class _Loop(NamedTuple):
 
     count: jax.Array  # updates run (the last not finite where ``good`` is False)
     good: jax.Array
-    state: LearnerState  # after the last good update
-    carries: tuple  # each actor's carry after the chunk of the last good update
+    state: LearnerState  # after the last update
+    carries: tuple  # each actor's carry after the chunk of the last update
     history: tuple  # params of the versions before ``state``'s, oldest first
     metrics: dict  # name -> [max_updates]
     episodes: tuple  # per actor: ([max_updates, T, E], [max_updates, T, E])
@@ -188,13 +188,11 @@ def _loop_program(config: AsyncActorLearnerConfig, collect: Callable[..., _Chunk
             good = metrics["params_finite"] == 1.0
             for value in metrics.values():
                 good &= jnp.all(jnp.isfinite(value))
-
-            def kept(new, old):  # a bad update's state is not kept: the run raises there
-                return jax.tree.map(lambda a, b: jnp.where(good, a, b), new, old)
-
+            # A bad update's state is returned as it is: the host runs the call again up
+            # to the update before it (`in_learner_loop`), which is cheaper than selecting
+            # the last good state here on every update (0.1 s of the loop's compile).
             return _Loop(
-                i + 1, good, kept(state, loop.state), kept(chunks.carries, loop.carries),
-                kept((*loop.history, loop.state.params)[1:], loop.history),
+                i + 1, good, state, chunks.carries, (*loop.history, loop.state.params)[1:],
                 {name: loop.metrics[name].at[i].set(value) for name, value in metrics.items()},
                 jax.tree.map(lambda rows, x: rows.at[i].set(x), loop.episodes,
                              chunks.episodes))
@@ -314,18 +312,40 @@ _LOOPS: dict[tuple, Callable[..., _Loop]] = {}
 _LOOPS_KEPT = 32
 
 
-def warm_up_loop(loop: LoopProgram, config: AsyncActorLearnerConfig, program: ActorProgram,
-                 state: LearnerState, device: jax.Device) -> None:
-    """Compile ``loop`` by a call that runs no update, on ``state`` (on ``device``: the
-    learner's, where the run's own state is) and fresh carries of the real shapes."""
+class LoopWarmUp(NamedTuple):
+    """A call of ``loop`` that runs no update (`lower_loop`): its arguments, and the
+    loop lowered for them, to compile (`warm_up_loop`)."""
+
+    loop: LoopProgram
+    args: tuple
+    lowered: Any
+
+
+def lower_loop(loop: LoopProgram, config: AsyncActorLearnerConfig, program: ActorProgram,
+               state: LearnerState, device: jax.Device) -> LoopWarmUp:
+    """Trace and lower ``loop`` for a call that runs no update, on ``state`` (on
+    ``device``: the learner's, where the run's own state is) and fresh carries of the
+    real shapes.
+
+    Done in the caller's thread before anything else of the run's start: tracing and
+    lowering are Python and take the GIL, and beside the initializers' compile they
+    took 0.8 s where alone they take 0.45 s, on the way to the XLA compile that the
+    first update waits for (``experiments/startup_timeline.py``)."""
     if program.carry_spec is not None:  # zeros: the reset compiles beside the loop, not before
         carries = (jax.device_put(host_zeros(program.carry_spec), device),) * config.num_actors
     else:
         carries = tuple(_first_carry(actor_id, config, program, device, ActorStart())
                         for actor_id in range(config.num_actors))
     history = (state.params,) * config.exact_lag
-    jax.block_until_ready(loop.run(state, carries, history, jnp.int32(0), jnp.int32(0),
-                                   jnp.int32(0), loop.rate).count)
+    args = (state, carries, history, jnp.int32(0), jnp.int32(0), jnp.int32(0), loop.rate)
+    return LoopWarmUp(loop, args, loop.run.trace(*args).lower())
+
+
+def warm_up_loop(warm_up: LoopWarmUp) -> None:
+    """Compile the lowered loop and call it once: the run's calls find the compiled
+    program in the loop's cache."""
+    warm_up.lowered.compile()
+    jax.block_until_ready(warm_up.loop.run(*warm_up.args).count)
 
 
 def in_learner_loop(
@@ -372,13 +392,15 @@ def in_learner_loop(
                                       jnp.int32(done), jnp.int32(first_version), rate),
                      time.perf_counter())
 
-    def kept(call: _Call, i: int, last_good: int) -> _Loop:
-        """The loop after ``call``'s update ``i``, checkpointed: the call's own, or the
-        call run again from its start up to ``i`` (the same bits) where it went on past it."""
-        loop = call.loop
-        if i != last_good:
-            loop = run(call.start.state, call.start.carries, call.start.history,
-                       jnp.int32(i + 1), jnp.int32(call.done), jnp.int32(first_version), rate)
+    def rerun(call: _Call, i: int) -> _Loop:
+        """``call`` run again from its start up to its update ``i`` (the same bits)."""
+        if i < 0:
+            return call.start
+        return run(call.start.state, call.start.carries, call.start.history,
+                   jnp.int32(i + 1), jnp.int32(call.done), jnp.int32(first_version), rate)
+
+    def kept(loop: _Loop) -> _Loop:
+        """``loop``, checkpointed."""
         if after_call is not None:
             after_call(loop.state, report, list(loop.carries),
                        _history_versions(report.updates, size, first_version, loop.history))
@@ -397,8 +419,10 @@ def in_learner_loop(
             updates_per_call = int(max(1, min(max_updates, _CALL_S * count /
                                               (time.perf_counter() - call.launched))))
         compiled = True
-        loop = call.loop
-        last_good = count - 1 if good else count - 2  # the loop's state is this update's
+        last_good = count - 1 if good else count - 2
+        # The loop after the last good update: the call's own, or (the last not finite)
+        # the call run again up to the one before it.
+        loop = call.loop if good else rerun(call, last_good)
         if pipeline and good and call.done + count < end_update:
             # The next call computes while this one's updates are passed on below (one
             # program at a time on the device; the host's part on another core). A run
@@ -422,13 +446,14 @@ def in_learner_loop(
                 # From on_update (Ctrl-C, the user's error): this update is the one
                 # kept, as thread actors' learner keeps it.
                 if i <= last_good:
-                    kept(call, i, last_good)
+                    kept(loop if i == last_good else rerun(call, i))
                 raise
             if not going:  # StopTraining: the run ends with this update
-                loop, pending, stopped = kept(call, i, last_good), None, True
+                loop = kept(loop if i == last_good else rerun(call, i))
+                pending, stopped = None, True
                 break
             if i == last_good:
-                kept(call, i, last_good)
+                kept(loop)
         learner._beat()
         failure = transport.receive(0.0)  # the evaluator's, reported while the call ran
         if failure is not None:
