@@ -6,8 +6,10 @@ import dataclasses
 import functools
 import importlib
 import json
+import logging
 
 import flax.serialization
+import jax
 import jax.numpy as jnp
 import optax
 import pytest
@@ -203,14 +205,23 @@ def test_a_sweep_point_or_the_next_run_finds_the_loop_the_first_one_built():
     assert loop_of(IN_LEARNER, wrap=True).run is not first.run
 
 
-def test_the_warm_ups_call_and_the_runs_calls_share_one_compiled_loop():
-    # The warm-up calls the loop on zero carries of the reset's traced shapes; a
-    # carry of another dtype, weak type or placement would compile it again.
+def test_the_warm_ups_call_and_the_runs_calls_share_one_compiled_loop(caplog):
+    # The warm-up lowers the loop for zero carries of the reset's traced shapes in the
+    # caller's thread and compiles it in its own; a carry of another dtype, weak type
+    # or placement, or a call that missed the lowered program, would compile it again.
     in_learner._LOOPS.clear()
-    train(dataclasses.replace(IN_LEARNER, total_env_steps=IN_LEARNER.batch_size * 3),
-          progress=False)
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="jax"):
+            train(dataclasses.replace(IN_LEARNER, total_env_steps=IN_LEARNER.batch_size * 3),
+                  progress=False)
+    finally:
+        jax.config.update("jax_log_compiles", False)
     (run,) = in_learner._LOOPS.values()
     assert run._cache_size() == 1
+    # Logged once per compile or persistent-cache load of the loop.
+    compiles = [r for r in caplog.records if r.getMessage().startswith("Compiling jit(run) ")]
+    assert len(compiles) == 1
 
 
 def test_the_default_sampler_is_the_learners_program_where_it_can_run(monkeypatch):
