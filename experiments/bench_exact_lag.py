@@ -48,8 +48,8 @@ def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float,
     import importlib
 
     from ppo_async import AsyncActorLearnerConfig, train
-    from ppo_async.runtime.actor import current_actor
     from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.actor import current_actor
     from ppo_async.runtime.in_learner import collects_in_learner
 
     slowed = []  # the straggler's chunks, each held back straggler_ms
