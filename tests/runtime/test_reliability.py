@@ -17,6 +17,7 @@ import time
 
 import flax.serialization
 import flax.traverse_util
+import jax
 import numpy as np
 import pytest
 
@@ -298,22 +299,30 @@ def test_an_evaluator_failure_while_the_run_stops_is_reported(tmp_path, monkeypa
 
 
 def _slow_compile(monkeypatch):
-    """The update's first call (the warm-up's compile) takes 8 s."""
+    """The warm-up's compile takes 8 s: the update's first call on arrays (thread
+    actors), or the compile of the learner's program, which the caller's thread has
+    traced and lowered (its trace of the update is not slowed)."""
     train_module = importlib.import_module("ppo_async.train")
-    original_make = train_module.make_update_fn
+    original_make, original_warm_up = train_module.make_update_fn, train_module.warm_up_loop
 
     def slow_update_fn(*args, **mesh):
         update = original_make(*args, **mesh)
         calls = {"n": 0}
 
         def slow(state, batch):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                time.sleep(8)
+            if not isinstance(batch.reward, jax.core.Tracer):
+                calls["n"] += 1
+                if calls["n"] == 1:
+                    time.sleep(8)
             return update(state, batch)
         return slow
 
+    def slow_warm_up_loop(warm_up):
+        time.sleep(8)
+        original_warm_up(warm_up)
+
     monkeypatch.setattr(train_module, "make_update_fn", slow_update_fn)
+    monkeypatch.setattr(train_module, "warm_up_loop", slow_warm_up_loop)
     return train_module
 
 
