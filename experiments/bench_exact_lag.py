@@ -23,7 +23,9 @@ threads alone. A straggler is one actor's: a thread per actor
 from their one thread. Each row says which sampler ran.
 
 Env steps/s are taken from the first update at or past a quarter of the
-budget to the last one (start-up and compiles excluded). Target: exact1 /
+budget to the last one (start-up and compiles excluded; with the learner's
+program, whose updates are passed on a call at a time, from the end of a call:
+`common.steady_span`). Target: exact1 /
 free >= 0.97. By default the four plain modes run (``--modes`` adds the
 stragglers). The load average is printed with every row: run it with nothing
 else on the machine.
@@ -48,9 +50,7 @@ def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float,
     import importlib
 
     from ppo_async import AsyncActorLearnerConfig, train
-    from ppo_async.envs.backends import make_actor_program
     from ppo_async.runtime.actor import current_actor
-    from ppo_async.runtime.in_learner import collects_in_learner
 
     slowed = []  # the straggler's chunks, each held back straggler_ms
     if mode.endswith("straggler"):
@@ -74,12 +74,11 @@ def _one(mode: str, seed: int, total_env_steps: int, straggler_ms: float,
               None if sampler == "default" else sampler)
     config = AsyncActorLearnerConfig(total_env_steps=total_env_steps, seed=seed,
                                      exact_policy_lag=lag, sampler=chosen)
-    in_learner = collects_in_learner(config, make_actor_program(config))
+    in_learner = common.collects_in_learner(config)
     marks = []
     report = train(config, progress=False, on_update=lambda m: marks.append(
         (time.perf_counter(), m["env_steps"]))).report
-    quarter = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps / 4)
-    (t0, s0), (t1, s1) = marks[quarter], marks[-1]
+    (t0, s0), (t1, s1) = common.steady_span(config, marks, total_env_steps)
     return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "final_return": report.episode_return_mean,
             "policy_lag_mean": report.policy_lag_mean,
             "learner_wait_s": report.learner_wait_s, "straggler_chunks": len(slowed),

@@ -71,9 +71,7 @@ def one_run(env_id: str, num_actors: int, envs_per_actor: int, mode: str, seed: 
     start = time.perf_counter()
     train(config, progress=False,
           on_update=lambda m: marks.append((time.perf_counter(), int(m["env_steps"]))))
-    marks = common.rate_marks(config, marks)
-    first = next(i for i, (_, steps) in enumerate(marks) if steps >= total_env_steps // 4)
-    (t0, s0), (t1, s1) = marks[first], marks[-1]
+    (t0, s0), (t1, s1) = common.steady_span(config, marks, total_env_steps)
     return {"env_id": env_id, "num_actors": num_actors, "envs_per_actor": envs_per_actor,
             "num_steps": config.num_steps, "batch_inference": config.batch_inference,
             "sampler": config.sampler,

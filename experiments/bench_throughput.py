@@ -144,21 +144,20 @@ def _async(total_env_steps: int, seed: int, pipeline: bool = True,
     start = time.perf_counter()
     report = train(config, progress=False, on_update=lambda m: marks.append(
         (time.perf_counter(), m["env_steps"], common.cpu_seconds(children=children)))).report
-    marks = common.rate_marks(config, marks)
-    return {**_steady_rate(marks, total_env_steps, start), "final_return": report.episode_return_mean,
+    return {**_steady_rate(config, marks, total_env_steps, start),
+            "final_return": report.episode_return_mean,
             "learner_wait_s": report.learner_wait_s, "policy_lag_mean": report.policy_lag_mean}
 
 
-def _steady_rate(marks: list[tuple[float, int, float]], total_env_steps: int,
+def _steady_rate(config, marks: list[tuple[float, int, float]], total_env_steps: int,
                  start: float) -> dict:
-    """The rate from the first mark at or past a quarter of the budget to the last.
+    """The rate of a run of ``config`` over `common.steady_span` of its marks.
 
-    ``marks``: (time, env steps, CPU seconds) after each update (or call);
+    ``marks``: (time, env steps, CPU seconds) after each update (``config`` None: call);
     ``start``: when the run began.
     """
     wall_s = time.perf_counter() - start
-    quarter = next(i for i, (_, steps, _) in enumerate(marks) if steps >= total_env_steps / 4)
-    (t0, s0, c0), (t1, s1, c1) = marks[quarter], marks[-1]
+    (t0, s0, c0), (t1, s1, c1) = common.steady_span(config, marks, total_env_steps)
     return {"env_steps_per_s": (s1 - s0) / (t1 - t0), "wall_s": wall_s,
             "cpu_s_per_100k_steps": (c1 - c0) / (s1 - s0) * 1e5, "cores_busy": (c1 - c0) / (t1 - t0),
             "first_update_s": marks[0][0] - start}
@@ -215,7 +214,7 @@ def _fused_lag1(total_env_steps: int, seed: int, per_call: int) -> dict:
         metrics.append(to_host(call_metrics))
         marks.append((time.perf_counter(), (call + 1) * per_call * config.batch_size,
                       common.cpu_seconds()))
-    rate = _steady_rate(marks, total_env_steps, start)
+    rate = _steady_rate(None, marks, total_env_steps, start)  # a mark per call
     ran = train(dataclasses.replace(config, sampler="shared"), progress=False).params
     same = (flax.serialization.to_bytes(to_host(state[0].params))
             == flax.serialization.to_bytes(to_host(ran)))

@@ -192,15 +192,30 @@ def cpu_seconds(children: bool = False) -> float:
 SAME_CALL_S = 5e-4
 
 
+def collects_in_learner(config) -> bool:
+    """Whether a run of ``config`` collects its chunks in the learner's program
+    (``sampler="learner"``, or what ``sampler=None`` chooses where it can run)."""
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.runtime.in_learner import collects_in_learner as chooses
+
+    return chooses(config, make_actor_program(config))
+
+
 def rate_marks(config, marks: Sequence[tuple]) -> list[tuple]:
     """The ``on_update`` marks of a run of ``config`` that a rate may be taken from: all
     of them, or `last_mark_of_each_call` where the learner's program collected the chunks."""
-    from ppo_async.envs.backends import make_actor_program
-    from ppo_async.runtime.in_learner import collects_in_learner
+    return last_mark_of_each_call(marks) if collects_in_learner(config) else list(marks)
 
-    if collects_in_learner(config, make_actor_program(config)):
-        return last_mark_of_each_call(marks)
-    return list(marks)
+
+def steady_span(config, marks: Sequence[tuple], total_env_steps: int) -> tuple[tuple, tuple]:
+    """The first and last of the ``on_update`` marks ``(time, env steps, ...)`` of a run
+    of ``config`` that a steady rate runs between: from the first of `rate_marks` at or
+    past a quarter of the budget (start-up and compiles excluded) to the last. In a run
+    so short that the learner's program passes the quarter only in its last call, from
+    the call before it. ``config`` None: marks taken once per program call already."""
+    marks = list(marks) if config is None else rate_marks(config, marks)
+    first = next(i for i, mark in enumerate(marks) if mark[1] >= total_env_steps / 4)
+    return marks[max(0, min(first, len(marks) - 2))], marks[-1]
 
 
 def last_mark_of_each_call(marks: Sequence[tuple]) -> list[tuple]:

@@ -79,10 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
     marks = []
     train(config, progress=False,
           on_update=lambda m: marks.append(
-              (time.perf_counter(), common.cpu_seconds(), m["env_steps"])))
-    quarter = next(i for i, m in enumerate(marks) if m[2] >= args.total_env_steps / 4)
-    (t0, c0, _), (t1, c1, _) = marks[quarter], marks[-1]
-    updates = len(marks) - 1 - quarter
+              (time.perf_counter(), m["env_steps"], common.cpu_seconds())))
+    (t0, s0, c0), (t1, s1, c1) = common.steady_span(config, marks, args.total_env_steps)
+    updates = (s1 - s0) / config.batch_size
     rows["train (the running system)"] = ((t1 - t0) / updates * 1e3, (c1 - c0) / updates * 1e3)
 
     program, params, host_batch = common.one_real_batch(config)
