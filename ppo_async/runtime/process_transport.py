@@ -209,8 +209,9 @@ class _ActorHost:
             self.program = program = make_actor_program(config)
             self.device = jax.devices("cpu")[0]
             self.load_params = SharedParams(program.params_template, self.device)
+            # Its actor threads share the process's (pinned) core with a sampler: below it.
             self.inference = shared_caller(config, program, size, self.stop.is_set,
-                                           first_actor=self.first_id)
+                                           first_actor=self.first_id, background_clients=True)
             if self.inference is not None:
                 self.inference.start()
         except BaseException as error:  # noqa: BLE001 - each actor started here reports it

@@ -206,16 +206,18 @@ def uses_shared_sampler(config: AsyncActorLearnerConfig, program: ActorProgram,
 
 
 def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_actors: int,
-                  stopped: Callable[[], bool],
-                  first_actor: int = 0) -> InferenceServer | LockstepSampler | None:
+                  stopped: Callable[[], bool], first_actor: int = 0,
+                  background_clients: bool = False) -> InferenceServer | LockstepSampler | None:
     """What ``num_actors`` thread actors of one process share, unstarted: a `LockstepSampler`
-    (``config.sampler``; for None, where they share calls by default, `uses_shared_sampler`),
-    an `InferenceServer` (`shares_calls`), or None: each calls alone."""
+    (``config.sampler``; for None, where they share calls by default, `uses_shared_sampler`;
+    its ``background_clients`` as given), an `InferenceServer` (`shares_calls`), or None:
+    each calls alone."""
     shared = program.inference
     if shared is None:
         return None
     if uses_shared_sampler(config, program, num_actors):
-        return LockstepSampler(shared.fn, num_actors, stopped, first_actor=first_actor)
+        return LockstepSampler(shared.fn, num_actors, stopped, first_actor=first_actor,
+                               background_clients=background_clients)
     if shares_calls(config, program, num_actors):
         return InferenceServer(shared.fn, num_actors, stopped, shared.gather_s)
     return None

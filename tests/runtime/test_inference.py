@@ -3,6 +3,7 @@
 import dataclasses
 import inspect
 import os
+import sys
 import threading
 import time
 import traceback
@@ -498,6 +499,44 @@ def _drive_all(sampler: LockstepSampler, chunks: dict) -> dict:
     for thread in threads:
         thread.join(10)
     return outcomes
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority: Linux")
+def test_a_background_samplers_clients_run_below_it_from_their_first_drive():
+    """background_clients (actor processes): a thread that hands a chunk over runs at nice
+    19 from its first drive on; a thread it started before (an actor's env stepper) keeps
+    its priority, and so do the sampler's thread and the test's. Without it nothing moves."""
+
+    def nice(thread_id: int) -> int:
+        return os.getpriority(os.PRIO_PROCESS, thread_id)
+
+    base = nice(threading.get_native_id())
+    stop, seen, samplers = threading.Event(), {}, []
+    for background in (False, True):
+        sampler = LockstepSampler(lambda params, inputs: [f"row {i} step {t}" for i, t in inputs],
+                                  1, stop.is_set, background_clients=background).start()
+        samplers.append(sampler)
+
+        def actor(sampler=sampler, background=background):
+            release = threading.Event()
+            stepper = threading.Thread(target=release.wait, args=(10,))
+            stepper.start()
+            rows = sampler.drive(0, "params", _steps(0, 3))
+            seen[background] = (rows, nice(threading.get_native_id()), nice(stepper.native_id),
+                                nice(sampler.thread.native_id))
+            release.set()
+            stepper.join(10)
+
+        driver = threading.Thread(target=actor)
+        driver.start()
+        driver.join(10)
+    stop.set()
+    for sampler in samplers:
+        sampler.thread.join(10)
+    rows = [f"row 0 step {t}" for t in range(3)]
+    assert seen[False] == (rows, base, base, base)
+    assert seen[True] == (rows, 19, base, base)
+    assert nice(threading.get_native_id()) == base
 
 
 def test_a_shared_sampler_fails_only_the_chunk_whose_env_raised_and_ends_on_a_stop():
