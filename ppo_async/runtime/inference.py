@@ -250,8 +250,9 @@ class LockstepSampler:
                  background_clients: bool = False):
         self.fn, self.num_actors, self.stopped = fn, num_actors, stopped
         self.first_actor = first_actor  # the actor id of row 0 (in errors)
-        # The threads put below the sampler so far (None: none are).
-        self._background: set[int] | None = set() if background_clients else None
+        # Marks each thread put below the sampler (None: none are); a thread's own, not its
+        # id, which a thread started later may reuse.
+        self._background = threading.local() if background_clients else None
         self.calls = 0  # batched calls made
         self.requests = 0  # chunk steps served
         self.followed = 0  # chunks begun by the sampler where the actor's last one ended
@@ -292,8 +293,8 @@ class LockstepSampler:
         Raises what the chunk raised, `RolloutStopped` once the run stops, and
         `InferenceError` if a policy call raised.
         """
-        if self._background is not None and threading.get_ident() not in self._background:
-            self._background.add(threading.get_ident())
+        if self._background is not None and not getattr(self._background, "lowered", False):
+            self._background.lowered = True
             lower_thread_priority()
         chunk = self._followers.pop(index, None)
         if chunk is not None and (chunk.params is not params or chunk.lineage is not lineage):
