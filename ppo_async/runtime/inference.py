@@ -240,7 +240,7 @@ class LockstepSampler:
     own work, once a chunk (finishing and sending it), then runs while the
     sampler waits for envs rather than in its way. Where every actor's chunk
     ends in the same step, 32 actors' work (about 0.4 ms each) held the
-    sampler for 8-14 ms (docs/benchmarks.md). Threads started after that
+    sampler for 8-15 ms (docs/benchmarks.md). Threads started after that
     inherit the priority: an actor starts its envs' stepper threads before
     its first `drive` (`ppo_async.envs.host_rollout.HostRollout.rollout`).
     """
