@@ -201,19 +201,16 @@ def collects_in_learner(config) -> bool:
     return chooses(config, make_actor_program(config))
 
 
-def rate_marks(config, marks: Sequence[tuple]) -> list[tuple]:
-    """The ``on_update`` marks of a run of ``config`` that a rate may be taken from: all
-    of them, or `last_mark_of_each_call` where the learner's program collected the chunks."""
-    return last_mark_of_each_call(marks) if collects_in_learner(config) else list(marks)
-
-
 def steady_span(config, marks: Sequence[tuple], total_env_steps: int) -> tuple[tuple, tuple]:
     """The first and last of the ``on_update`` marks ``(time, env steps, ...)`` of a run
-    of ``config`` that a steady rate runs between: from the first of `rate_marks` at or
-    past a quarter of the budget (start-up and compiles excluded) to the last. In a run
-    so short that the learner's program passes the quarter only in its last call, from
-    the call before it. ``config`` None: marks taken once per program call already."""
-    marks = list(marks) if config is None else rate_marks(config, marks)
+    of ``config`` that a steady rate runs between: from the first mark at or past a
+    quarter of the budget (start-up and compiles excluded) to the last, counting only
+    `last_mark_of_each_call` where the learner's program collected the chunks (its
+    updates are passed on a call at a time). In a run so short that the learner's
+    program passes the quarter only in its last call, from the call before it.
+    ``config`` None: marks taken once per program call already."""
+    in_calls = config is not None and collects_in_learner(config)
+    marks = last_mark_of_each_call(marks) if in_calls else list(marks)
     first = next(i for i, mark in enumerate(marks) if mark[1] >= total_env_steps / 4)
     return marks[max(0, min(first, len(marks) - 2))], marks[-1]
 

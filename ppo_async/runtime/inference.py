@@ -27,6 +27,7 @@ so those of one version hold the same params object (and share a call).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import queue
@@ -173,18 +174,13 @@ def cohorts_for(num_actors: int) -> int:
     return min(MAX_COHORTS, max(2, -(-num_actors // COHORT_ACTORS)))
 
 
-def lower_thread_priority() -> bool:
+def lower_thread_priority() -> None:
     """Put the calling thread alone at the OS's lowest CPU priority (Linux: nice 19 for its
     thread id; the threads and processes it starts from then on inherit it, and it cannot be
-    raised again without privileges); False where that is not possible (another OS, or
-    refused)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:
-        return False
-    return True
+    raised again without privileges). Elsewhere, or where the OS refuses, nothing changes."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 class _Chunk:
