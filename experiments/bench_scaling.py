@@ -116,16 +116,23 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
     start = time.perf_counter()
 
     rss: dict = {}
+    child_cpu: list[dict[int, float]] = []  # at the window's first mark and at its last
 
     def on_update(metrics):
         marks.append((time.perf_counter(), int(metrics["env_steps"])))
+        if len(marks) == skip + 1:
+            child_cpu.append(common.children_cpu_s())
         if len(marks) > skip and marks[-1][0] - marks[skip][0] >= seconds:
             rss.update(common.rss_mb())  # the learner's process and its actor processes
+            child_cpu.append(common.children_cpu_s())
             raise StopTraining
 
     report = train(config, progress=False, on_update=on_update).report
     (t0, s0), (t1, s1) = marks[skip], marks[-1]
     rate = (s1 - s0) / (t1 - t0)
+    # Cores each child process (actor or env worker) used over the window.
+    child_cores = [(child_cpu[1][pid] - cpu) / (t1 - t0)
+                   for pid, cpu in child_cpu[0].items() if pid in child_cpu[1]]
     ideal = num_actors * envs_per_actor / (step_ms / 1e3)
     return {"backend": backend, "batch_inference": batch_inference, "num_actors": num_actors,
             "actors_per_process": (config.actors_per_process_in_force()
@@ -134,7 +141,7 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
             "sampler": sampler, "env_async": env_async, "pinned": pinned,
             "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,
-            "rss_mb": rss, "updates": report.updates, "wall_s": time.perf_counter() - start,
+            "rss_mb": rss, "child_cores": child_cores, "updates": report.updates, "wall_s": time.perf_counter() - start,
             "policy_lag_mean": report.policy_lag_mean}
 
 
@@ -212,7 +219,9 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{row['env_steps_per_s']:>9,.0f} env steps/s, "
                   f"ideal {row['ideal_env_steps_per_s']:>9,.0f} -> {row['ratio']:.2f}, "
                   f"RSS {row['rss_mb']['process'] + sum(row['rss_mb']['children']):,.0f} MiB "
-                  f"({len(row['rss_mb']['children'])} child processes)")
+                  f"({len(row['rss_mb']['children'])} child processes"
+                  + (", cores each: " + ", ".join(f"{c:.2f}" for c in row["child_cores"])
+                     if row["child_cores"] else "") + ")")
     result = {"rows": rows}
     common.save_with_load("bench_scaling", args.out, __file__, argv, result, load_before)
     return result

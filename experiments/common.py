@@ -260,14 +260,36 @@ def save_with_load(name: str, out_override: str | os.PathLike | None, script: st
     return save_result(name, out_override, script, argv, result)
 
 
+def _child_processes() -> list:
+    """This process's children (actor or env worker processes; not multiprocessing's
+    resource tracker), as `psutil.Process` objects."""
+    import psutil
+
+    return [c for c in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(c.cmdline())]
+
+
 def rss_mb() -> dict:
     """RSS of this process and of each of its children (actor or env worker processes), in MiB."""
     import psutil
 
-    me = psutil.Process()
-    children = [c.memory_info().rss / 2**20 for c in me.children(recursive=True)
-                if "resource_tracker" not in " ".join(c.cmdline())]
-    return {"process": me.memory_info().rss / 2**20, "children": children}
+    children = [c.memory_info().rss / 2**20 for c in _child_processes()]
+    return {"process": psutil.Process().memory_info().rss / 2**20, "children": children}
+
+
+def children_cpu_s() -> dict[int, float]:
+    """CPU seconds (user and system) each child process of this one (`rss_mb`'s) has used
+    so far, by pid."""
+    import psutil
+
+    cpu = {}
+    for child in _child_processes():
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # ended meanwhile
+            continue
+        cpu[child.pid] = times.user + times.system
+    return cpu
 
 
 def read_csv(path: pathlib.Path) -> list[dict[str, str]]:

@@ -21,9 +21,10 @@ kernels single-threaded, no asynchronous dispatch), with no learner:
   cohort as arrays could go on this machine.
 - ``env``: one env stepped back to back with a fixed action and no policy:
   the most one env gives (its sleep overshoots the step time).
-- ``call``: the 32-row policy call alone, back to back and after the core
-  slept 1.5 ms (as the sampler's core does while it waits for its envs),
-  alternated, medians.
+- ``call``: the 32-row policy call alone, back to back, after the core
+  slept 1.5 ms (as the sampler's core does while it waits for its envs) and
+  after 1.5 ms of Python spinning, alternated, medians; with the calling
+  thread's share of the process's CPU over the calls after a sleep.
 
     python experiments/sampler_bounds.py [--actors 32] [--step-ms 2] [--seconds 6]
         [--cohorts 2 4] [--cpu 0]
@@ -205,7 +206,9 @@ def run_env(args) -> dict:
 
 
 def run_call(args) -> dict:
-    """The ``args.actors``-row policy call, back to back and after the core slept 1.5 ms."""
+    """The ``args.actors``-row policy call, back to back, after the core slept 1.5 ms and
+    after 1.5 ms of Python spinning; and the calling thread's share of the process's CPU
+    over the calls after a sleep (1.0: no other thread of XLA's worked for them)."""
     import numpy as np
 
     rollout, params, _ = _setup(args)
@@ -214,17 +217,26 @@ def run_call(args) -> dict:
     call = rollout.program().inference.fn
     for _ in range(200):
         call(params, per_actor)
-    times = {"back_to_back": [], "after_sleep": []}
+    times = {"back_to_back": [], "after_sleep": [], "after_spin": []}
+    thread_cpu = process_cpu = 0.0
     for _ in range(10):
         for kind in times:
             for _ in range(200):
                 if kind == "after_sleep":
                     time.sleep(0.0015)
-                t = time.perf_counter()
+                elif kind == "after_spin":
+                    until = time.perf_counter() + 0.0015
+                    while time.perf_counter() < until:
+                        pass
+                t, thread0, process0 = time.perf_counter(), time.thread_time(), time.process_time()
                 call(params, per_actor)
                 times[kind].append(time.perf_counter() - t)
+                if kind == "after_sleep":
+                    thread_cpu += time.thread_time() - thread0
+                    process_cpu += time.process_time() - process0
     return {"part": "call", **{f"{kind}_us": float(np.median(v) * 1e6)
-                               for kind, v in times.items()}}
+                               for kind, v in times.items()},
+            "calling_thread_cpu_share": thread_cpu / process_cpu if process_cpu else None}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -265,8 +277,12 @@ def main(argv: list[str] | None = None) -> dict:
                   f"env steps/s, {row['ratio']:.2f} of ideal ({ideal:,.0f}), "
                   f"{row['cpu_us_per_step']:.1f} us of CPU per env step")
         else:
+            share = row["calling_thread_cpu_share"]
             print(f"    call ({args.actors} rows): {row['back_to_back_us']:.0f} us back to back, "
-                  f"{row['after_sleep_us']:.0f} us after the core slept 1.5 ms (medians)")
+                  f"{row['after_sleep_us']:.0f} us after the core slept 1.5 ms, "
+                  f"{row['after_spin_us']:.0f} us after 1.5 ms of Python spinning (medians); "
+                  f"the calling thread's share of the CPU after a sleep: "
+                  f"{'n/a' if share is None else f'{share:.2f}'}")
         rows.append(row)
     result = {"rows": rows, "ideal_env_steps_per_s": ideal}
     common.save_with_load("sampler_bounds", args.out, __file__, argv, result, load_before)

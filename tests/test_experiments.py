@@ -422,6 +422,10 @@ def test_bench_scaling_rates_each_actor_count_against_its_ideal(tmp_path, script
     assert all(0 < row["ratio"] <= 1.1 for row in rows)
     assert all(row["ratio"] == row["env_steps_per_s"] / row["ideal_env_steps_per_s"]
                for row in rows)
+    # The cores each child process used over the window: one figure per process measured.
+    assert all(len(row["child_cores"]) == len(row["rss_mb"]["children"])
+               and all(0 <= cores <= os.cpu_count() for cores in row["child_cores"])
+               for row in rows)
 
 
 def test_bench_layouts_rates_each_layout_and_mode_against_the_first(tmp_path, script):
