@@ -46,6 +46,8 @@ import time
 
 import common
 
+from ppo_async.runtime.layout import env_workers_and_groups
+
 TRAIN_MODES = {  # name -> config fields over the preset (whatever actors it chooses)
     "lock-step": dict(exact_policy_lag=0, actor_backend="threads", env_workers=0),
     "threads": dict(actor_backend="threads", env_workers=0),
@@ -104,7 +106,7 @@ def train_row(preset: str, mode: str, seconds: float, skip: int) -> dict:
     (t0, s0), (t1, s1) = marks[skip], marks[-1]
     return {"part": "train", "mode": mode, "env_steps_per_s": (s1 - s0) / (t1 - t0),
             "updates": len(marks), "wall_s": time.perf_counter() - started,
-            "layout": list(config.env_layout()), "num_actors": config.num_actors,
+            "layout": list(env_workers_and_groups(config)), "num_actors": config.num_actors,
             "envs_per_actor": config.envs_per_actor, "rss_mb": rss}
 
 
@@ -187,7 +189,7 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int,
     if errors or any(t.is_alive() for t in threads):
         raise RuntimeError("an actor failed or did not stop") from (errors[0] if errors else None)
     return {"part": "collect", "mode": mode, "env_steps_per_s": steps / elapsed,
-            "cores_busy": cores, "layout": list(config.env_layout()), "envs": envs,
+            "cores_busy": cores, "layout": list(env_workers_and_groups(config)), "envs": envs,
             "rss_mb": common.rss_mb()}
 
 

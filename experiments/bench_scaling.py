@@ -135,9 +135,10 @@ def one_run(num_actors: int, envs_per_actor: int, step_ms: float, seconds: float
                    for pid, cpu in child_cpu[0].items() if pid in child_cpu[1]]
     ideal = num_actors * envs_per_actor / (step_ms / 1e3)
     return {"backend": backend, "batch_inference": batch_inference, "num_actors": num_actors,
-            "actors_per_process": (config.actors_per_process_in_force()
+            "actors_per_process": (report.layout["actors_per_process"]
                                    if backend == "processes" else None),
-            "envs_per_actor": envs_per_actor, "env_layout": list(config.env_layout()),
+            "envs_per_actor": envs_per_actor,
+            "env_layout": [report.layout["env_workers"], report.layout["env_groups"]],
             "sampler": sampler, "env_async": env_async, "pinned": pinned,
             "step_ms": step_ms,
             "env_steps_per_s": rate, "ideal_env_steps_per_s": ideal, "ratio": rate / ideal,

@@ -193,12 +193,11 @@ SAME_CALL_S = 5e-4
 
 
 def collects_in_learner(config) -> bool:
-    """Whether a run of ``config`` collects its chunks in the learner's program
-    (``sampler="learner"``, or what ``sampler=None`` chooses where it can run)."""
-    from ppo_async.envs.backends import make_actor_program
-    from ppo_async.runtime.in_learner import collects_in_learner as chooses
+    """Whether a run of ``config`` collects its chunks in the learner's program (the layout
+    `train` resolves: ``sampler="learner"``, or what ``"auto"`` chooses where it can run)."""
+    from ppo_async.runtime.layout import resolve_layout
 
-    return chooses(config, make_actor_program(config))
+    return resolve_layout(config).collection == "learner"
 
 
 def steady_span(config, marks: Sequence[tuple], total_env_steps: int) -> tuple[tuple, tuple]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -32,7 +31,7 @@ PPO_RATIO_ANCHORS = ("behaviour", "learner", "ewma")  # AsyncActorLearnerConfig.
 # The values of AsyncActorLearnerConfig.torso: "auto" and ppo_async.networks.actor_critic.TORSOS.
 TorsoName = Literal["auto", "none", "minatar", "nature"]
 TORSOS = get_args(TorsoName)
-SamplerName = Literal["actors", "shared", "learner"]
+SamplerName = Literal["auto", "actors", "shared", "learner"]
 SAMPLERS = get_args(SamplerName)  # the values of AsyncActorLearnerConfig.sampler
 
 
@@ -59,7 +58,7 @@ class AsyncActorLearnerConfig:
 
     # --- topology ---
     num_actors: int = 2
-    """Actors (threads or processes, see actor_backend), each with its own batch of environments."""
+    """Actors, each with its own batch of environments (where they run: actor_backend)."""
     envs_per_actor: int = 4
     """Environments stepped together by one actor."""
     num_steps: int = 64
@@ -78,20 +77,30 @@ class AsyncActorLearnerConfig:
     """With thread actors: a learner that cannot run for 2 x learner_timeout_s (a thread holds the GIL, as an env stuck in C code does) ends the process with every thread's stack on stderr and in RUN_DIR/error.txt (faulthandler.dump_traceback_later; a process has one such timer: False leaves it to your own)."""
 
     # --- transport ---
-    actor_backend: Literal["threads", "processes", "ray"] = "threads"
-    """Where actors run: 'threads' of the learner's process (right for jitted gymnax envs: their rollouts leave the GIL free), 'processes' of this machine, one per core by default (actors_per_process; host envs stepped in Python or C, such as MuJoCo: each process has a core and a GIL of its own; a hung env is killed), or 'ray' processes (the same, past one machine; pip install 'ppo-async[ray]'). Processes take seconds to start (each imports JAX); a host: env whose factory cannot be sent to another process runs in threads, with one warning. The MuJoCo presets choose processes."""
+    actor_backend: Literal["auto", "threads", "processes", "ray"] = "auto"
+    """Where actors run: 'threads' of the learner's process, 'processes' of this machine, or 'ray'.
+    'auto' measures the env before the run and picks threads or processes (never Ray unless
+    ray_address is set); docs/guide/collection.md has the table."""
     actors_per_process: int | None = None
-    """With actor_backend='processes': how many actors each process runs, as threads sharing its JAX, its load of each params version and (as batch_inference says, counting the process's actors) its policy calls. None: one process per core, ceil(num_actors / cores), so 64 actors on 2 cores are 2 processes, not 64 (a process imports JAX: about 300 MiB and seconds each). Set it to fix the layout, and so a run's bits, across machines."""
+    """Actors each actor process runs, as threads sharing its JAX (setting it chooses processes).
+    None: one process per core, ceil(num_actors / cores); set it to fix a run's bits across machines."""
     pin_actor_processes: bool = True
-    """With actor_backend='processes', or 'ray' on a private local instance (ray_address None), and no more actor processes than cores: each process runs on a core of its own (its CPU affinity, set before JAX starts there; ActorStats.cpus says where each actor ran). XLA's small policy calls then run in the calling thread's core instead of waking a pool thread on another: on 2 cores, alternated with False, Hopper trained 1.09-1.15x faster and 64 actors of the 2 ms sleep env 1.05-1.33x, and Ray's two Hopper actors 1.04-1.09x (docs/benchmarks.md). Env worker processes get the whole machine back; a simulator that starts processes of its own inherits its actor's core: set False for such an env."""
+    """Each actor process (and each Ray actor of a private local instance) runs on a core of its own,
+    where there are no more processes than cores. Set False for an env that starts processes of its own."""
     batch_inference: bool | None = None
-    """Thread actors of one device share their jitted calls: a host env's actors (gymnasium:, envpool:, host:) each env step's policy call, made by an inference thread for every actor waiting; a gymnax env's actors their chunks, one rollout program for all of them (from the thread that collects them, sampler 'shared'; in actor processes, an inference thread's call). Actors keep their own envs, keys and columns; the calls work actor by actor, so a run with an exact lag stays fixed by its seed (its bits differ from a run without). None: on for host envs from 16 actors (fewer are as fast or faster calling alone) and for gymnax from 8 (on 2 cores, from one thread, a batch of 512 over 8 x 1 actors ran 115k env steps/s with one program against 78k calling their own in turn; at 4 x 2, 121k against 102k, what the shared program's longer compile, 0.8 s, costs on a run of 500k steps); docs/benchmarks.md has the figures. False: every actor calls alone, as Ray actors do."""
-    sampler: SamplerName | None = None
-    """Who steps each actor's envs. Host envs (gymnasium:, envpool:, host:): 'actors': each actor's thread steps its own and calls the policy (alone, or shared per env step as batch_inference says). 'shared': one sampler thread per process steps the envs of all its actors in lock-step, one policy call per env step for all, in cohorts (two; from 16 actors one per 8, up to four) so that some cohorts' envs step while another's actions are computed; each env batch steps in a thread of its own (or in its env workers), and the actor threads wake once per chunk (in an actor process, at the OS's lowest priority on Linux, below the sampler they share a core with). An env batch with its own step_async / step_wait (envpool's send / recv, a simulator that steps elsewhere: ppo_async.envs.host.steps_natively_async) is started and waited for by the sampler itself, with no thread. Exact-lag runs give the same bits as batched per-step calls. None: 'shared' from 16 actors in a process whose calls are shared (batch_inference not False), else 'actors'. On the 2 ms sleep env on 2 cores, 'shared' against 'actors', 64 x 1 with step_async: 0.77-0.80 of the ideal against 0.61 with actor processes, 0.57 against 0.30 with thread actors (docs/benchmarks.md). Gymnax envs (thread actors): 'shared' collects every actor's jitted chunk from one thread (each actor's program called in turn, with the bits of 'actors', a thread per actor; or one program for all where batch_inference shares them); None: 'learner' where it can run (below; and the actors' device is the learner's, as on a machine without a GPU, and the env's rollout is not wrapped), else 'shared' from 2 actors. At a batch of 512 on CartPole on 2 cores, calling in turn ran 1.06x (2 x 4), 1.14x (4 x 2) and 1.14x (8 x 1) the env steps/s of a thread per actor (docs/benchmarks.md). 'learner' (gymnax, an exact lag, broadcast_every=1, one learner device): the learner's own program collects every actor's chunk, up to 64 updates a call, each chunk with the params of the update its exact lag names, on the learner's device (actor_device is not used): one rollout of every actor's envs (the bits of thread actors with batch_inference=True; batch_inference=False: each actor's in turn, the bits of thread actors calling alone, 0.85x the env steps/s on CartPole on 2 cores), without their threads, bytes and queues (ppo_async.runtime.in_learner). Checkpoints and evaluations due by count see their update; on_update sees a call's updates together once it is done, and StopTraining there ends the run with its update; a Ctrl-C while a call runs takes effect at its end. The default config's steady env steps/s on CartPole on 2 cores: 1.02-1.04x the synchronous twin's with 'learner', 0.60x with 'shared'; its first update 3.0 s against 2.6 s after train() (docs/benchmarks.md)."""
+    """Thread actors of one process share their jitted calls (host envs: each step's policy call;
+    gymnax: one rollout program for all chunks). The bits differ from calling alone.
+    None: from 8 actors (gymnax) or 16 (host envs) in a process; False: every actor calls alone."""
+    sampler: SamplerName = "auto"
+    """Who steps the actors' envs: 'actors' (each actor its own), 'shared' (one sampler thread per
+    process for all its actors, in lock-step) or 'learner' (gymnax: the learner's own jitted program).
+    'auto': 'learner' where it can run, else 'shared' from 16 host actors a process; see docs/guide/collection.md."""
     env_workers: int = 0
-    """Host envs (gymnasium: and host: ids) of each actor step in this many worker processes that never import JAX, each stepping its share, with observations in shared memory (ppo_async.envs.workers). 0 (the default): the actor's thread steps them itself, as envpool: envs always do. On a 2-core machine workers did not beat thread-stepped envs on MuJoCo Hopper and ran 1.08x threads on a Python env holding the GIL, while Ray actor processes ran 1.8x (docs/benchmarks.md); an idle worker waits for its next command awake only while the run's workers (num_actors x env_workers) have a core each, else it sleeps; a host: env whose factory cannot be sent to a process steps in the actor's thread, with a warning."""
+    """gymnasium: and host: envs of each actor step in this many worker processes (no JAX there),
+    observations in shared memory. 0: the actor's thread steps them."""
     env_groups: int | None = None
-    """Double-buffered sampling with env workers: each actor's envs in this many groups; while one group steps, the policy computes the next group's actions. Must divide envs_per_actor with at least one env per worker in each group. The groups change which random numbers an env's actions use, not the envs' seeds; the number of workers changes nothing of a run. None: 2 with env workers when envs_per_actor is even, else 1."""
+    """With env workers: each actor's envs in this many groups, one stepping while the policy acts
+    for another. Must divide envs_per_actor. None: 2 with env workers where envs_per_actor is even, else 1."""
     ray_address: str | None = None
     """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
     ray_num_cpus_per_actor: float = 1.0
@@ -194,6 +203,8 @@ class AsyncActorLearnerConfig:
     """Persistent compilation cache: a later run of the same config loads its compiled programs from this directory instead of compiling them. 'default': ~/.cache/ppo_async/jax (under $XDG_CACHE_HOME if set). None: off."""
 
     def __post_init__(self) -> None:
+        if self.sampler is None:  # config.json files written before 'auto' hold None
+            object.__setattr__(self, "sampler", "auto")
         if isinstance(self.env_modules, list):  # as config.json and TOML files hold it
             object.__setattr__(self, "env_modules", tuple(self.env_modules))
         for name in ("ray_actor_resources", "envpool_kwargs", "gymnasium_kwargs"):
@@ -299,26 +310,6 @@ class AsyncActorLearnerConfig:
     def lock_step(self) -> bool:
         """Actors never run ahead: every chunk is collected under the newest params."""
         return self.lead_steps == self.num_steps and self.broadcast_every == 1
-
-    def env_layout(self) -> tuple[int, int]:
-        """``(env workers, env groups)`` of each actor in force for this run's env id.
-
-        ``env_groups`` with None resolved: 2 beside env workers when
-        ``envs_per_actor`` is even, else 1; ``(0, 1)`` for an env id that is not
-        a gymnasium: or host: one.
-        """
-        from ppo_async.envs.registry import GYMNASIUM, HOST, split_env_id
-
-        if split_env_id(self.env_id)[0] not in (GYMNASIUM, HOST):
-            return 0, 1
-        workers = self.env_workers
-        return workers, self.env_groups or (2 if workers and self.envs_per_actor % 2 == 0 else 1)
-
-    def actors_per_process_in_force(self) -> int:
-        """``actors_per_process`` with None resolved: ``ceil(num_actors / cores)`` of this machine."""
-        if self.actors_per_process is not None:
-            return min(self.actors_per_process, self.num_actors)
-        return math.ceil(self.num_actors / (os.cpu_count() or 1))
 
     # --- the math's options: built here, the one place fields become them ---
     # Each imports its module when called, so importing the config imports no jax.
@@ -549,12 +540,12 @@ def _validate_env_layout(cfg: AsyncActorLearnerConfig) -> None:
 
     _require(cfg.sampler != "learner" or split_env_id(cfg.env_id)[0] == GYMNAX, "sampler",
              cfg.sampler, f"runs jitted envs only, inside the learner's program; "
-             f"{cfg.env_id} steps on the host: use sampler=None")
+             f"{cfg.env_id} steps on the host: use sampler='auto'")
     _require(cfg.sampler != "shared" or split_env_id(cfg.env_id)[0] != GYMNAX
-             or cfg.actor_backend == "threads", "sampler", cfg.sampler,
+             or cfg.actor_backend in ("auto", "threads"), "sampler", cfg.sampler,
              f"for a gymnax env ({cfg.env_id}) applies to thread actors only (actor_backend="
              "'threads'): an actor process calls its actors' chunks from their own threads; "
-             "leave it None")
+             "leave it 'auto'")
 
     _require(_is_int(cfg.env_workers) and cfg.env_workers >= 0,
              "env_workers", cfg.env_workers, "must be an integer >= 0 (0: the actor's thread)")
@@ -567,14 +558,14 @@ def _validate_env_layout(cfg: AsyncActorLearnerConfig) -> None:
                      "envs its own way: gymnax inside the jitted rollout, envpool in its "
                      "threads); leave it None")
         return
-    workers, groups = cfg.env_layout()
-    _require(cfg.envs_per_actor % groups == 0 and cfg.envs_per_actor // groups >= workers,
-             "env_groups" if cfg.env_groups is not None else "env_workers",
-             cfg.env_groups if cfg.env_groups is not None else cfg.env_workers,
-             f"{groups} groups of {workers} env workers need envs_per_actor "
-             f"({cfg.envs_per_actor}) divisible by {groups} with at least {workers} envs "
-             "per group (one per worker)" if workers else
-             f"{groups} groups need envs_per_actor ({cfg.envs_per_actor}) divisible by {groups}")
+    if cfg.env_groups is not None:  # None is decided with the layout (ppo_async.runtime.layout)
+        groups, workers = cfg.env_groups, cfg.env_workers
+        _require(cfg.envs_per_actor % groups == 0 and cfg.envs_per_actor // groups >= workers,
+                 "env_groups", groups,
+                 f"{groups} groups of {workers} env workers need envs_per_actor "
+                 f"({cfg.envs_per_actor}) divisible by {groups} with at least {workers} envs "
+                 "per group (one per worker)" if workers else
+                 f"{groups} groups need envs_per_actor ({cfg.envs_per_actor}) divisible by {groups}")
 
 
 def _validate_ppo(cfg: AsyncActorLearnerConfig) -> None:
@@ -647,8 +638,8 @@ def _validate_network(cfg: AsyncActorLearnerConfig) -> None:
 
 
 def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
-    _require(cfg.actor_backend in ("threads", "processes", "ray"), "actor_backend",
-             cfg.actor_backend, "must be 'threads', 'processes' or 'ray'")
+    _require(cfg.actor_backend in ("auto", "threads", "processes", "ray"), "actor_backend",
+             cfg.actor_backend, "must be 'auto', 'threads', 'processes' or 'ray'")
     _require(cfg.ray_address is None or (isinstance(cfg.ray_address, str) and cfg.ray_address),
              "ray_address", cfg.ray_address,
              "must be None (a private local Ray instance), 'auto' or 'host:port' of a cluster")
@@ -670,9 +661,9 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
         _is_int(cfg.actors_per_process) and cfg.actors_per_process >= 1),
         "actors_per_process", cfg.actors_per_process, "must be None (a process per core) or an "
         "integer >= 1")
-    _require(cfg.sampler is None or cfg.sampler in SAMPLERS, "sampler", cfg.sampler,
-             f"must be None or one of {SAMPLERS}")
-    _require(cfg.sampler != "learner" or cfg.actor_backend == "threads", "sampler", cfg.sampler,
+    _require(cfg.sampler in SAMPLERS, "sampler", cfg.sampler, f"must be one of {SAMPLERS}")
+    _require(cfg.sampler != "learner" or cfg.actor_backend in ("auto", "threads"), "sampler",
+             cfg.sampler,
              f"the learner's program collects the chunks in the learner's process: it "
              f"cannot with actor_backend={cfg.actor_backend!r}; use actor_backend='threads'")
     _require(cfg.sampler != "learner" or cfg.exact_lag is not None, "sampler", cfg.sampler,
@@ -684,10 +675,10 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
     _require(cfg.sampler != "shared" or cfg.actor_backend != "ray", "sampler", cfg.sampler,
              "'shared' needs several actors in a process: actor_backend 'threads' or "
              "'processes' (a Ray actor process runs one actor)")
-    _require(cfg.actors_per_process is None or cfg.actor_backend == "processes",
+    _require(cfg.actors_per_process is None or cfg.actor_backend in ("auto", "processes"),
              "actors_per_process", cfg.actors_per_process,
              f"applies to actor_backend='processes' only (this run's is {cfg.actor_backend!r})")
-    if cfg.actor_backend == "threads":
+    if cfg.actor_backend in ("auto", "threads") and cfg.actors_per_process is None:
         return
     from ppo_async.core.devices import parse_device_spec
 

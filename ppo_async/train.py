@@ -27,7 +27,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
@@ -80,12 +79,12 @@ from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart, exact_
 from ppo_async.runtime.in_learner import (
     InLearnerActors,
     LoopProgram,
-    collects_in_learner,
     in_learner_loop,
     loop_program,
     lower_loop,
     warm_up_loop,
 )
+from ppo_async.runtime.layout import Layout, resolve_layout
 from ppo_async.runtime.learner import (
     EvalOutcome,
     LearnerConnections,
@@ -143,23 +142,15 @@ class ShutdownTimeoutError(RuntimeError):
 
 def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
                     actor_device: jax.Device) -> LearnerTransport:
-    """The transport ``config.actor_backend`` names (Ray is imported only when asked for)."""
+    """The transport of the layout pinned in ``config`` (Ray is imported only when asked for)."""
     if config.actor_backend == "ray":
         from ppo_async.runtime.ray_transport import RayTransport
 
         return RayTransport(config, program)
     if config.actor_backend == "processes":
-        from ppo_async.runtime.process_transport import (
-            ActorProcessesWarning,
-            ProcessTransport,
-            unportable,
-        )
+        from ppo_async.runtime.process_transport import ProcessTransport
 
-        why = unportable(config.env_id)
-        if why is None:
-            return ProcessTransport(config, program)
-        warnings.warn(f"actor_backend='processes': {why}; the actors run as threads of this "
-                      "process instead", ActorProcessesWarning, stacklevel=3)
+        return ProcessTransport(config, program)
     return ThreadTransport(config, program, actor_device)
 
 
@@ -512,7 +503,12 @@ def _train(
 ) -> TrainResult:
     """`train`'s body; ``cleanup`` is closed whenever it returns or raises."""
     enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
-    run = _Run(config, _run_directories(config, run_dir, resume_from))
+    directories = _run_directories(config, run_dir, resume_from)
+    layout = resolve_layout(config)  # the one place a layout field is decided
+    if progress:
+        print(f"layout: {layout.describe()}", file=sys.stderr, flush=True)
+    logger.info("layout: %s", layout.describe())
+    run = _Run(layout.pin(config), layout, directories)
     run.ctrl_c = _CtrlC.install(cleanup)
     run.prepare()
     run.watch(cleanup)
@@ -574,15 +570,11 @@ class _Shutdown(NamedTuple):
 class _Run:
     """One `train` call's parts, made in order (`prepare`, `watch`, `learn`) and stopped on every way out."""
 
-    def __init__(self, config: AsyncActorLearnerConfig, directories: _RunDirectories):
-        self.config, self.directories = config, directories
+    def __init__(self, config: AsyncActorLearnerConfig, layout: Layout,
+                 directories: _RunDirectories):
+        self.config, self.layout, self.directories = config, layout, directories
         self.run_dir = directories.run_dir
         self.learner = config.learner_placement()
-        if config.sampler == "learner" and self.learner.mesh is not None:
-            raise ConfigError(
-                f"sampler='learner' with learner_device={config.learner_device!r} "
-                f"({self.learner.describe()}): the actors' chunks run in the program of one "
-                "learner device; name one device, or use sampler=None")
         self.actor_device = resolve_device(config.actor_device)
         self.evaluating = config.eval_every_updates > 0
         self.stop = threading.Event()  # the evaluator's
@@ -599,7 +591,7 @@ class _Run:
         config = self.config
         self.program = make_actor_program(config)
         # The actors' chunks in the learner's program (`ppo_async.runtime.in_learner`).
-        self.in_learner = collects_in_learner(config, self.program)
+        self.in_learner = self.layout.collection == "learner"
         self.resume: ResumePoint | None = None
         if self.directories.resume_from is not None:
             self.resume = load_resume_point(config, self.program,
@@ -621,6 +613,7 @@ class _Run:
                 self.carries = (None,) * config.num_actors
             else:
                 state, self.report, self.carries = resume.state, resume.report, resume.actor_carries
+            self.report.layout = self.layout.to_dict()
             self.end_update = resume.end_update if resume is not None else config.num_updates
             self.state = self.learner.put_state(state)
         except BaseException:

@@ -1,5 +1,6 @@
 """Helpers the tests of several packages share."""
 
+import functools
 import importlib
 import os
 import pathlib
@@ -12,6 +13,7 @@ import numpy as np
 from ppo_async.envs.host import HostStep
 from ppo_async.runs.analysis import read_metrics
 from ppo_async.runtime.actor import current_actor
+from ppo_async.runtime.layout import resolve_layout
 
 # Metrics fields that measure time, not learning.
 WALL_CLOCK = {"env_steps_per_s", "learner_wait_s", "broadcast_s", "queue_depth"}
@@ -46,6 +48,9 @@ def patch_rollout(monkeypatch, wrap):
         return program._replace(rollout=wrap(program.rollout), identity=None)
 
     monkeypatch.setattr(train_module, "make_actor_program", make)
+    # A replaced rollout cannot run inside the learner's program: thread actors run it.
+    monkeypatch.setattr(train_module, "resolve_layout",
+                        functools.partial(resolve_layout, learner_program=False))
 
 
 def break_actor_once(monkeypatch, actor_id: int, chunk: int) -> None:

@@ -486,9 +486,7 @@ def _actor_program(config: AsyncActorLearnerConfig, env: Any,
     _, *chunk_spec = jax.eval_shape(rollout, template, carry_spec)
     return ActorProgram(
         env.observation_shape, network, template, reset, rollout, tuple(chunk_spec),
-        # From 8 actors, one program for every chunk is worth its longer compile (0.7-0.9
-        # s) on a run of 500k env steps; fewer call their own in turn (docs/benchmarks.md).
-        inference=BatchedInference(rollouts, gather_s=0.002, default_from_actors=8),
+        inference=BatchedInference(rollouts, gather_s=0.002),
         rollout_group=rollout_group,
         identity=jits,
         carry_spec=carry_spec,

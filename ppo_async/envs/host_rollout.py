@@ -49,7 +49,6 @@ from ppo_async.envs.host import (
 from ppo_async.envs.workers import (
     EnvGroups,
     EnvWorkers,
-    EnvWorkersWarning,
     portable_factory,
     spin_seconds,
 )
@@ -185,15 +184,13 @@ class HostRollout:
         self.observation_shape = tuple(int(d) for d in probe.observation_shape)
         self.action_space = action_space = probe.action_space
         close_envs(probe)
-        self.workers, self.groups = config.env_layout()
+        # As the run's layout decided them: train pins env_groups (ppo_async.runtime.layout).
+        self.workers, self.groups = config.env_workers, config.env_groups or 1
         self.payload = None  # a host: id's factory, on its way to the env workers
         if self.workers:
             self.payload, problem = portable_factory(self.env_id)
             if problem is not None:
-                warnings.warn(f"{self.env_id}: {problem}; its envs step in the actor's thread "
-                              "(env_workers=0)", EnvWorkersWarning, stacklevel=2)
-                self.workers = 0
-                self.groups = config.env_groups or 1
+                raise HostEnvError(f"env_workers={self.workers}: {self.env_id}: {problem}")
         self.network = config.make_network(self.observation_shape, action_space)
         self.options = config.normalization_options()
         self.recurrent = is_recurrent(self.network)
@@ -223,7 +220,7 @@ class HostRollout:
         return ActorProgram(self.observation_shape, self.network, template, self.reset,
                             self.rollout, close=self.close,
                             inference=BatchedInference(self.policy.act_batched,
-                                                       default_from_actors=16, lockstep=True))
+                                                       lockstep=True))
 
     def reset(self, key: jax.Array, device: jax.Device) -> HostCarry:
         """This actor's own ``envs_per_actor`` envs, made and seeded from ``key``.

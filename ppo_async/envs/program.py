@@ -67,9 +67,6 @@ class BatchedInference(NamedTuple):
     # How long the call waits, after a first actor asks, for the others (a chunk
     # costs about the same for all actors as for one; an env step's call is short).
     gather_s: float = 0.0
-    # With batch_inference=None, the actors of a run share the call from this many
-    # actors on (None: never); fewer are as fast calling alone (docs/benchmarks.md).
-    default_from_actors: int | None = None
     # The program's rollout is a generator of these calls (host envs) that a
     # `ChunkClient` may drive among other actors' (sampler="shared").
     lockstep: bool = False

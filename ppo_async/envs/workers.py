@@ -115,10 +115,6 @@ def split(num_envs: int, groups: int, workers: int) -> list[list[tuple[int, int]
     return shares
 
 
-class EnvWorkersWarning(UserWarning):
-    """A host env's envs step in the actor's thread although env workers were asked for."""
-
-
 def portable_factory(env_id: str) -> tuple[HostEnvPayload | None, str | None]:
     """``(payload, None)`` for a ``host:`` id, ``(None, None)`` for a gymnasium id,
     or ``(None, why)`` when the factory cannot be sent to a worker process.

@@ -1,7 +1,8 @@
 """``sampler='learner'``: gymnax actors whose chunks the learner's own program collects.
 
-What ``sampler=None`` chooses where it can run (`collects_in_learner`): on a
-machine without a GPU, the default config.
+What ``sampler='auto'`` chooses where it can run
+(`ppo_async.runtime.layout.collects_in_learner`): on a machine without a GPU,
+the default config.
 
 The layout the Podracer paper calls Anakin (Hessel et al. 2021), with the
 runtime's bits. One jitted call runs up to ``max_updates`` updates; in each,
@@ -11,7 +12,8 @@ lag names (`ppo_async.runtime.actor.exact_version`, the learner's own at lag
 versions, keys and columns that thread actors collect at the same exact lag,
 stacked as the learner stacks them, so a run gives the bits of the same config
 with thread actors sharing one rollout program (``batch_inference=True``; with
-``batch_inference=False``, of thread actors calling alone, `rolls_out_together`),
+``batch_inference=False``, of thread actors calling alone,
+`ppo_async.runtime.layout.rolls_out_together`),
 tests/runtime/test_in_learner.py. What it leaves out is everything between
 the two programs: no actor thread, no broadcast bytes, no queue, and one
 program launch for many updates.
@@ -47,6 +49,7 @@ from ppo_async.core.devices import LearnerPlacement, host_zeros, resolve_device,
 from ppo_async.core.update import Batch, LearnerState, ScheduledUpdate, UpdateFn
 from ppo_async.envs.program import ActorProgram
 from ppo_async.runtime.actor import ActorStart, ActorStats, _first_carry, exact_version
+from ppo_async.runtime.layout import rolls_out_together
 from ppo_async.runtime.learner import (
     LearnerConnections,
     LearnerHooks,
@@ -101,31 +104,6 @@ class _Episodes(NamedTuple):
 
     episode_return: np.ndarray
     episode_length: np.ndarray
-
-
-def collects_in_learner(config: AsyncActorLearnerConfig, program: ActorProgram) -> bool:
-    """Whether the learner's program collects the actors' chunks: ``sampler='learner'``, or
-    ``sampler=None`` where it can and nothing else is asked of the actors: a gymnax env's
-    own rollout (``program.identity``: not a wrapped one), thread actors, an exact lag,
-    ``broadcast_every=1``, and one learner device, the actors' own (a run that trains on
-    a GPU keeps its actors on ``actor_device``)."""
-    if config.sampler is not None or program.identity is None:
-        return config.sampler == "learner"
-    if (config.actor_backend != "threads" or config.exact_lag is None
-            or config.broadcast_every != 1):
-        return False
-    devices = config.learner_placement().devices
-    return devices == (resolve_device(config.actor_device),)
-
-
-def rolls_out_together(config: AsyncActorLearnerConfig) -> bool:
-    """Whether ``sampler='learner'`` collects every actor's chunk as one rollout of all their
-    envs (``program.rollout_group``, the actor axis kept): unless ``batch_inference`` is
-    False, from 2 actors. Thread actors do so with ``batch_inference=True``, and those are
-    the bits; with False, each actor's rollout in turn, the bits of thread actors
-    calling alone. Together ran 1.18x the env steps/s of in turn on CartPole on 2 cores
-    (docs/benchmarks.md)."""
-    return config.num_actors > 1 and config.batch_inference is not False
 
 
 def _collector(config: AsyncActorLearnerConfig, program: ActorProgram):

@@ -150,6 +150,8 @@ class LearnerReport:
     # This segment (a resumed run continues the counters above; these say what it added):
     start_update: int = 0  # updates already done when this segment started
     segment_env_steps: int = 0  # env steps consumed in this segment (env_steps_per_s divides these)
+    # How this segment collected experience (`ppo_async.runtime.layout.Layout.to_dict`).
+    layout: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def record_update(
         self, config: AsyncActorLearnerConfig, experiences: Sequence[Experience],

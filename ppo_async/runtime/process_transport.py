@@ -4,7 +4,7 @@ With ``actor_backend="processes"`` actors run in child processes,
 ``actors_per_process`` each (by default one process per core). Within a
 process they are threads running the same actor loop as thread actors
 (`ppo_async.runtime.actor.spawn_actor`), sharing its JAX, its load of each
-params version and (`shares_calls`) its policy calls, each behind an
+params version and (`ppo_async.runtime.layout.shares_calls`) its policy calls, each behind an
 `ActorEndpoint` over the process's one socket to the learner:
 
 - weights: the `Publisher` thread serializes the params once and writes the
@@ -67,11 +67,7 @@ from typing import Any
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.core.devices import to_host
 from ppo_async.envs.gymnax_env import EnvCarry
-from ppo_async.envs.payload import (
-    host_env_payload,
-    register_host_env_payload,
-    sendable_payload,
-)
+from ppo_async.envs.payload import host_env_payload, register_host_env_payload
 from ppo_async.envs.program import ActorProgram
 from ppo_async.envs.workers import PARENT_CPUS_ENV
 from ppo_async.runtime.actor import (
@@ -81,6 +77,7 @@ from ppo_async.runtime.actor import (
     QueueEndpoint,
     spawn_actor,
 )
+from ppo_async.runtime.layout import actors_per_process
 from ppo_async.runtime.learner import LearnerTimeoutError
 from ppo_async.runtime.messages import ActorFailure, Experience, PolicyBroadcast
 from ppo_async.runtime.transport import WHERE_TIMEOUT_S, Publisher, note_where_killed
@@ -122,17 +119,6 @@ def inherited_cache_env() -> dict[str, str]:
     return {"JAX_COMPILATION_CACHE_DIR": str(cache_dir),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
                 str(jax.config.jax_persistent_cache_min_compile_time_secs)}
-
-
-class ActorProcessesWarning(UserWarning):
-    """``actor_backend="processes"`` asked for, but the env cannot leave this process: threads run."""
-
-
-def unportable(env_id: str) -> str | None:
-    """Why the actors of ``env_id`` cannot run in processes (a ``host:`` factory that holds a
-    lock or an open simulator cannot be sent); None when they can."""
-    why = sendable_payload(env_id)[1]
-    return None if why is None else f"{env_id}'s factory cannot be sent to another process ({why})"
 
 
 def picklable_failure(failure: ActorFailure) -> ActorFailure:
@@ -177,7 +163,7 @@ class _SocketOutbox:
 
 class _ActorHost:
     """The actors of one actor process: threads sharing its JAX, its loads of each params
-    version and, from enough actors (`shares_calls`), its policy calls.
+    version and, as the layout says (`ppo_async.runtime.layout.shares_calls`), its policy calls.
 
     The process's main thread reads the learner's messages (`serve_messages`): ``start``
     runs an actor (again, after a failure), ``broadcast`` feeds the inbox of every actor
@@ -376,8 +362,8 @@ class _Process:
 class ProcessTransport:
     """Actors as processes of this machine; the `LearnerTransport` the learner and supervisor use.
 
-    Actor ``i`` runs in process ``i // actors_per_process`` (the config's, resolved by
-    `AsyncActorLearnerConfig.actors_per_process_in_force`).
+    Actor ``i`` runs in process ``i // actors_per_process`` (the layout's,
+    `ppo_async.runtime.layout.actors_per_process`).
     """
 
     def __init__(self, config: AsyncActorLearnerConfig, program: ActorProgram):
@@ -386,7 +372,7 @@ class ProcessTransport:
         self.config = config
         self._host_env = host_env_payload(cloudpickle, config.env_id)
         n = config.num_actors
-        self.per_process = config.actors_per_process_in_force()
+        self.per_process = actors_per_process(config)
         self.processes: list[_Process | None] = [None] * math.ceil(n / self.per_process)
         self._cpus = actor_cpus(config, len(self.processes))
         self._stats = [ActorStats(i) for i in range(n)]

@@ -37,6 +37,7 @@ import jax
 
 from ppo_async.config import AsyncActorLearnerConfig
 from ppo_async.envs.program import ActorProgram
+from ppo_async.runtime.layout import collects_as_group, shares_calls, uses_shared_sampler
 from ppo_async.runtime.actor import (
     PUBLISHER_ID,
     ActorEndpoint,
@@ -176,73 +177,32 @@ class Publisher:
         self._stop.set()
 
 
-def shares_calls(config: AsyncActorLearnerConfig, program: ActorProgram,
-                 num_actors: int | None = None) -> bool:
-    """Whether ``num_actors`` thread actors of ``program`` in one process (default: all of
-    the run's) share their jitted calls (`InferenceServer`)."""
-    shared = program.inference
-    num_actors = config.num_actors if num_actors is None else num_actors
-    if shared is None or num_actors == 1 or config.batch_inference is False:
-        return False
-    if config.batch_inference is None:
-        return (shared.default_from_actors is not None
-                and num_actors >= shared.default_from_actors)
-    return True
-
-
-def uses_shared_sampler(config: AsyncActorLearnerConfig, program: ActorProgram,
-                        num_actors: int) -> bool:
-    """Whether ``num_actors`` actors of one process have a `LockstepSampler`: ``sampler=
-    'shared'``, or None from ``default_from_actors`` actors whose calls are shared
-    (`shares_calls`: ``batch_inference`` not False): the sampler makes the same calls,
-    so the run's bits are the same either way."""
-    shared = program.inference
-    if shared is None or not shared.lockstep or config.sampler == "actors":
-        return False
-    if config.sampler == "shared":
-        return True
-    return (shared.default_from_actors is not None and num_actors >= shared.default_from_actors
-            and shares_calls(config, program, num_actors))
-
-
 def shared_caller(config: AsyncActorLearnerConfig, program: ActorProgram, num_actors: int,
                   stopped: Callable[[], bool], first_actor: int = 0,
                   background_clients: bool = False) -> InferenceServer | LockstepSampler | None:
     """What ``num_actors`` thread actors of one process share, unstarted: a `LockstepSampler`
-    (``config.sampler``; for None, where they share calls by default, `uses_shared_sampler`;
-    its ``background_clients`` as given), an `InferenceServer` (`shares_calls`), or None:
-    each calls alone."""
+    (`ppo_async.runtime.layout.uses_shared_sampler`; its ``background_clients`` as given), an
+    `InferenceServer` (`ppo_async.runtime.layout.shares_calls`), or None: each calls alone."""
     shared = program.inference
     if shared is None:
         return None
-    if uses_shared_sampler(config, program, num_actors):
+    if shared.lockstep and uses_shared_sampler(config, num_actors):
         return LockstepSampler(shared.fn, num_actors, stopped, first_actor=first_actor,
                                background_clients=background_clients)
-    if shares_calls(config, program, num_actors):
+    if shares_calls(config, num_actors):
         return InferenceServer(shared.fn, num_actors, stopped, shared.gather_s)
     return None
 
 
-def drives_group(config: AsyncActorLearnerConfig, program: ActorProgram) -> bool:
-    """Whether a `ThreadTransport` collects every actor's chunks from one thread
-    (`ActorGroup`): for a program whose rollouts do not block their thread (one with a
-    ``rollout_group``: gymnax), with ``sampler='shared'``, or None and several actors.
-    Its actors then share one program for all their chunks where they share their
-    calls (`shares_calls`), and else each calls its own in turn."""
-    if program.rollout_group is None or config.sampler == "actors":
-        return False
-    return config.sampler == "shared" or config.num_actors > 1
-
-
 class ThreadTransport:
     """Actors as threads of this process (`spawn_actor`), or all of them one thread
-    (`drives_group`); queues carry the messages."""
+    (`ppo_async.runtime.layout.collects_as_group`); queues carry the messages."""
 
     def __init__(self, config: AsyncActorLearnerConfig, program: ActorProgram,
                  device: jax.Device):
         self.config, self.program, self.device = config, program, device
         self.experience_queue: queue.Queue = queue.Queue()
-        self.group = drives_group(config, program)
+        self.group = program.rollout_group is not None and collects_as_group(config)
         # A group takes its broadcasts from one queue.
         self.delivery_queues = [queue.Queue()
                                 for _ in range(1 if self.group else config.num_actors)]
@@ -292,7 +252,7 @@ class ThreadTransport:
         group = self.actor_group = ActorGroup(
             ids, self.config, self.program, self._channels(ids[0]), self.device,
             [h.stats for h in handles], self.load_params,
-            fused=shares_calls(self.config, self.program))
+            fused=shares_calls(self.config, len(ids)))
 
         def run() -> None:
             try:

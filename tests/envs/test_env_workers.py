@@ -21,11 +21,12 @@ import psutil
 import pytest
 
 from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, train
-from ppo_async.envs.host import make_host_env
+from ppo_async.envs.host import HostEnvError, make_host_env
 from ppo_async.envs.host_rollout import HostRollout
 from ppo_async.envs.payload import HostEnvPayload
 from ppo_async.envs.registry import register_host_env
-from ppo_async.envs.workers import EnvWorkerError, EnvWorkers, EnvWorkersWarning
+from ppo_async.envs.workers import EnvWorkerError, EnvWorkers
+from ppo_async.runtime.layout import env_workers_and_groups, resolve_layout
 
 from breaking_env import BreakingEnv, Broken
 
@@ -150,11 +151,15 @@ def test_a_run_is_fixed_by_its_seed_and_groups_not_by_where_its_envs_step():
 
 
 def test_the_layout_defaults_and_bad_layouts():
-    assert TINY.env_layout() == (0, 1)  # the actor's thread, one group: the runs of before
-    assert dataclasses.replace(TINY, env_workers=2).env_layout() == (2, 2)
-    assert dataclasses.replace(TINY, env_workers=1, envs_per_actor=3).env_layout() == (1, 1)
-    assert dataclasses.replace(TINY, env_groups=2).env_layout() == (0, 2)
-    assert AsyncActorLearnerConfig(env_id="CartPole-v1").env_layout() == (0, 1)
+    def workers_and_groups(**changes):
+        return env_workers_and_groups(dataclasses.replace(TINY, **changes))
+
+    assert workers_and_groups() == (0, 1)  # the actor's thread, one group: the runs of before
+    assert workers_and_groups(env_workers=2) == (2, 2)
+    assert workers_and_groups(env_workers=1, envs_per_actor=3) == (1, 1)
+    assert workers_and_groups(env_groups=2) == (0, 2)
+    assert env_workers_and_groups(AsyncActorLearnerConfig(env_id="CartPole-v1")) == (0, 1)
+    assert resolve_layout(dataclasses.replace(TINY, env_workers=2)).pin(TINY).env_groups == 2
     with pytest.raises(ConfigError, match="env_workers.*gymnasium: and host: envs only"):
         AsyncActorLearnerConfig(env_id="CartPole-v1", env_workers=2)
     with pytest.raises(ConfigError, match="env_groups.*divisible by 3"):
@@ -162,8 +167,8 @@ def test_the_layout_defaults_and_bad_layouts():
     with pytest.raises(ConfigError, match=r"env_groups=3: 3 groups need envs_per_actor \(4\) "
                                           r"divisible by 3$"):
         dataclasses.replace(TINY, env_groups=3)
-    with pytest.raises(ConfigError, match="at least 4 envs per group"):
-        dataclasses.replace(TINY, env_workers=4)
+    with pytest.raises(ConfigError, match="at least 4 envs per group"):  # 2 groups by default
+        resolve_layout(dataclasses.replace(TINY, env_workers=4))
 
 
 def breaking_workers(mode: str, **kwargs) -> EnvWorkers:
@@ -235,7 +240,7 @@ def test_no_worker_outlives_a_killed_parent(tmp_path):
     assert alive(pids) == []
 
 
-def test_a_factory_that_cannot_travel_steps_in_the_actors_thread():
+def test_a_factory_that_cannot_travel_is_refused_with_env_workers():
     lock = threading.Lock()
 
     class Locked(BreakingEnv):
@@ -249,16 +254,11 @@ def test_a_factory_that_cannot_travel_steps_in_the_actors_thread():
 
     register_host_env("locked", Locked)
     config = dataclasses.replace(TINY, env_id="host:locked", env_workers=1)
-    with pytest.warns(EnvWorkersWarning, match="host:locked: its factory .* cannot be sent"):
-        rollout = HostRollout(config)
-    assert (rollout.workers, rollout.groups) == (0, 1)
-    program = rollout.program()
-    carry = program.reset(jax.random.key(0), jax.devices("cpu")[0])
-    try:
-        params = jax.device_put(program.params_template, jax.devices("cpu")[0])
-        assert program.rollout(params, carry)[1].reward.shape == (TINY.num_steps, 4)
-    finally:
-        program.close(carry)
+    with pytest.raises(ConfigError, match="env_workers=1: host:locked: its factory .* cannot "
+                                          "be sent.*or set env_workers=0"):
+        resolve_layout(config)
+    with pytest.raises(HostEnvError, match="env_workers=1: host:locked: its factory"):
+        HostRollout(config)
 
 
 def test_idle_workers_spin_only_while_the_run_has_a_core_for_each():

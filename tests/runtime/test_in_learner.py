@@ -225,18 +225,19 @@ def test_the_warm_ups_call_and_the_runs_calls_share_one_compiled_loop(caplog):
 
 
 def test_the_default_sampler_is_the_learners_program_where_it_can_run(monkeypatch):
-    from ppo_async.envs.backends import make_actor_program
-    from ppo_async.runtime.in_learner import collects_in_learner
+    from ppo_async.core import devices
+    from ppo_async.runtime import layout
+    from ppo_async.runtime.layout import collects_in_learner
 
-    config = dataclasses.replace(EXACT, sampler=None)
-    program = make_actor_program(config)
-    assert collects_in_learner(config, program)
+    config = dataclasses.replace(EXACT, sampler="auto")
+    assert collects_in_learner(config)
+    assert layout.resolve_layout(config).collection == "learner"
     for fields in (dict(sampler="shared"), dict(exact_policy_lag=None),
-                   dict(broadcast_every=2), dict(actor_backend="processes")):
-        assert not collects_in_learner(dataclasses.replace(config, **fields), program), fields
-    assert not collects_in_learner(config, program._replace(identity=None))  # a wrapped rollout
-    host = dataclasses.replace(config, env_id="gymnasium:CartPole-v1")
-    assert not collects_in_learner(host, make_actor_program(host))
+                   dict(broadcast_every=2), dict(actor_backend="processes"),
+                   dict(actors_per_process=1)):
+        assert not collects_in_learner(dataclasses.replace(config, **fields)), fields
+    assert not collects_in_learner(config, learner_program=False)  # a replaced rollout
+    assert not collects_in_learner(dataclasses.replace(config, env_id="gymnasium:CartPole-v1"))
     # A learner on another device than the actors' (a GPU's): thread actors.
-    monkeypatch.setattr(in_learner, "resolve_device", lambda spec: None)
-    assert not collects_in_learner(config, program)
+    monkeypatch.setattr(devices, "resolve_device", lambda spec: None)
+    assert not collects_in_learner(config)

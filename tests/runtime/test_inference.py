@@ -340,7 +340,7 @@ def test_a_group_of_gymnax_actors_gives_the_bytes_of_shared_chunks_and_restarts_
     assert set(callers) == {"ppo-actors-0-2"} and len(callers) >= 4
     assert [s.env_steps >= 4 * 2 * 8 and s.rollouts_sent >= 4 for s in group.report.actor_stats
             ] == [True] * 3
-    monkeypatch.setattr(transport, "drives_group", lambda config, program: False)
+    monkeypatch.setattr(transport, "collects_as_group", lambda config: False)
     served = train(config, progress=False)
     as_bytes = flax.serialization.to_bytes
     assert as_bytes(group.params) == as_bytes(served.params)
@@ -793,31 +793,10 @@ def test_an_env_hung_under_a_shared_sampler_is_named_by_its_actor_and_line():
     assert not any("also failed while stopping" in note for note in info.value.__notes__)
 
 
-def test_the_shared_sampler_is_the_default_where_batched_calls_are():
-    """sampler=None: the shared sampler for a process of 16 host-env actors or more whose
-    calls are shared (batch_inference not False: the same calls, so the same bits), else
-    each actor steps."""
-    from ppo_async.envs.backends import make_actor_program
-    from ppo_async.runtime.transport import uses_shared_sampler
-
-    config = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", num_actors=16)
-    program = make_actor_program(config)
-    assert uses_shared_sampler(config, program, 16)
-    assert not uses_shared_sampler(config, program, 15)
-    for changed in ({"sampler": "actors"}, {"batch_inference": False}):
-        assert not uses_shared_sampler(dataclasses.replace(config, **changed), program, 16)
-    batched = dataclasses.replace(config, batch_inference=True)
-    assert uses_shared_sampler(batched, program, 16)
-    assert not uses_shared_sampler(batched, program, 8)
-    assert uses_shared_sampler(dataclasses.replace(config, sampler="shared"), program, 2)
-    gymnax = AsyncActorLearnerConfig(env_id="CartPole-v1", num_actors=16)
-    assert not uses_shared_sampler(gymnax, make_actor_program(gymnax), 16)
-
-
 def test_a_shared_sampler_is_for_host_envs_with_several_actors_in_a_process():
     from ppo_async.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="sampler='threads': must be None or one of"):
+    with pytest.raises(ConfigError, match="sampler='threads': must be one of"):
         AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", sampler="threads")
     with pytest.raises(ConfigError, match="applies to thread actors only"):
         AsyncActorLearnerConfig(env_id="CartPole-v1", sampler="shared", actor_backend="processes")

@@ -21,6 +21,7 @@ import pytest
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, train
 from ppo_async.envs.registry import register_host_env
+from ppo_async.runtime.layout import actors_per_process, resolve_layout
 from ppo_async.runtime.process_transport import ProcessTransport, actor_env_vars
 from run_helpers import (
     MisbehavingEnv,
@@ -55,7 +56,7 @@ def test_processes_take_a_cpu_actor_device_only():
         dataclasses.replace(TINY, actors_per_process=0)
     with pytest.raises(ConfigError, match="applies to actor_backend='processes' only"):
         dataclasses.replace(TINY, actor_backend="threads", actors_per_process=2)
-    assert dataclasses.replace(TINY, actors_per_process=5).actors_per_process_in_force() == 2
+    assert actors_per_process(dataclasses.replace(TINY, actors_per_process=5)) == 2
 
 
 def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors(monkeypatch):
@@ -250,10 +251,8 @@ def test_a_killed_learner_leaves_no_actor_process():
         learner.wait(10)
 
 
-def test_an_env_that_cannot_leave_the_process_runs_in_threads_with_one_warning():
+def test_an_env_that_cannot_leave_the_process_is_refused_in_processes_and_auto_keeps_it():
     import threading
-
-    from ppo_async.runtime.process_transport import ActorProcessesWarning
 
     lock = threading.Lock()  # held by the factory: it cannot be pickled
 
@@ -263,10 +262,12 @@ def test_an_env_that_cannot_leave_the_process_runs_in_threads_with_one_warning()
 
     register_host_env("held-by-a-lock", make)
     config = dataclasses.replace(TINY, env_id="host:held-by-a-lock", env_workers=0)
-    with pytest.warns(ActorProcessesWarning, match="cannot be sent to another process"):
-        report = train(config, progress=False).report
-    assert report.updates == config.num_updates
-    assert {s.pid for s in report.actor_stats} == {os.getpid()}  # threads of this process
+    with pytest.raises(ConfigError, match=r"actor_backend='processes': host:held-by-a-lock's "
+                                          r"factory cannot be sent to another process \("):
+        train(config, progress=False)
+    layout = resolve_layout(dataclasses.replace(config, actor_backend="auto"))
+    assert (layout.collection, layout.probe) == ("threads", None)
+    assert "the env's factory cannot leave this process" in layout.describe()
 
 
 class _SentByValue:
