@@ -66,9 +66,9 @@ class AsyncActorLearnerConfig:
     broadcast_every: int = 1
     """The learner sends new weights to the actors every this many updates."""
     exact_policy_lag: int | Literal["auto"] | None = "auto"
-    """Reproducible asynchrony: the chunk that feeds update u (1-based) is collected by every actor with exactly the params of update max(0, u - 1 - exact_policy_lag) (with broadcast_every > 1, the newest broadcast not above it), never a newer one, so a run is fixed by its seed: 0 is lock-step, 1 lets every actor collect the next chunk while the learner computes. None: free-running actors act with the newest params they have, as far ahead as max_lead_steps allows. auto (the default): 1, or free-running when max_lead_steps is given (the property exact_lag holds the value in force)."""
+    """Each chunk feeding update u is collected with exactly the params of update u - 1 - exact_policy_lag (0: lock-step), so a run is fixed by its seed. None: free-running actors, held by max_lead_steps. 'auto': 1, or None when max_lead_steps is given."""
     max_lead_steps: int | None = None
-    """Staleness valve of free-running actors (exact_policy_lag=None): steps per env an actor may run ahead of what the learner consumed from it. None: two chunks (2 * num_steps * broadcast_every), or with an exact lag the (exact_policy_lag + broadcast_every) chunks it implies (the property lead_steps holds the value in force). Given alone, it chooses free-running actors."""
+    """Free-running actors: steps per env an actor may run ahead of what the learner consumed from it. None: two chunks (with an exact lag, the lead it implies). Given alone, it chooses free-running actors."""
     learner_timeout_s: float = 60.0
     """The run fails, naming the actor, if an actor the learner waits on sends nothing for this long."""
     shutdown_timeout_s: float = 30.0
@@ -78,29 +78,19 @@ class AsyncActorLearnerConfig:
 
     # --- transport ---
     actor_backend: Literal["auto", "threads", "processes", "ray"] = "auto"
-    """Where actors run: 'threads' of the learner's process, 'processes' of this machine, or 'ray'.
-    'auto' measures the env before the run and picks threads or processes (never Ray unless
-    ray_address is set); docs/guide/collection.md has the table."""
+    """Where actors run: 'threads' of the learner's process, 'processes' of this machine, or 'ray'. 'auto' measures the env before the run and picks threads or processes (never Ray unless ray_address is set); docs/guide/collection.md has the table."""
     actors_per_process: int | None = None
-    """Actors each actor process runs, as threads sharing its JAX (setting it chooses processes).
-    None: one process per core, ceil(num_actors / cores); set it to fix a run's bits across machines."""
+    """Actors each actor process runs, as threads sharing its JAX (setting it chooses processes). None: one process per core, ceil(num_actors / cores); set it to fix a run's bits across machines."""
     pin_actor_processes: bool = True
-    """Each actor process (and each Ray actor of a private local instance) runs on a core of its own,
-    where there are no more processes than cores. Set False for an env that starts processes of its own."""
+    """Each actor process (and each Ray actor of a private local instance) runs on a core of its own, where there are no more processes than cores. Set False for an env that starts processes of its own."""
     batch_inference: bool | None = None
-    """Thread actors of one process share their jitted calls (host envs: each step's policy call;
-    gymnax: one rollout program for all chunks). The bits differ from calling alone.
-    None: from 8 actors (gymnax) or 16 (host envs) in a process; False: every actor calls alone."""
+    """Thread actors of one process share their jitted calls (host envs: each step's policy call; gymnax: one rollout program for all chunks). The bits differ from calling alone. None: from 8 actors (gymnax) or 16 (host envs) in a process; False: every actor calls alone."""
     sampler: SamplerName = "auto"
-    """Who steps the actors' envs: 'actors' (each actor its own), 'shared' (one sampler thread per
-    process for all its actors, in lock-step) or 'learner' (gymnax: the learner's own jitted program).
-    'auto': 'learner' where it can run, else 'shared' from 16 host actors a process; see docs/guide/collection.md."""
+    """Who steps the actors' envs: 'actors' (each actor its own), 'shared' (one sampler thread per process for all its actors, in lock-step) or 'learner' (gymnax: the learner's own jitted program). 'auto': 'learner' where it can run, else 'shared' from 16 host actors a process; see docs/guide/collection.md."""
     env_workers: int = 0
-    """gymnasium: and host: envs of each actor step in this many worker processes (no JAX there),
-    observations in shared memory. 0: the actor's thread steps them."""
+    """gymnasium: and host: envs of each actor step in this many worker processes (no JAX there), observations in shared memory. 0: the actor's thread steps them."""
     env_groups: int | None = None
-    """With env workers: each actor's envs in this many groups, one stepping while the policy acts
-    for another. Must divide envs_per_actor. None: 2 with env workers where envs_per_actor is even, else 1."""
+    """With env workers: each actor's envs in this many groups, one stepping while the policy acts for another. Must divide envs_per_actor. None: 2 with env workers where envs_per_actor is even, else 1."""
     ray_address: str | None = None
     """With actor_backend='ray': None starts a private local Ray instance sized to this machine and shuts it down when the run ends; 'auto' or 'host:port' joins a running cluster (ray start) and leaves it running."""
     ray_num_cpus_per_actor: float = 1.0
@@ -400,12 +390,7 @@ class AsyncActorLearnerConfig:
 
 def resolve_exact_lag(exact_policy_lag: int | str | None,
                       max_lead_steps: int | None) -> int | None:
-    """The exact policy lag a config's two fields put in force; None: free-running actors.
-
-    "auto" is `DEFAULT_EXACT_LAG`, or free-running when a ``max_lead_steps``
-    is given (a lead alone chooses free-running actors); anything else is
-    itself. Takes the fields, so that a saved config's dict resolves the same.
-    """
+    """The exact policy lag a config's two fields put in force; None: free-running actors.  "auto" is `DEFAULT_EXACT_LAG`, or free-running when a ``max_lead_steps`` is given (a lead alone chooses free-running actors); anything else is itself. Takes the fields, so that a saved config's dict resolves the same. """
     if exact_policy_lag == "auto":
         return None if max_lead_steps is not None else DEFAULT_EXACT_LAG
     return exact_policy_lag
@@ -693,12 +678,7 @@ def _validate_transport(cfg: AsyncActorLearnerConfig) -> None:
 
 
 def check_learner_devices(cfg: AsyncActorLearnerConfig, num_devices: int) -> None:
-    """Raises `ConfigError` unless the batch and every minibatch split evenly over ``num_devices``.
-
-    The learner shards whole env sequences, so the envs must divide; a
-    feed-forward minibatch is split sample-wise across the devices, a
-    recurrent one env-wise (its sequences are never cut in time).
-    """
+    """Raises `ConfigError` unless the batch and every minibatch split evenly over ``num_devices``.  The learner shards whole env sequences, so the envs must divide; a feed-forward minibatch is split sample-wise across the devices, a recurrent one env-wise (its sequences are never cut in time). """
     if num_devices == 1:
         return
     where = f"learner_device={cfg.learner_device!r} shards the update over {num_devices} devices"

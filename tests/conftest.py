@@ -33,6 +33,17 @@ def no_thread_leaks():
     assert run_threads_alive() == []
 
 
+@pytest.fixture(autouse=True)
+def quick_env_probe(monkeypatch):
+    """actor_backend='auto' measures a host env's step before a run; on a loaded test machine
+    that could move a test's run from threads to processes. Tests see every host env as a
+    quick one (thread actors, as before 'auto'); tests/runtime/test_layout.py measures for real."""
+    from ppo_async.runtime import layout
+
+    monkeypatch.setattr(layout, "probe_host_env", lambda config: layout.EnvProbe(
+        step_us=1.0, cpu_share=1.0, steps=1, seconds=0.0))
+
+
 @pytest.fixture(params=[False, True], ids=["eager", "jit"])
 def maybe_jit(request):
     """The function under test as it is, then jitted: a pure kernel must agree both ways."""

@@ -236,21 +236,20 @@ def probe_host_env(config: AsyncActorLearnerConfig, budget_s: float = PROBE_BUDG
         rng = np.random.default_rng(config.seed)
         envs.reset(config.seed)
         envs.step(_random_actions(envs.action_space, config.envs_per_actor, rng))  # warm
-        wall = cpu = 0.0
-        steps = 0
+        walls, cpu = [], 0.0
         deadline = time.perf_counter() + budget_s
-        while steps < PROBE_MAX_STEPS and time.perf_counter() < deadline:
+        while len(walls) < PROBE_MAX_STEPS and time.perf_counter() < deadline:
             actions = _random_actions(envs.action_space, config.envs_per_actor, rng)
             wall_0, cpu_0 = time.perf_counter(), time.thread_time()
             envs.step(actions)
             cpu += time.thread_time() - cpu_0
-            wall += time.perf_counter() - wall_0
-            steps += 1
+            walls.append(time.perf_counter() - wall_0)
     finally:
         close_envs(envs)
-    return EnvProbe(step_us=1e6 * wall / max(1, steps) / config.envs_per_actor,
-                    cpu_share=cpu / wall if wall > 0 else 1.0, steps=steps,
-                    seconds=time.perf_counter() - start)
+    # The median: a step the OS preempted (another process's turn on the core) is not the env's.
+    return EnvProbe(step_us=1e6 * float(np.median(walls)) / config.envs_per_actor,
+                    cpu_share=min(1.0, cpu / sum(walls)) if sum(walls) > 0 else 1.0,
+                    steps=len(walls), seconds=time.perf_counter() - start)
 
 
 def sendable(config: AsyncActorLearnerConfig) -> str | None:
@@ -278,6 +277,10 @@ def _host_backend(config: AsyncActorLearnerConfig, machine: Machine,
         return "threads", "env workers step the envs", probe
     if sendable(config) is not None:
         return "threads", "the env's factory cannot leave this process", probe
+    if config.exact_lag is not None and shares_calls(config, config.num_actors):
+        # In threads the actors' calls are shared; processes would split them, and so change
+        # the run's bits: auto changes a run's speed, never its result.
+        return "threads", "thread actors share their calls; processes would split them", probe
     probe = probe or probe_host_env(config)
     measured = (f"env step {probe.step_us:.0f} us, {100 * probe.cpu_share:.0f}% on a CPU; "
                 f"{machine.cores} cores")
@@ -299,7 +302,7 @@ def resolve_layout(config: AsyncActorLearnerConfig, machine: Machine | None = No
     Raises `ConfigError` for a set field that cannot work with this env or machine.
     """
     machine = machine or Machine.here()
-    backend, reason = config.actor_backend, "as configured"
+    backend, reason, measured = config.actor_backend, "as configured", None
     jitted = is_jitted_env(config)
     if backend == "processes" or (backend == "auto" and config.actors_per_process is not None):
         why = None if jitted else sendable(config)
@@ -320,7 +323,7 @@ def resolve_layout(config: AsyncActorLearnerConfig, machine: Machine | None = No
         elif jitted:
             backend, reason = "threads", "jitted env"
         else:
-            backend, reason, probe = _host_backend(config, machine, probe)
+            backend, reason, measured = _host_backend(config, machine, probe)
     decided = dataclasses.replace(config, actor_backend=backend)
     in_learner = collects_in_learner(decided, learner_program=learner_program)
     if in_learner and config.sampler == "auto":
@@ -360,4 +363,5 @@ def resolve_layout(config: AsyncActorLearnerConfig, machine: Machine | None = No
     return Layout(collection=collection, sampler=sampler, batch_inference=batch,
                   jitted_env=jitted, num_actors=config.num_actors, envs_per_actor=config.envs_per_actor,
                   actors_per_process=per_process, env_workers=workers, env_groups=groups,
-                  exact_lag=config.exact_lag, cores=machine.cores, reason=reason, probe=probe)
+                  exact_lag=config.exact_lag, cores=machine.cores, reason=reason,
+                  probe=measured)

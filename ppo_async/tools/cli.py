@@ -187,6 +187,7 @@ def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | No
         wandb_entity: Annotated[str | None, tyro.conf.arg(metavar="ENTITY")] = None,
         wandb_group: Annotated[str | None, tyro.conf.arg(metavar="GROUP")] = None,
         wandb_tags: tuple[str, ...] = (),
+        dry_run: bool = False,
     ) -> None:
         """Train with asynchronous actors; writes a new runs/<env>-<time>/ (config.json, segments.json, metrics.jsonl, checkpoints/, params.msgpack, summary.json).
 
@@ -205,9 +206,15 @@ def _make_train_command(base: AsyncActorLearnerConfig, resume: pathlib.Path | No
             wandb_entity: The W&B entity (team or user); default: yours.
             wandb_group: The W&B group, e.g. one experiment's seeds.
             wandb_tags: W&B tags of the run.
+            dry_run: Print the layout the run would collect experience with (measuring the env where 'auto' needs it) and exit: no training, no run directory.
         """
         del preset, config_file, resume_dir  # applied to ``base`` before parsing (see _commands)
         config = _as_config(config)
+        if dry_run:
+            from ppo_async.runtime.layout import resolve_layout
+
+            print(f"layout: {resolve_layout(config).describe()}")
+            return
         wandb = _wandb_settings(wandb_project, wandb_entity, wandb_group, wandb_tags)
         if resume is not None:
             _train(config, resume, resume, progress, wandb)

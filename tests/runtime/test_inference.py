@@ -1,6 +1,7 @@
 """Batched inference (`ppo_async.runtime.inference`) and the host rollout's per-chunk bookkeeping."""
 
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -20,6 +21,7 @@ from ppo_async.envs import workers
 from ppo_async.envs.host_rollout import HostRollout, episode_statistics
 from ppo_async.envs.program import ChunkEnd
 from ppo_async.envs.registry import register_host_env
+from ppo_async.runtime.layout import resolve_layout
 from ppo_async.runtime.inference import (
     COHORT_ACTORS,
     LockstepSampler,
@@ -332,7 +334,12 @@ def test_a_group_of_gymnax_actors_gives_the_bytes_of_shared_chunks_and_restarts_
             return program.rollout_group(params, carries)
         return program._replace(rollout_group=rollout_group, identity=None)  # a wrapper
 
-    monkeypatch.setattr(train_module, "make_actor_program", make)
+    def not_in_learner(monkeypatch):  # the learner's program would not run the wrapper
+        monkeypatch.setattr(train_module, "make_actor_program", make)
+        monkeypatch.setattr(train_module, "resolve_layout",
+                            functools.partial(resolve_layout, learner_program=False))
+
+    not_in_learner(monkeypatch)
     config = AsyncActorLearnerConfig(num_actors=3, envs_per_actor=2, num_steps=8,
                                      num_minibatches=2, num_epochs=1, hidden_sizes=(16,),
                                      total_env_steps=3 * 2 * 8 * 4, batch_inference=True)
@@ -346,7 +353,7 @@ def test_a_group_of_gymnax_actors_gives_the_bytes_of_shared_chunks_and_restarts_
     assert as_bytes(group.params) == as_bytes(served.params)
     assert group.report.policy_lag_counts == served.report.policy_lag_counts == {0: 3, 1: 9}
     monkeypatch.undo()
-    monkeypatch.setattr(train_module, "make_actor_program", make)
+    not_in_learner(monkeypatch)
     callers.clear()
     broken["at"] = 2
     with pytest.raises(ActorError, match="the group breaks once"):

@@ -21,7 +21,8 @@ import pytest
 
 from ppo_async import AsyncActorLearnerConfig, ConfigError, train
 from ppo_async.envs.registry import register_host_env
-from ppo_async.runtime.layout import actors_per_process, resolve_layout
+from ppo_async.runtime import layout
+from ppo_async.runtime.layout import EnvProbe, actors_per_process, resolve_layout
 from ppo_async.runtime.process_transport import ProcessTransport, actor_env_vars
 from run_helpers import (
     MisbehavingEnv,
@@ -34,6 +35,9 @@ TINY = AsyncActorLearnerConfig(
     num_minibatches=2, total_env_steps=2 * 2 * 8 * 6, seed=0, exact_policy_lag=1,
     actor_backend="processes", learner_timeout_s=60.0, shutdown_timeout_s=20.0,
 )
+
+
+SLOW_STEP = EnvProbe(step_us=500.0, cpu_share=1.0, steps=10, seconds=0.01)
 
 
 def _gone(pids, timeout_s=10.0) -> list[int]:
@@ -69,8 +73,11 @@ def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors(monkeypatch):
             process.process.wait(20)
 
     monkeypatch.setattr(ProcessTransport, "_send", staticmethod(send_then_wait_for_the_end))
-    over_processes = train(TINY, progress=False)
+    # actor_backend='auto' where the env is slow to step: processes, the bytes of threads.
+    monkeypatch.setattr(layout, "probe_host_env", lambda config: SLOW_STEP)
+    over_processes = train(dataclasses.replace(TINY, actor_backend="auto"), progress=False)
     monkeypatch.undo()
+    assert over_processes.report.layout["collection"] == "processes"
     pids = [s.pid for s in over_processes.report.actor_stats]
     assert len(set(pids)) == 2 and os.getpid() not in pids  # two processes of their own
     assert _gone(pids) == [], "actor processes outlived the run"
