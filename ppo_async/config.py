@@ -8,12 +8,13 @@ after parsing. Sweeps use ``dataclasses.replace``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from ppo_async.errors import ConfigError
+from ppo_async.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:  # annotations only: the config imports the math inside its methods
     from jax.sharding import Mesh
@@ -38,6 +39,28 @@ SAMPLERS = get_args(SamplerName)  # the values of AsyncActorLearnerConfig.sample
 DEFAULT_EXACT_LAG = 1  # what exact_policy_lag="auto" is without a max_lead_steps
 
 
+def _suggest_field_names(cls: type) -> type:
+    """Wrap a dataclass's ``__init__`` so that an unknown keyword names the closest field.
+
+    Python's TypeError names only the keyword; the CLI already suggests one.
+    ``dataclasses.replace`` calls this too; unpickling does not call ``__init__``.
+    """
+    generated = cls.__init__
+    names = frozenset(field.name for field in dataclasses.fields(cls) if field.init)
+
+    @functools.wraps(generated)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        for key in kwargs:
+            if key not in names:
+                raise TypeError(f"{cls.__name__}() got an unexpected keyword argument "
+                                f"{key!r}{did_you_mean(key, names)}")
+        generated(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_suggest_field_names
 @dataclasses.dataclass(frozen=True)
 class AsyncActorLearnerConfig:
     """Configuration of one asynchronous actor-learner PPO run."""
@@ -48,7 +71,9 @@ class AsyncActorLearnerConfig:
     env_modules: tuple[str, ...] = ()
     """Python modules imported before the env id is looked up (they register custom envs); recorded in config.json so eval, enjoy, --resume and sweeps rebuild the env."""
     envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
-    """envpool.make() settings as (name, value) pairs, over the standard Atari settings that envpool: Atari ids get (ppo_async.envs.registry.ATARI_TRAIN_KWARGS for training, ATARI_EVAL_KWARGS for evaluation); they apply to both, e.g. --envpool-kwargs episodic_life False reward_clip False. An actor's pool gets num_threads = cores / (actors x env groups), at least 1, unless given here."""
+    """Extra envpool.make() settings for envpool ids as (name, value) pairs, e.g. --envpool-kwargs episodic_life False.
+    They apply over the standard Atari settings of training and of evaluation (ppo_async.envs.registry's ATARI_TRAIN_KWARGS, ATARI_EVAL_KWARGS).
+    Each actor's pool gets num_threads = cores / (actors x env groups), at least 1, unless set here."""
     gymnasium_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
     """gymnasium: ids only: keyword arguments of the env's constructor as (name, value) pairs, given to gymnasium.make_vec for training and evaluation alike, e.g. --gymnasium-kwargs include_cfrc_ext_in_observation False; also max_episode_steps N, gymnasium.make's time limit (for an env without one, such as CliffWalking-v1)."""
     total_env_steps: int = 500_000

@@ -474,7 +474,10 @@ def load_run_config(run_dir: str | pathlib.Path) -> AsyncActorLearnerConfig:
         # The lead an exact lag implies (older config.json files hold it resolved):
         # derived again, so that flags may change the sizes.
         fields.pop("max_lead_steps", None)
-    return AsyncActorLearnerConfig(**fields)
+    try:
+        return AsyncActorLearnerConfig(**fields)
+    except (ConfigError, TypeError) as error:  # named as a TOML config file's error is
+        raise ConfigError(f"{pathlib.Path(run_dir) / CONFIG_FILE}: {error}") from None
 
 
 def load_run_params(run_dir: str | pathlib.Path, config: AsyncActorLearnerConfig) -> Any:

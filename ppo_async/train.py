@@ -117,13 +117,18 @@ class TrainingInterrupted(KeyboardInterrupt):
     ``updates`` is the last update completed; with a run directory its state
     was checkpointed (``checkpoint``), and the run resumes with
     ``train(config, resume_from=run_dir)`` or ``ppo-async train --resume RUN_DIR``.
+    ``checkpoint`` is None when nothing was saved: no run directory, or no update finished.
     """
 
     def __init__(self, updates: int, run_dir: pathlib.Path | None,
                  checkpoint: pathlib.Path | None):
-        message = f"stopped at update {updates}"
+        # Not "update 0": it read as if a checkpoint of it could be resumed.
+        message = (f"stopped at update {updates}" if updates
+                   else "stopped before the first update finished")
         if checkpoint is not None:
             message += f"; resume with: ppo-async train --resume {run_dir}"
+        else:
+            message += "; nothing was saved" + (" (no run directory)" if run_dir is None else "")
         super().__init__(message)
         self.updates, self.run_dir, self.checkpoint = updates, run_dir, checkpoint
 
@@ -747,9 +752,12 @@ class _Run:
         for failure in shutdown.late:
             error.add_note(f"also failed while stopping:\n{failure.formatted_traceback}")
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, TrainingInterrupted):
-            latest = self.checkpoints.latest
+            latest, saved = self.checkpoints.latest, shutdown.saved
+            if saved is None and self.resume is not None and self.run_dir is not None and (
+                    self.run_dir.resolve() == self.directories.resume_from.resolve()):
+                saved = self.resume.path  # no update since the resume: its checkpoint still holds
             raise TrainingInterrupted(latest[0] if latest else self.start_updates,
-                                      self.run_dir, shutdown.saved) from error
+                                      self.run_dir, saved) from error
         raise error
 
     def not_reproducible(self) -> str | None:

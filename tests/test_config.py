@@ -1,8 +1,11 @@
 """Tests of `ppo_async.config`: validation, derived values, serialization, devices."""
 
+import ast
 import dataclasses
+import inspect
 import json
 import math
+import pickle
 
 import jax
 import pytest
@@ -222,6 +225,37 @@ def test_config_is_frozen():
         cfg.max_lead_steps = 1000
     assert cfg.num_steps == 64
     hash(cfg)  # frozen with hashable fields: usable as a dict key or static arg
+
+
+def test_a_misspelled_keyword_suggests_the_field_as_the_cli_does():
+    with pytest.raises(TypeError, match=r"'num_actor' \(did you mean 'num_actors'\?\)"):
+        AsyncActorLearnerConfig(num_actor=2)
+    with pytest.raises(TypeError, match=r"'lerning_rate' \(did you mean 'learning_rate'\?\)"):
+        dataclasses.replace(AsyncActorLearnerConfig(), lerning_rate=1e-3)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz'$"):
+        AsyncActorLearnerConfig(zzz=1)  # nothing close: Python's message alone
+    # What goes through __init__ (or around it) still works: replace, pickle, the signature.
+    config = dataclasses.replace(AsyncActorLearnerConfig(num_actors=3), seed=5)
+    assert (config.num_actors, config.seed) == (3, 5)
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert "num_actors" in inspect.signature(AsyncActorLearnerConfig).parameters
+
+
+def _field_docstring(name):
+    """A config field's docstring, as tyro and Sphinx read it (the string after the field)."""
+    source = ast.parse(inspect.getsource(AsyncActorLearnerConfig))
+    body = source.body[0].body
+    for field, doc in zip(body, body[1:]):
+        if isinstance(field, ast.AnnAssign) and field.target.id == name:
+            return doc.value.value
+
+
+def test_envpool_kwargs_help_reads_as_sentences_in_three_lines():
+    # It read "over the standard Atari settings that envpool: Atari ids get", and Sphinx
+    # took the text before that colon for a type.
+    doc = _field_docstring("envpool_kwargs")
+    assert len(doc.splitlines()) <= 3 and ":" not in doc.splitlines()[0]
+    assert "envpool: Atari" not in doc and "--envpool-kwargs episodic_life False" in doc
 
 
 @pytest.mark.parametrize(

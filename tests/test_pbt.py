@@ -13,6 +13,7 @@ running.
 
 import csv
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -305,3 +306,56 @@ def test_the_pbt_command_refuses_a_bad_file_in_one_line(tmp_path, capsys):
     assert exit_.value.code == 2
     assert "a member cannot change num_actors" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_after_a_ctrl_c_only_the_continue_line_is_said_not_tunes_restore(tmp_path,
+                                                                         monkeypatch):
+    # Tune logged "Resume experiment with: Tuner.restore(...)" beside the continue line.
+    from ppo_async.pbt import population
+    from ppo_async.runtime import ray_transport
+
+    said = []
+    tune_log = logging.getLogger("ray.tune.tune")
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    class InterruptedTuner:
+        def fit(self):  # what Tune logs as a Ctrl-C ends its run, then the Ctrl-C
+            tune_log.error("Trials did not complete: %s", ["member_0"])
+            tune_log.warning("Experiment has been interrupted, but the most recent state was "
+                             "saved.\nResume experiment with: Tuner.restore(path=\"x\", ...)")
+            tune_log.warning("another line of Tune's")
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray_transport, "connect", lambda *args, **kwargs: False)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    monkeypatch.setattr(population, "_tuner", lambda *args: InterruptedTuner())
+    handler = Said(logging.DEBUG)
+    tune_log.addHandler(handler)
+    try:
+        with pytest.raises(PBTInterrupted, match="continue with: ppo-async pbt"):
+            run_pbt(SPEC, tmp_path, progress=False)
+        tune_log.warning("Resume experiment with: Tuner.restore(...)")  # after: Tune's again
+    finally:
+        tune_log.removeHandler(handler)
+    assert said == ["another line of Tune's", "Resume experiment with: Tuner.restore(...)"]
+
+
+def test_tunes_table_shows_each_explored_field_once(tmp_path):
+    # A member reported its fields as metrics too, and Tune's table added them as metric
+    # columns beside the config's: learning_rate twice.
+    from types import SimpleNamespace
+
+    from ppo_async.pbt.member import _report
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "ckpt_000000002.msgpack").write_bytes(b"state")
+    reported = []
+    tune = SimpleNamespace(report=lambda metrics, checkpoint: reported.append(metrics),
+                           Checkpoint=SimpleNamespace(from_directory=str))
+    result = SimpleNamespace(report=SimpleNamespace(updates=2, env_steps=64,
+                                                    episode_return_mean=21.5))
+    _report(tune, tmp_path, "member_0", result, {"learning_rate": 3e-4, "clip_eps": 0.2})
+    assert reported == [{"episode_return": 21.5, "env_steps": 64, "updates": 2}]

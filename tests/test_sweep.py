@@ -317,3 +317,31 @@ def test_the_ray_backend_runs_each_run_as_a_task_on_a_local_instance(tmp_path):
     for name in ("seed=0", "seed=1"):  # trained in a Ray worker process, not in this one
         segment = json.loads((tmp_path / name / "segments.json").read_text())[0]
         assert "default_worker" in " ".join(segment["provenance"]["command_line"])
+
+
+def test_a_default_of_one_worker_on_too_few_cores_says_so(tmp_path, monkeypatch):
+    # cpu_count // threads came out as 0 and was made 1 without a word: a sweep that
+    # seemed stuck on one run at a time.
+    from ppo_async.sweep import execute
+
+    class Started(Exception):
+        pass
+
+    def pool(out):
+        raise Started
+
+    monkeypatch.setattr(execute.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(execute, "LocalPool", pool)
+    sweep = {"seeds": [0, 1], "base": {**TINY, "num_actors": 4}}
+    with pytest.warns(SweepWarning) as caught, pytest.raises(Started):
+        run_sweep(sweep, tmp_path / "out", progress=False)
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith("2 runs one at a time: a run keeps 5 threads busy (its learner "
+                              "and actors) and this machine has 2 cores"), message
+    # Runs that fit (2 threads each on 2 cores), or --workers 1 asked for: nothing to say.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SweepWarning)
+        with pytest.raises(Started):
+            run_sweep({**sweep, "base": TINY}, tmp_path / "fits", progress=False)
+        with pytest.raises(Started):
+            run_sweep(sweep, tmp_path / "asked", workers=1, progress=False)

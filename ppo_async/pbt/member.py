@@ -120,8 +120,9 @@ def _report(tune: Any, run_dir: pathlib.Path, name: str, result: Any,
     updates = report.updates
     newest = checkpoint_dir(run_dir) / f"ckpt_{updates:09d}.msgpack"
     ret = report.episode_return_mean
+    # Not the explored fields: they are the trial's config, which Tune's table shows already.
     metrics = {"episode_return": float(ret) if ret == ret else float("-inf"),  # NaN: none yet
-               "env_steps": report.env_steps, "updates": updates, **fields}
+               "env_steps": report.env_steps, "updates": updates}
     with tempfile.TemporaryDirectory(prefix="ppo-pbt-") as temp:
         shutil.copyfile(newest, pathlib.Path(temp) / newest.name)
         (pathlib.Path(temp) / MEMBER_FILE).write_text(json.dumps(

@@ -10,6 +10,7 @@ last checkpoints). Ctrl-C stops it (Tune saves its state) and raises
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import shlex
@@ -43,6 +44,16 @@ class PBTInterrupted(KeyboardInterrupt):
         super().__init__(f"population stopped: {finished} of {total} members finished; "
                          f"continue with: {command}")
         self.finished, self.total, self.command = finished, total, command
+
+
+class _WithoutTunesEndLines(logging.Filter):
+    """Drops what Tune logs as a Ctrl-C ends it: "Resume experiment with: Tuner.restore(...)"
+    and "Trials did not complete: [...]". `PBTInterrupted` says both the project's way (the
+    command that continues, which also writes the summary; the members finished)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("Tuner.restore(" in message or message.startswith("Trials did not complete"))
 
 
 class ClipToRanges:
@@ -194,6 +205,8 @@ def run_pbt(spec: str | os.PathLike | Mapping[str, Any] | PBTSpec, out: str | os
     # Tune installs its own Ctrl-C handlers and leaves them behind: restored on the way out,
     # so that a later Ctrl-C in this process (a notebook, a sweep) is a KeyboardInterrupt again.
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    tune_log, end_lines = logging.getLogger("ray.tune.tune"), _WithoutTunesEndLines()
+    tune_log.addFilter(end_lines)
     try:
         check_fits(pbt, ray.cluster_resources(), cpus_per_member)
         with warnings.catch_warnings():
@@ -209,6 +222,7 @@ def run_pbt(spec: str | os.PathLike | Mapping[str, Any] | PBTSpec, out: str | os
         raise PBTInterrupted(sum(r["status"] == "done" for r in rows), len(rows),
                              command) from None
     finally:
+        tune_log.removeFilter(end_lines)
         if threading.current_thread() is threading.main_thread():
             for number, handler in handlers.items():
                 if handler is not None:  # None: not set from Python, nothing to restore

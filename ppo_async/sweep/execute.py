@@ -54,9 +54,16 @@ def _checked_workers(workers: int | None, jobs: Sequence[Job], backend: str) -> 
         raise ConfigError(f"--workers {workers!r}: must be an integer >= 1")
     if backend == "ray":
         return workers  # Ray places the tasks by their CPUs; workers only caps those in flight
-    if workers is None:
-        return default_workers(jobs)
     cpus = os.cpu_count() or 1
+    if workers is None:
+        threads = max((job.threads() for job in jobs), default=1)
+        if cpus < threads and len(jobs) > 1:  # default_workers rounds the 0 up to 1
+            warnings.warn(
+                f"{len(jobs)} runs one at a time: a run keeps {threads} threads busy (its "
+                f"learner and actors) and this machine has {cpus} cores, so two at once would "
+                "slow each other down (--workers N runs N at once all the same)",
+                SweepWarning, stacklevel=3)
+        return default_workers(jobs, cpus)
     at_once = min(workers, len(jobs))
     threads = at_once * max((job.threads() for job in jobs), default=1)
     if at_once > default_workers(jobs, cpus):

@@ -271,6 +271,7 @@ def enjoy_command(
     out: pathlib.Path = pathlib.Path("video.gif"),
     seed: int = 0,
     fps: float = 30.0,
+    progress: bool = True,
 ) -> None:
     """Watch a saved run: play greedy episodes with its final params (or newest checkpoint's) and write them as a video.
 
@@ -290,6 +291,7 @@ def enjoy_command(
         out: The video to write: .gif or .mp4.
         seed: Seeds the env resets.
         fps: Frames per second of the video.
+        progress: Show progress bars of the frames played, drawn and written (on a terminal).
     """
     from ppo_async.resume import load_run_config, load_run_params
     from ppo_async.tools.video import (
@@ -307,8 +309,9 @@ def enjoy_command(
     check_video_path(out)  # before any loading: a wrong suffix fails at once
     config = load_run_config(run_dir)
     params = load_run_params(run_dir, config)
-    recording = record_episodes(config, params, num_episodes=episodes, seed=seed)
-    write_video(recording.frames, out, fps=fps)
+    recording = record_episodes(config, params, num_episodes=episodes, seed=seed,
+                                progress=progress)
+    write_video(recording.frames, out, fps=fps, progress=progress)
     returns = ", ".join(f"{r:.1f}" for r in recording.episode_returns)
     print(f"wrote {out}: {episodes} greedy episode(s) of {config.env_id}, returns {returns}, "
           f"{len(recording.frames)} frames")

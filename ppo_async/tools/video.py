@@ -113,32 +113,67 @@ def check_video_path(path: str | pathlib.Path) -> pathlib.Path:
     return path
 
 
-def write_video(frames: np.ndarray, path: str | pathlib.Path, fps: float = 30.0) -> pathlib.Path:
-    """Write ``frames`` ``[F, H, W, 3]`` uint8 to ``path`` (.gif via pillow, .mp4 via ffmpeg)."""
+def _progress_bar(shown: bool, desc: str, total: int | None = None) -> Any:
+    """A tqdm bar of frames on stderr, drawn only if ``shown`` and stderr is a terminal."""
+    from tqdm.std import tqdm
+
+    try:
+        terminal = sys.stderr.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed file
+        terminal = False
+    # Disabled, tqdm takes every call and draws nothing: a log keeps no redraws.
+    return tqdm(total=total, desc=desc, unit="frame", disable=not (shown and terminal))
+
+
+def write_video(frames: np.ndarray, path: str | pathlib.Path, fps: float = 30.0, *,
+                progress: bool = False) -> pathlib.Path:
+    """Write ``frames`` ``[F, H, W, 3]`` uint8 to ``path`` (.gif via pillow, .mp4 via ffmpeg).
+
+    ``progress``: a bar of the frames written, on a terminal.
+    """
     path = check_video_path(path)
     import imageio.v2 as imageio
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() == ".gif":
-        # Pillow's GIF writer takes the duration of one frame in milliseconds.
-        imageio.mimwrite(path, list(frames), duration=1000.0 / fps, loop=0)
-    else:
-        with warnings.catch_warnings():
-            # imageio-ffmpeg runs ffmpeg in a subprocess; JAX warns on every fork,
-            # harmless here: the child only execs ffmpeg.
-            warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
-            # H.264 wants sizes divisible by 2; macro_block_size=2 pads at most a pixel.
-            imageio.mimwrite(path, list(frames), fps=fps, macro_block_size=2)
+    bar = _progress_bar(progress, f"writing {path.name}", len(frames))
+    try:
+        if path.suffix.lower() == ".gif":
+            from PIL import Image
+
+            def rest() -> Any:  # one at a time: Pillow converts each as it takes it
+                for frame in frames[1:]:
+                    yield Image.fromarray(frame)
+                    bar.update()
+                bar.update()  # the last one is converted by now
+
+            # What imageio.mimwrite does (the same bytes), with a bar; the duration of
+            # one frame is in milliseconds.
+            Image.fromarray(frames[0]).save(path, format="GIF", save_all=len(frames) > 1,
+                                            append_images=rest(), duration=1000.0 / fps,
+                                            loop=0)
+        else:
+            with warnings.catch_warnings():
+                # imageio-ffmpeg runs ffmpeg in a subprocess; JAX warns on every fork,
+                # harmless here: the child only execs ffmpeg.
+                warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+                # H.264 wants sizes divisible by 2; macro_block_size=2 pads at most a pixel.
+                with imageio.get_writer(path, fps=fps, macro_block_size=2) as writer:
+                    for frame in frames:
+                        writer.append_data(frame)
+                        bar.update()
+    finally:
+        bar.close()
     return path
 
 
 def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: int = 3,
-                    seed: int = 0) -> Recording:
+                    seed: int = 0, *, progress: bool = False) -> Recording:
     """Play ``num_episodes`` greedy episodes of ``config.env_id`` under ``params`` and render them.
 
     The env's backend gives the player (`ppo_async.envs.backends.EnvBackend.player`);
     the episodes are played in the loop evaluation uses
     (`ppo_async.envs.episodes.run_episodes`), one env, a snapshot per step.
+    ``progress``: bars of the frames played and drawn, on a terminal.
     Raises `RenderError` (before playing) for an env that cannot be rendered.
     """
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
@@ -163,10 +198,16 @@ def record_episodes(config: AsyncActorLearnerConfig, params: Any, num_episodes: 
                     "without ending; watch fewer episodes (--num-episodes 1), or give the env "
                     "a time limit")
             snapshots.append(snapshot)
+            playing.update()
 
-        returns, lengths, _ = run_episodes(player, policy, params, seed,
-                                           np.array([num_episodes], np.int32), observe=observe)
-        frames = np.stack(player.draw(snapshots))
+        with _progress_bar(progress, f"playing {num_episodes} episode(s)") as playing:
+            returns, lengths, _ = run_episodes(player, policy, params, seed,
+                                               np.array([num_episodes], np.int32),
+                                               observe=observe)
+        # The player draws them all in one call: the bar says what is under way, and ends.
+        with _progress_bar(progress, "drawing", len(snapshots)) as drawing:
+            frames = np.stack(player.draw(snapshots))
+            drawing.update(len(snapshots))
     finally:
         player.close()
     return Recording(frames, returns, lengths)

@@ -619,6 +619,20 @@ def test_unknown_fields_of_a_run_config_are_named_in_one_warning_line(tmp_path, 
     assert capsys.readouterr().err == ""  # nothing to say about a config of this version
 
 
+@pytest.mark.parametrize("field, value", [("learning_rate", -1.0), ("num_steps", "many")])
+def test_an_invalid_run_config_names_its_file_as_a_config_files_error_does(tmp_path, capsys,
+                                                                           field, value):
+    from ppo_async.tools.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY.to_dict(), **{field: value})))
+    for command in (["eval", str(tmp_path)], ["train", "--resume", str(tmp_path)]):
+        with pytest.raises(SystemExit) as info:
+            main(command)
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and line.startswith(
+            f"ppo-async: invalid configuration: {tmp_path / 'config.json'}: {field}="), line
+
+
 def test_a_failed_runs_one_line_says_what_the_actor_or_its_env_raised():
     from ppo_async.envs.host import HostEnvError
     from ppo_async.envs.workers import EnvWorkerError
@@ -838,6 +852,31 @@ def test_ctrl_c_in_the_cli_prints_the_update_and_the_resume_command(tmp_path):
     assert "stopped at update" in lines[0] and f"ppo-async train --resume {run_dir}" in lines[0]
     reached = int(lines[0].split("stopped at update ")[1].split(";")[0])
     assert list_checkpoints(run_dir / "checkpoints")[-1].name == f"ckpt_{reached:09d}.msgpack"
+
+
+def test_ctrl_c_before_the_first_update_says_nothing_was_saved(tmp_path, monkeypatch):
+    # It said "stopped at update 0", as if a checkpoint of update 0 could be resumed.
+    train_module = importlib.import_module("ppo_async.train")  # the name is shadowed by train()
+
+    def ctrl_c(*args, **kwargs):  # pressed after the actors started, before any update
+        raise KeyboardInterrupt
+
+    with pytest.raises(TrainingInterrupted) as info:
+        train(TINY, run_dir=tmp_path / "fresh", progress=False, on_update=interrupt_at(1))
+    assert str(info.value).startswith("stopped at update 1; resume with: ")
+    for name in ("learner_loop", "in_learner_loop"):
+        monkeypatch.setattr(train_module, name, ctrl_c)
+    with pytest.raises(TrainingInterrupted) as info:
+        train(TINY, run_dir=tmp_path / "new", progress=False)
+    assert str(info.value) == "stopped before the first update finished; nothing was saved"
+    assert info.value.checkpoint is None and not (tmp_path / "new" / "checkpoints").exists()
+    # A resumed run stopped so still has the checkpoint it resumed from.
+    with pytest.raises(TrainingInterrupted) as info:
+        train(TINY, resume_from=tmp_path / "fresh", progress=False)
+    assert str(info.value) == (f"stopped at update 1; resume with: ppo-async train --resume "
+                               f"{tmp_path / 'fresh'}")
+    assert str(TrainingInterrupted(4, None, None)) == (
+        "stopped at update 4; nothing was saved (no run directory)")
 
 
 # A host env whose step, once update 2 is checkpointed, spins in one C call: the GIL is

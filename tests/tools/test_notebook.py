@@ -49,6 +49,38 @@ def test_the_extra_the_guide_names_for_the_notebook_installs_jupyter_lab():
     assert any(requirement.startswith("jupyterlab") for requirement in extras[extra]), extra
 
 
+def test_the_policy_lag_text_says_what_the_default_does():
+    # It described free-running actors ("the staleness valve bounds the lag") while the
+    # default is an exact lag of 1.
+    from ppo_async import AsyncActorLearnerConfig
+
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    (text,) = [" ".join(c.source.split()) for c in notebook.cells
+               if c.cell_type == "markdown" and c.source.startswith("## Policy lag")]
+    default = AsyncActorLearnerConfig()
+    assert (default.exact_policy_lag, default.exact_lag) == ("auto", 1)
+    assert 'By default the lag is exact (`exact_policy_lag="auto"`, which is 1)' in text
+    assert "Expect every chunk at lag 1 but those of the first update, at lag 0" in text
+    assert "Free-running actors (`exact_policy_lag=None`" in text
+
+
+def test_the_guide_names_the_quick_headless_route_as_execute_py_takes_it(monkeypatch):
+    paragraph = (NOTEBOOKS.parent / "docs" / "guide" / "first_run.md").read_text().split(
+        "**The notebook.**")[1].split("\n\n")[0]
+    (command,) = [c for c in re.findall(r"`python (notebooks/execute\.py[^`]*)`",
+                                        " ".join(paragraph.split())) if "--total-env-steps" in c]
+    spec = importlib.util.spec_from_file_location("notebook_execute", NOTEBOOKS / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    called = []
+    monkeypatch.setattr(module, "execute", lambda *args: called.append(args) or args[1])
+    module.main(command.split()[1:])
+    ((source, out, total_env_steps),) = called
+    # A small budget, written beside the committed executed copy, not over it.
+    assert source == NOTEBOOK and total_env_steps == BUDGET
+    assert out != NOTEBOOKS.parent / "docs" / "quickstart.ipynb"
+
+
 # About 15 s of training; the rest is kernel start-up and compiles (the
 # vmapped twin's takes a minute on a busy 2-core machine, unless cached).
 @pytest.mark.slow

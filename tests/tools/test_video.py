@@ -1,5 +1,6 @@
 """``ppo-async enjoy`` (`ppo_async.tools.video`): greedy episodes written as a video, or a clear refusal."""
 
+import io
 import json
 import os
 import pathlib
@@ -206,6 +207,49 @@ def test_enjoy_without_a_display_writes_cartpole_quietly(cartpole_run, tmp_path)
     # Not a line per frame (SDL's "XDG_RUNTIME_DIR is invalid", ALSA's probe).
     assert "XDG_RUNTIME_DIR" not in run.stderr and "ALSA" not in run.stderr, run.stderr
     assert len(run.stderr.splitlines()) < 5, run.stderr
+
+
+class _Drawable(_Unrenderable):
+    """A host env with 4 x 4 frames, one shade per step."""
+
+    def render(self):
+        return np.full((self.num_envs, 4, 4, 3), 40 * (self.t % 5), np.uint8)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_enjoy_shows_progress_on_a_terminal_and_writes_the_same_gif(tmp_path, monkeypatch):
+    # A long episode showed nothing for a minute: playing, drawing and (most of it) the GIF.
+    from ppo_async.envs.backends import make_actor_program
+    from ppo_async.tools.video import record_episodes, write_video
+
+    register_host_env("drawable", _Drawable)
+    config = AsyncActorLearnerConfig(env_id="host:drawable", num_actors=1, envs_per_actor=1,
+                                     num_minibatches=1)
+    params = make_actor_program(config).params_template
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    frames = record_episodes(config, params, num_episodes=2, progress=True).frames
+    write_video(frames, tmp_path / "v.gif", fps=10, progress=True)
+    shown = terminal.getvalue()
+    count = len(frames)
+    assert count == 10, count  # two episodes of 5 steps, the last state undrawn, a reset drawn
+    for bar in (f"playing 2 episode(s): {count}frame", "drawing: 100%", "writing v.gif: 100%"):
+        assert bar in shown, shown
+    assert shown.count(f"| {count}/{count} ") == 2, shown
+    # The bytes imageio wrote before the bar was added.
+    pytest.importorskip("imageio.v2").mimwrite(tmp_path / "before.gif", list(frames),
+                                                 duration=100.0, loop=0)
+    assert (tmp_path / "v.gif").read_bytes() == (tmp_path / "before.gif").read_bytes()
+    # Not on a terminal (a log, a pipe): no bar.
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    write_video(record_episodes(config, params, num_episodes=1, progress=True).frames,
+                tmp_path / "quiet.gif", progress=True)
+    assert log.getvalue() == ""
 
 
 class _BrokenRenderer(_Unrenderable):
