@@ -67,7 +67,7 @@ def install_timers() -> None:
     from ppo_async.core.devices import LearnerPlacement
     from ppo_async.runtime import actor, inference, learner, messages, transport
 
-    learner_cls = learner._Learner
+    learner_cls = learner.Learner
     learner.stack_experiences = _timed("stack", learner.stack_experiences)
     LearnerPlacement.put_batch = _timed("put_batch", LearnerPlacement.put_batch)
     learner_cls.dispatch = _timed("dispatch (all)", learner_cls.dispatch)

@@ -191,7 +191,7 @@ def time_learner(config, program, params, chunks, update, updates: int, unpickle
 
     from ppo_async.core.devices import LearnerPlacement
     from ppo_async.core.update import init_learner_state
-    from ppo_async.runtime.learner import LearnerConnections, learner_loop
+    from ppo_async.runtime.learner import LearnerConnections, LearnerHooks, learner_loop
 
     if updates < 3:
         raise ValueError("the steady rate needs at least 3 updates")
@@ -208,8 +208,9 @@ def time_learner(config, program, params, chunks, update, updates: int, unpickle
 
     try:
         end_state, report = learner_loop(config, program.network, state,
-                                         LearnerConnections(transport), cpu, on_update=on_update,
-                                         update=update, end_update=updates, pipeline=pipeline)
+                                         LearnerConnections(transport), cpu,
+                                         LearnerHooks(on_update), update=update,
+                                         end_update=updates, pipeline=pipeline)
         jax.block_until_ready(end_state)
         deadline = time.monotonic() + 10.0  # the publisher may still deliver the last ones
         while transport.publisher.published < updates - 1 and time.monotonic() < deadline:

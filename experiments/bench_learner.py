@@ -93,8 +93,7 @@ def _learner_alone(config, program, params, experiences, update, pipeline: bool,
 
     def run(n):
         learner_loop(config, program.network, state, LearnerConnections(_Replay(experiences)), cpu,
-                     on_update=lambda metrics: None, update=update, end_update=n,
-                     pipeline=pipeline)
+                     update=update, end_update=n, pipeline=pipeline)
 
     run(20)
     start = time.perf_counter()

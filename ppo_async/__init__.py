@@ -44,6 +44,7 @@ from ppo_async.runtime.actor import (
 )
 from ppo_async.runtime.evaluate import evaluate
 from ppo_async.runtime.learner import (
+    LearnerHooks,
     LearnerReport,
     LearnerTimeoutError,
     NonFiniteError,
@@ -71,7 +72,7 @@ ActorChannels = QueueEndpoint
 __all__ = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
     "AsyncActorLearnerConfig", "BackendNotInstalledError", "CheckpointError", "ConfigError",
-    "Experience", "HostEnvError", "LearnerReport", "LearnerTimeoutError", "NonFiniteError",
+    "Experience", "HostEnvError", "LearnerHooks", "LearnerReport", "LearnerTimeoutError", "NonFiniteError",
     "PBTInterrupted", "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
     "ShutdownTimeoutError", "StopTraining", "SweepInterrupted", "TrainResult",
     "TrainingInterrupted", "UnknownEnvError", "VTraceOutput", "__version__", "actor_thread",

@@ -1,9 +1,12 @@
-"""`train(config)`: wire the transport, the actors and the learner; always shut down.
+"""`train(config)`: decide the layout, wire the actors and the learner; always shut down.
 
-The learner runs in the calling thread (so Ctrl-C reaches it directly); the
-actors run where ``config.actor_backend`` puts them: daemon threads of this
-process (`ppo_async.runtime.transport.ThreadTransport`) or Ray processes
-(`ppo_async.runtime.ray_transport.RayTransport`). Whatever ends the run -- its last
+The layout is decided once (`ppo_async.runtime.layout.resolve_layout`) and
+pinned into the config. The learner runs in the calling thread (so Ctrl-C
+reaches it directly); the actors run where the layout puts them: inside the
+learner's own program (`ppo_async.runtime.in_learner`, no transport), daemon
+threads of this process (`ppo_async.runtime.transport.ThreadTransport`), actor
+processes (`ppo_async.runtime.process_transport.ProcessTransport`) or Ray
+processes (`ppo_async.runtime.ray_transport.RayTransport`). Whatever ends the run -- its last
 update, an actor's exception, a stuck actor, KeyboardInterrupt -- the
 transport stops every actor within ``config.shutdown_timeout_s``, and, with a
 run directory, the newest good state is checkpointed before `train` returns or
@@ -77,8 +80,8 @@ from ppo_async.runs.run_log import RunLog
 from ppo_async.runs.wandb_log import WandbSettings
 from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart, exact_version
 from ppo_async.runtime.in_learner import (
-    InLearnerActors,
     LoopProgram,
+    ProgramActors,
     in_learner_loop,
     loop_program,
     lower_loop,
@@ -160,12 +163,13 @@ def _make_transport(config: AsyncActorLearnerConfig, program: ActorProgram,
 
 
 def _spawn_evaluator(config: AsyncActorLearnerConfig, program: ActorProgram,
-                     channels: LearnerConnections, stop: threading.Event) -> threading.Thread:
+                     channels: LearnerConnections, stop: threading.Event,
+                     report_failure: Callable[[ActorFailure], None]) -> threading.Thread:
     """A thread that evaluates each `EvalRequest` put on ``channels.evaluator_queue``.
 
     It receives the same bytes as the actors, so the learner never waits for
-    it; results go back on ``channels.eval_results``, failures on the
-    experience queue (which stops the run like an actor's). A ``None`` on the
+    it; results go back on ``channels.eval_results``, failures to ``report_failure``
+    (the transport's or the learner's program's: it stops the run like an actor's). A ``None`` on the
     queue ends it once the evaluations before it are done; ``stop`` ends it
     after the current one.
     """
@@ -189,9 +193,7 @@ def _spawn_evaluator(config: AsyncActorLearnerConfig, program: ActorProgram,
                 channels.eval_results.put(
                     EvalOutcome(message.broadcast.version, message.env_steps, result))
         except BaseException as error:  # noqa: BLE001 - reported, never swallowed
-            channels.transport.report_failure(
-                ActorFailure(EVALUATOR_ID, error, traceback.format_exc())
-            )
+            report_failure(ActorFailure(EVALUATOR_ID, error, traceback.format_exc()))
 
     thread = threading.Thread(target=run, name="ppo-evaluator", daemon=True)
     thread.start()
@@ -585,7 +587,8 @@ class _Run:
         self.stop = threading.Event()  # the evaluator's
         self.ctrl_c = _CtrlC()  # inert until `_CtrlC.install`
         self.watchdog: FreezeWatchdog | None = None
-        self.transport: LearnerTransport | None = None
+        self.transport: LearnerTransport | None = None  # None: the learner's program collects
+        self.actors: ProgramActors | None = None  # ... and these are its actors
         self.supervisor: Supervisor | None = None
         self.channels: LearnerConnections | None = None
         self.run_log: RunLog | None = None
@@ -642,14 +645,23 @@ class _Run:
 
     def learn(self, progress: bool, on_update: Callable[[dict[str, float]], None] | None,
               wandb: WandbSettings | None) -> None:
-        """Start the transport, the run's files, the evaluator and the actors; run the learner."""
+        """Start the actors' side (a transport, or the learner's program), the run's files, the
+        evaluator and the actors; run the learner."""
         config, watchdog = self.config, self.watchdog
-        # Before any run file: Ray refuses a cluster without room for the actors here.
-        transport = self.transport = (InLearnerActors(config) if self.in_learner else
-                                      _make_transport(config, self.program, self.actor_device))
+        starts = [ActorStart(
+            produced_steps=self.start_updates * config.num_steps,
+            carry=jax.device_put(carry, self.actor_device) if carry is not None else None,
+            first_version=self.published[0][0]) for carry in self.carries]
+        if self.in_learner:
+            self.actors = ProgramActors(config, starts)
+            report_failure = self.actors.report_failure
+        else:
+            # Before any run file: Ray refuses a cluster without room for the actors here.
+            self.transport = _make_transport(config, self.program, self.actor_device)
+            self.supervisor = Supervisor(config, self.transport, watchdog)
+            report_failure = self.transport.report_failure
         self.channels = LearnerConnections(
-            transport, *(queue.Queue() if self.evaluating else None for _ in range(2)))
-        self.supervisor = Supervisor(config, transport, watchdog)
+            self.transport, *(queue.Queue() if self.evaluating else None for _ in range(2)))
         run_log = self.run_log = _open_run(config, self.directories, progress, self.report,
                                            self.end_update, self.resume, wandb)
 
@@ -659,38 +671,34 @@ class _Run:
             if on_update is not None:
                 on_update(metrics)
 
-        for version, params in self.published:
-            transport.publish(params, version)
+        if self.transport is not None:
+            for version, params in self.published:
+                self.transport.publish(params, version)
         if self.evaluating:
             self.evaluator_thread = _spawn_evaluator(config, self.program, self.channels,
-                                                     self.stop)
-        for actor_id, carry in enumerate(self.carries):
-            transport.start_actor(actor_id, ActorStart(
-                produced_steps=self.start_updates * config.num_steps,
-                carry=jax.device_put(carry, self.actor_device) if carry is not None else None,
-                first_version=self.published[0][0],
-            ))
-        transport.wait_started()  # processes take seconds to start; threads none
+                                                     self.stop, report_failure)
+        if self.transport is not None:
+            for actor_id, start in enumerate(starts):
+                self.transport.start_actor(actor_id, start)
+            self.transport.wait_started()  # processes take seconds to start; threads none
         if watchdog is not None:
             watchdog.name_threads()
-        heartbeat = watchdog.heartbeat if watchdog is not None else None
+        hooks = LearnerHooks(record, on_evaluation=run_log.evaluation,
+                             heartbeat=watchdog.heartbeat if watchdog is not None else None)
         if self.in_learner:
             self.state, self.report = in_learner_loop(
                 config, self.program, self.loop, self.state, self.channels, self.learner,
-                self.update, self.report, self.end_update, self.published,
-                LearnerHooks(record, self.supervisor.on_failure, self.supervisor.on_stuck,
-                             on_evaluation=run_log.evaluation, heartbeat=heartbeat),
+                self.update, self.report, self.end_update, self.published, hooks, self.actors,
                 after_call=self.checkpoints.after_call,
                 before_first_call=lambda: self.warm_up.result(_WARM_UP_TIMEOUT_S))
         else:
             self.state, self.report = learner_loop(
-                config, self.program.network, self.state, self.channels, self.learner, record,
-                on_actor_failure=self.supervisor.on_failure,
-                on_stuck_actors=self.supervisor.on_stuck,
-                after_update=self.checkpoints.after_update, report=self.report,
-                update=self.warm_up.before(self.update), end_update=self.end_update,
-                on_evaluation=run_log.evaluation, heartbeat=heartbeat,
-            )
+                config, self.program.network, self.state, self.channels, self.learner,
+                hooks._replace(on_actor_failure=self.supervisor.on_failure,
+                               on_stuck_actors=self.supervisor.on_stuck,
+                               after_update=self.checkpoints.after_update),
+                report=self.report, update=self.warm_up.before(self.update),
+                end_update=self.end_update)
         if self.evaluator_thread is not None:
             # Let the evaluations asked for finish, so that they are reported and logged.
             self.channels.evaluator_queue.put(None)
@@ -714,6 +722,8 @@ class _Run:
             late = self.transport.late_failures()
             if self.supervisor is not None:
                 self.supervisor.annotate(error)
+        elif self.actors is not None:  # the evaluator's, after the loop's last look
+            late = self.actors.take_failures()
         return _Shutdown(stragglers, late, None)
 
     def _count_unrun_evaluations(self) -> None:
@@ -779,7 +789,8 @@ class _Run:
     def _result(self, shutdown: _Shutdown) -> TrainResult:
         """The finished run's params and report, written to the run directory."""
         config, report = self.config, self.report
-        report.actor_stats = self.transport.actor_stats()
+        report.actor_stats = (self.transport.actor_stats() if self.transport is not None
+                              else self.actors.stats)
         report.actor_restarts = sum(stats.restarts for stats in report.actor_stats)
         result = TrainResult(jax.device_get(self.state.params), report)
         if self.run_dir is not None:

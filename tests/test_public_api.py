@@ -25,7 +25,7 @@ from ppo_async import _deprecated
 PUBLIC_NAMES = [
     "ActorChannels", "ActorError", "ActorHandle", "ActorStats", "ActorThrottle",
     "AsyncActorLearnerConfig", "BackendNotInstalledError", "CheckpointError", "ConfigError",
-    "Experience", "HostEnvError", "LearnerReport", "LearnerTimeoutError", "NonFiniteError",
+    "Experience", "HostEnvError", "LearnerHooks", "LearnerReport", "LearnerTimeoutError", "NonFiniteError",
     "PBTInterrupted", "PolicyBroadcast", "PolicyLoadError", "QueueEndpoint", "RolloutBuffer",
     "ShutdownTimeoutError", "StopTraining", "SweepInterrupted", "TrainResult",
     "TrainingInterrupted", "UnknownEnvError", "VTraceOutput", "__version__", "actor_thread",

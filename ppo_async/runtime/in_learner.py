@@ -19,7 +19,7 @@ the two programs: no actor thread, no broadcast bytes, no queue, and one
 program launch for many updates.
 
 The host reads each call's metrics and finished episodes back at once and
-passes every update through the learner's own bookkeeping (`_Learner.finish`):
+passes every update through the learner's own bookkeeping (`Learner.finish`):
 the metrics lines, progress, ``on_update`` and evaluations are those of any
 run. A call ends where a checkpoint (``checkpoint_every_updates``) or an
 evaluation is due, so both see the params of their update; a checkpoint due by
@@ -53,9 +53,9 @@ from ppo_async.runtime.layout import rolls_out_together
 from ppo_async.runtime.learner import (
     LearnerConnections,
     LearnerHooks,
+    Learner,
     LearnerReport,
     _InFlight,
-    _Learner,
     stack_experiences,
 )
 from ppo_async.runtime.messages import ActorFailure, Experience
@@ -182,66 +182,29 @@ def _loop_program(config: AsyncActorLearnerConfig, collect: Callable[..., _Chunk
     return jax.jit(run)
 
 
-class InLearnerActors:
-    """The transport of ``sampler='learner'``: no actor runs anywhere but in the learner's
-    program, so nothing is sent; it keeps the actors' starts and counters, and the
-    evaluator's failures (`report_failure`) for the loop to raise. The counters
-    (`ActorStats`) count the chunks the updates consumed: no chunk is collected ahead."""
+class ProgramActors:
+    """The actors of ``sampler='learner'``, which run nowhere but in the learner's program:
+    where each starts (``starts``: a resumed run's carries and versions), their counters
+    (``stats``: the chunks the updates consumed; none is collected ahead), and the
+    evaluator's failures, for the loop to raise. Nothing is sent: no transport."""
 
-    def __init__(self, config: AsyncActorLearnerConfig):
-        self.where_killed: dict[int, str] = {}
-        self.starts: dict[int, ActorStart] = {}
+    def __init__(self, config: AsyncActorLearnerConfig, starts: Sequence[ActorStart]):
+        self.starts = list(starts)
         self.stats = [ActorStats(actor_id, pid=os.getpid()) for actor_id in
                       range(config.num_actors)]
-        self.failures: queue.Queue = queue.Queue()
-
-    def start_actor(self, actor_id: int, start: ActorStart) -> None:
-        self.starts[actor_id] = start
-
-    def restart_actor(self, actor_id: int, start: ActorStart) -> None:
-        raise RuntimeError("sampler='learner' has no actor to restart")
-
-    def wait_started(self) -> None:
-        pass
-
-    def kill_actor(self, actor_id: int) -> bool:
-        return False
-
-    def receive(self, timeout_s: float) -> ActorFailure | None:
-        try:
-            return self.failures.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+        self._failures: queue.Queue = queue.Queue()
 
     def report_failure(self, failure: ActorFailure) -> None:
-        self.failures.put(failure)
+        self._failures.put(failure)
 
-    def publish(self, params: Any, learner_updates: int) -> None:
-        pass  # the program reads the learner's params itself
-
-    def queue_depth(self) -> int:
-        return 0
-
-    def actor_stats(self) -> list[ActorStats]:
-        return self.stats
-
-    def stop(self, timeout_s: float, known_stuck: Sequence[int] = ()) -> list[str]:
-        return []
-
-    def late_failures(self) -> list[ActorFailure]:
-        """The evaluator's failures that came after the loop's last look (its final
-        evaluation's): the run raises the first, as thread actors' runs do."""
+    def take_failures(self) -> list[ActorFailure]:
+        """The failures reported since the last look, oldest first."""
         failures = []
-        while (failure := self.receive(0.0)) is not None:
-            failures.append(failure)
-        return failures
-
-
-class _InLearner(_Learner):
-    """`_Learner`'s bookkeeping without a broadcast: the program reads the params itself."""
-
-    def _publish(self, state: LearnerState | None) -> float:
-        return 0.0
+        while True:
+            try:
+                failures.append(self._failures.get_nowait())
+            except queue.Empty:
+                return failures
 
 
 def max_updates_per_call(config: AsyncActorLearnerConfig) -> int:
@@ -330,7 +293,7 @@ def in_learner_loop(
     config: AsyncActorLearnerConfig, program: ActorProgram, loop_program: LoopProgram,
     state: LearnerState, channels: LearnerConnections, placement: LearnerPlacement,
     update: UpdateFn, report: LearnerReport, end_update: int,
-    published: list[tuple[int, Any]], hooks: LearnerHooks,
+    published: list[tuple[int, Any]], hooks: LearnerHooks, actors: ProgramActors,
     after_call: AfterCall | None = None, before_first_call: Callable[[], None] | None = None,
     pipeline: bool = True,
 ) -> tuple[LearnerState, LearnerReport]:
@@ -338,16 +301,15 @@ def in_learner_loop(
     the actors' chunks in one program (module docstring), until ``end_update``.
 
     ``published``: (version, params) of the versions a resumed run's first chunks
-    need, ending with ``state``'s own; the actors start where ``channels.transport``
-    (an `InLearnerActors`) was told. ``after_call`` checkpoints after the last good
+    need, ending with ``state``'s own; the actors start where ``actors`` says, and
+    count there what the updates consumed. ``after_call`` checkpoints after the last good
     update of each call (``hooks.after_update`` is not called). ``pipeline=False``
     launches a call only once the last one's updates are passed on (to measure what
     launching it before them gives: ``experiments/bench_throughput.py``).
     """
-    transport: InLearnerActors = channels.transport
     lag, device = config.exact_lag, placement.device
-    learner = _InLearner(config, channels, placement, update, report, end_update,
-                         hooks._replace(after_update=None))
+    learner = Learner(config, channels, placement, update, report, end_update,
+                      hooks._replace(after_update=None))
     run, max_updates, rate = loop_program
     first_version = published[0][0]
 
@@ -355,7 +317,7 @@ def in_learner_loop(
         return max(exact_version(chunk, lag, 1), first_version)
 
     carries = jax.device_put(
-        tuple(_first_carry(actor_id, config, program, device, transport.starts[actor_id])
+        tuple(_first_carry(actor_id, config, program, device, actors.starts[actor_id])
               for actor_id in range(config.num_actors)), device)
     # The versions before the state's that the chunks need and a checkpoint keeps
     # (`ppo_async.resume.params_history_size`: exact_lag + broadcast_every - 1, here exact_lag).
@@ -414,7 +376,7 @@ def in_learner_loop(
                            _Episodes(*(np.asarray(rows[i]) for rows in episodes[actor_id])),
                            None, None)
                 for actor_id in range(config.num_actors)]
-            _count_consumed(config, transport.stats, experiences)
+            _count_consumed(config, actors.stats, experiences)
             in_flight = _InFlight(loop.state if i == last_good else None,
                                   {name: value[i] for name, value in metrics.items()},
                                   experiences, [chunk - version_of(chunk)] * config.num_actors)
@@ -432,10 +394,9 @@ def in_learner_loop(
                 break
             if i == last_good:
                 kept(loop)
-        learner._beat()
-        failure = transport.receive(0.0)  # the evaluator's, reported while the call ran
-        if failure is not None:
-            learner._actor_failed(failure)
+        learner.beat()
+        for failure in actors.take_failures():  # the evaluator's, reported while the call ran
+            learner.actor_failed(failure)
         if not (pipeline or stopped) and report.updates < end_update:
             pending = launch(loop, report.updates)
     return loop.state, report

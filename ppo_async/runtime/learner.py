@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import queue
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -185,7 +186,9 @@ class LearnerReport:
 class LearnerConnections(NamedTuple):
     """What the learner is connected to: the actors through its transport, the evaluator through two queues."""
 
-    transport: LearnerTransport  # experience (and failures of any thread) in, broadcasts out
+    # Experience (and failures of any thread) in, broadcasts out; None: the learner's own
+    # program collects the chunks (`ppo_async.runtime.in_learner`), nothing is sent.
+    transport: LearnerTransport | None
     evaluator_queue: queue.Queue | None = None  # EvalRequests (None: the evaluator ends)
     eval_results: queue.Queue | None = None  # EvalOutcomes back
 
@@ -328,8 +331,9 @@ class LearnerHooks(NamedTuple):
     heartbeat: Callable[[int], None] | None = None
 
 
-class _Learner:
-    """The state `learner_loop` keeps between its steps, and the steps themselves."""
+class Learner:
+    """The learner's state between its steps, and the steps: fed by `learner_loop` (the actors'
+    chunks) or by `ppo_async.runtime.in_learner.in_learner_loop` (its own program's)."""
 
     def __init__(self, config: AsyncActorLearnerConfig, channels: LearnerConnections,
                  placement: LearnerPlacement, update: UpdateFn, report: LearnerReport,
@@ -348,7 +352,7 @@ class _Learner:
         # batch is popped: each chunk then costs O(1), not a look at every column.
         self.no_stuck_actor_before: float | None = None
 
-    def _beat(self) -> None:
+    def beat(self) -> None:
         if self.hooks.heartbeat is not None:
             self.hooks.heartbeat(self.report.updates)
 
@@ -391,7 +395,7 @@ class _Learner:
         blocks on the actors while an update's params are still unpublished.
         """
         while not self.buffer.ready():
-            self._beat()
+            self.beat()
             wait_s = self.wait_budget() if wait else 0.0
             if wait_s is None:
                 continue  # fresh actors
@@ -403,12 +407,12 @@ class _Learner:
                     return
                 continue  # the check above names the actor
             if isinstance(item, ActorFailure):
-                self._actor_failed(item)
+                self.actor_failed(item)
                 continue
             self.last_chunk_at[item.actor_id] = time.monotonic()
             self.buffer.add(item)
 
-    def _actor_failed(self, failure: ActorFailure) -> None:
+    def actor_failed(self, failure: ActorFailure) -> None:
         """Restart the failed actor through ``on_actor_failure``, or raise its `ActorError`."""
         # Chunks the actor sent before failing were queued before this message,
         # so they are in the buffer and are kept. (The evaluator and publisher
@@ -472,7 +476,8 @@ class _Learner:
             # Only params that passed the finiteness check are published; the
             # publisher thread serializes and delivers, so this is a hand-over.
             broadcast_start = time.perf_counter()
-            self.channels.transport.publish(state.params, updates)
+            if self.channels.transport is not None:
+                self.channels.transport.publish(state.params, updates)
             broadcast_s = time.perf_counter() - broadcast_start
         # An actor held back by the valve could not send until this update (and
         # the broadcast after it), so every actor's silence counts from here.
@@ -503,7 +508,8 @@ class _Learner:
             episode_return=report.episode_return_mean,
             policy_lag_mean=float(np.mean(lags)),
             policy_lag_max=max(lags),
-            queue_depth=self.channels.transport.queue_depth(),
+            queue_depth=(0 if self.channels.transport is None
+                         else self.channels.transport.queue_depth()),
             learner_wait_s=report.learner_wait_s,
         )
 
@@ -525,7 +531,7 @@ class _Learner:
                 if self.buffer.ready():
                     following = self.dispatch(in_flight.state)
             going_on = self.finish(in_flight)
-            self._beat()
+            self.beat()
             state, in_flight = in_flight.state, following
             if not going_on:
                 break
@@ -538,16 +544,13 @@ def learner_loop(
     state: LearnerState,
     channels: LearnerConnections,
     device: jax.Device | LearnerPlacement,
-    on_update: Callable[[dict[str, float]], None] | None = None,
-    on_actor_failure: ActorFailureHandler | None = None,
-    on_stuck_actors: StuckActorHandler | None = None,
-    after_update: AfterUpdate | None = None,
+    hooks: LearnerHooks = LearnerHooks(),
+    *,
     report: LearnerReport | None = None,
     update: UpdateFn | None = None,
     end_update: int | None = None,
     pipeline: bool = True,
-    on_evaluation: Callable[[dict[str, float]], None] | None = None,
-    heartbeat: Callable[[int], None] | None = None,
+    **callbacks: Any,
 ) -> tuple[LearnerState, LearnerReport]:
     """Consume experience until ``end_update`` (default ``config.num_updates``) updates are done.
 
@@ -555,7 +558,8 @@ def learner_loop(
     (each batch is split along its envs over them; ``update`` must then be
     built with that placement's mesh). ``state`` must already be there
     (`LearnerPlacement.put_state`) and its params already published
-    on ``channels.transport``. ``on_update`` receives each update's flat
+    on ``channels.transport``. ``hooks`` (`LearnerHooks`, each optional):
+    ``on_update`` receives each update's flat
     metrics dict (host floats). When an actor fails, ``on_actor_failure`` may
     restart it (returning True): it is told how many rows the learner counts as
     produced by that actor (consumed plus buffered). When actors the learner
@@ -577,6 +581,8 @@ def learner_loop(
 
     ``on_evaluation`` receives each periodic evaluation's metrics line
     (`drain_evaluations`) as it arrives, updates after the one it evaluated.
+    The callbacks given one by one as keywords (``on_update=...``), as before
+    `LearnerHooks`, still work for this release, with a DeprecationWarning.
 
     Raises `ActorError` (chained to the actor's exception) for a failure not
     restarted, `LearnerTimeoutError` naming the actors the learner waits on
@@ -584,15 +590,32 @@ def learner_loop(
     are), and `NonFiniteError` when an update produces NaN or inf (before the
     bad params are broadcast or checkpointed).
     """
+    hooks = _hooks_of(hooks, callbacks)
     report = report if report is not None else LearnerReport()
     placement = device if isinstance(device, LearnerPlacement) else LearnerPlacement((device,))
-    learner = _Learner(
+    learner = Learner(
         config, channels, placement,
         update if update is not None else make_update_fn(config.update_options(), network,
                                                           mesh=placement.mesh),
         report,
         config.num_updates if end_update is None else end_update,
-        LearnerHooks(on_update, on_actor_failure, on_stuck_actors, after_update, on_evaluation,
-                     heartbeat),
+        hooks,
     )
     return learner.run(state, pipeline), report
+
+
+def _hooks_of(hooks: Any, callbacks: dict[str, Any]) -> LearnerHooks:
+    """``hooks``, or the `LearnerHooks` of callbacks passed the old way (an ``on_update`` in
+    its place, or each as a keyword), with a DeprecationWarning naming the new way."""
+    if not isinstance(hooks, LearnerHooks):  # the old sixth argument: on_update
+        callbacks = {"on_update": hooks, **callbacks}
+        hooks = LearnerHooks()
+    unknown = sorted(set(callbacks) - set(LearnerHooks._fields))
+    if unknown:
+        raise TypeError(f"learner_loop() got an unexpected keyword argument {unknown[0]!r}")
+    if callbacks:
+        warnings.warn(
+            f"learner_loop({', '.join(f'{name}=...' for name in callbacks)}) is deprecated: pass "
+            f"hooks=LearnerHooks({', '.join(f'{name}=...' for name in callbacks)})",
+            DeprecationWarning, stacklevel=3)
+    return hooks._replace(**callbacks)

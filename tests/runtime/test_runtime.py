@@ -201,7 +201,7 @@ class _FakeState(NamedTuple):
 def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None, pipeline=True):
     """Run `learner_loop` on `_ScriptedActors` with an update that counts, logging to ``log``."""
     from ppo_async import StopTraining, learner_loop
-    from ppo_async.runtime.learner import LearnerConnections
+    from ppo_async.runtime.learner import LearnerConnections, LearnerHooks
 
     def update(state, batch):
         log.append(("update", state.params))
@@ -219,7 +219,7 @@ def _scripted_learner(log, lock_step, updates=4, nan_at=None, stop_at=None, pipe
     config = dataclasses.replace(TINY, num_steps=2, envs_per_actor=1)
     channels = LearnerConnections(_ScriptedActors(log, updates, lock_step))
     return learner_loop(config, None, _FakeState(0), channels, jax.devices("cpu")[0],
-                        on_update=on_update, after_update=after_update, update=update,
+                        LearnerHooks(on_update, after_update=after_update), update=update,
                         end_update=updates, pipeline=pipeline)
 
 
@@ -649,3 +649,19 @@ def test_stop_training_from_on_update_ends_the_run_normally(tmp_path):
     result = train(config, run_dir=tmp_path, progress=False, on_update=stop_at_three)
     assert result.report.updates == 3
     assert (tmp_path / "params.msgpack").is_file()
+
+
+def test_learner_loop_takes_its_callbacks_as_learner_hooks_and_the_old_keywords_warn():
+    from ppo_async import LearnerHooks
+    from ppo_async.runtime.learner import _hooks_of
+
+    def on_update(metrics):
+        pass
+
+    assert _hooks_of(LearnerHooks(on_update), {}) == LearnerHooks(on_update)
+    with pytest.warns(DeprecationWarning, match=r"pass hooks=LearnerHooks\(on_update=...\)"):
+        assert _hooks_of(on_update, {}) == LearnerHooks(on_update)  # the old sixth argument
+    with pytest.warns(DeprecationWarning, match=r"learner_loop\(heartbeat=...\) is deprecated"):
+        assert _hooks_of(LearnerHooks(), {"heartbeat": print}) == LearnerHooks(heartbeat=print)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'on_updates'"):
+        _hooks_of(LearnerHooks(), {"on_updates": on_update})
