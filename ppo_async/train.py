@@ -65,6 +65,7 @@ from ppo_async.runs.run_dir import (
     ERROR_FILE,
     PARAMS_FILE,
     SUMMARY_FILE,
+    append_to_log,
     check_fresh,
     checkpoint_dir,
     prepare_fresh,
@@ -651,7 +652,9 @@ class _Run:
                                       _make_transport(config, self.program, self.actor_device))
         self.channels = LearnerConnections(
             transport, *(queue.Queue() if self.evaluating else None for _ in range(2)))
-        self.supervisor = Supervisor(config, transport, watchdog)
+        run_dir = self.run_dir
+        self.supervisor = Supervisor(config, transport, watchdog, None if run_dir is None
+                                     else lambda text: append_to_log(run_dir, text))
         run_log = self.run_log = _open_run(config, self.directories, progress, self.report,
                                            self.end_update, self.resume, wandb)
 
