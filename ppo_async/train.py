@@ -67,6 +67,7 @@ from ppo_async.runs.run_dir import (
     ERROR_FILE,
     PARAMS_FILE,
     SUMMARY_FILE,
+    append_to_log,
     check_fresh,
     checkpoint_dir,
     prepare_fresh,
@@ -658,7 +659,9 @@ class _Run:
         else:
             # Before any run file: Ray refuses a cluster without room for the actors here.
             self.transport = _make_transport(config, self.program, self.actor_device)
-            self.supervisor = Supervisor(config, self.transport, watchdog)
+            run_dir = self.run_dir
+            self.supervisor = Supervisor(config, self.transport, watchdog, None if run_dir is None
+                                         else lambda text: append_to_log(run_dir, text))
             report_failure = self.transport.report_failure
         self.channels = LearnerConnections(
             self.transport, *(queue.Queue() if self.evaluating else None for _ in range(2)))

@@ -80,6 +80,76 @@ class HostEnvError(RuntimeError):
     """A host env broke the `HostVectorEnv` contract (a wrong shape, a missing attribute)."""
 
 
+class EnvContractError(HostEnvError):
+    """An env's output (``obs``, ``reward``, a flag) of the wrong shape or dtype, in one line.
+
+    ``problem`` says what came and what was expected; the actor, the env and the
+    step are added (`locate`) by the layers that know them, as the error passes.
+    """
+
+    def __init__(self, env_id: str, field: str, problem: str, *, actor: str = "",
+                 env: int | None = None, step: int | None = None):
+        self.env_id, self.field, self.problem = env_id, field, problem
+        self.actor, self.env, self.step = actor, env, step
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = [self.actor] if self.actor else []
+        if self.env is not None:
+            where.append(f"env {self.env}")
+        if self.step is not None:
+            where.append("at reset" if self.step == 0 else f"step {self.step}")
+        return (f"{self.env_id}: {self.field} {self.problem}"
+                + (f" ({', '.join(where)})" if where else ""))
+
+    def __reduce__(self):  # an env worker sends it pickled
+        return _contract_error, (self.env_id, self.field, self.problem, self.actor, self.env,
+                                 self.step)
+
+    def locate(self, *, actor: str = "", env_offset: int = 0, step: int | None = None) -> None:
+        """Add where it happened, in place (so that a bare ``raise`` keeps the traceback):
+        the actor and the step unless known, and ``env_offset`` to the env's index in its batch."""
+        self.actor = self.actor or actor
+        if self.env is not None:
+            self.env += env_offset
+        if self.step is None:
+            self.step = step
+        self.args = (self._message(),)
+
+
+def _contract_error(env_id, field, problem, actor, env, step) -> EnvContractError:
+    return EnvContractError(env_id, field, problem, actor=actor, env=env, step=step)
+
+
+# The dtype kinds each output may have: observations any number (the actor casts them to
+# float32), rewards an int or float, flags bool.
+OBS_KINDS, REWARD_KINDS, FLAG_KINDS = "biuf", "iuf", "b"
+_KIND_NAMES = {OBS_KINDS: "numbers (bool, int or float)", REWARD_KINDS: "a number (int or float)",
+               FLAG_KINDS: "bool"}
+_PYTHON_KINDS = {bool: "b", int: "i", float: "f"}
+
+
+def contract_problem(value: Any, shape: tuple[int, ...], kinds: str) -> str | None:
+    """What is wrong with an env's output ``value`` that should have ``shape`` and a dtype of
+    ``kinds`` (None: nothing). An array's shape and dtype are compared, never copied."""
+    kind = _PYTHON_KINDS.get(type(value))
+    if kind is not None:  # a Python scalar (a single env's reward or flag): no array made
+        if shape != ():
+            return f"is a Python {type(value).__name__}, expected shape {shape}"
+        return None if kind in kinds else (f"is a Python {type(value).__name__}, expected "
+                                           f"{_KIND_NAMES[kinds]}")
+    if type(value) is not np.ndarray:
+        try:
+            value = np.asarray(value)
+        except ValueError as error:  # a ragged list
+            return f"is not an array ({error})"
+    if value.shape != shape:
+        return f"has shape {value.shape}, expected {shape}"
+    if value.dtype.kind not in kinds:
+        return f"has dtype {value.dtype}, expected {_KIND_NAMES[kinds]}"
+    return None
+
+
 # --------------------------------------------------------------------------
 # The contract every host backend presents.
 # --------------------------------------------------------------------------
@@ -160,18 +230,18 @@ class GymnasiumVectorEnv:
     `HostEnvError` that says how to flatten it.
     """
 
-    def __init__(self, name: str, num_envs: int, *, env_fn: Callable[[], Any] | None = None,
-                 **make_kwargs: Any):
+    def __init__(self, name: str, num_envs: int, *,
+                 env_fns: list[Callable[[], Any]] | None = None, **make_kwargs: Any):
         import gymnasium
         from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-        if env_fn is None:
+        if env_fns is None:
             self.env = gymnasium.make_vec(
                 name, num_envs=num_envs, vectorization_mode="sync",
                 vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **make_kwargs,
             )
-        else:  # one env of the user's, copied num_envs times (`SingleEnvFactory`)
-            self.env = SyncVectorEnv([env_fn] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+        else:  # the user's env, one copy each (`SingleEnvFactory`)
+            self.env = SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
         space = self.env.single_observation_space
         self._states = _discrete_states(name, space)  # None: a Box, as it is
         self.observation_shape = ((self._states,) if self._states is not None
@@ -308,24 +378,30 @@ class SingleEnvFactory:
             return True
         return any(p.name == "render_mode" or p.kind is p.VAR_KEYWORD for p in parameters)
 
-    def __call__(self, num_envs: int, render_mode: str | None = None) -> GymnasiumVectorEnv:
+    def __call__(self, num_envs: int, render_mode: str | None = None,
+                 env_id: str | None = None) -> GymnasiumVectorEnv:
+        """``num_envs`` envs; ``env_id`` (default ``host:<make_env's name>``) names them in
+        `EnvContractError`."""
         env_fn = (self.make_env if render_mode is None
                   else functools.partial(self.make_env, render_mode=render_mode))
         name = getattr(self.make_env, "__name__", "env")
-        return GymnasiumVectorEnv(name, num_envs,
-                                  env_fn=functools.partial(_api_checked, env_fn, name))
+        env_id = env_id or f"{HOST}:{name}"
+        return GymnasiumVectorEnv(name, num_envs, env_fns=[
+            functools.partial(_api_checked, env_fn, name, env_id, i) for i in range(num_envs)])
 
 
-def _api_checked(make_env: Callable[[], Any], name: str) -> Any:
-    """``make_env()``, a user's ``gymnasium.Env``, whose resets and steps are checked against
-    gymnasium's API (an env of the old gym API otherwise failed inside gymnasium's vector
-    env with ``not enough values to unpack``)."""
+def _api_checked(make_env: Callable[[], Any], name: str, env_id: str, index: int) -> Any:
+    """``make_env()``, a user's ``gymnasium.Env`` (env ``index`` of its batch), whose resets and
+    steps are checked against gymnasium's API (an env of the old gym API otherwise failed
+    inside gymnasium's vector env with ``not enough values to unpack``) and its observation
+    space (`EnvContractError`, where gymnasium's vector env said ``Output array is the wrong
+    shape``)."""
     import gymnasium
 
     env = make_env()
     if not isinstance(env, gymnasium.Env):
         return env  # duck-typed: gymnasium's vector env says what it lacks
-    return _api_checked_env_class()(env, name)
+    return _api_checked_env_class()(env, name, env_id, index)
 
 
 @functools.cache
@@ -334,9 +410,11 @@ def _api_checked_env_class() -> type:
     import gymnasium
 
     class ApiCheckedEnv(gymnasium.Wrapper):
-        def __init__(self, env: Any, name: str):
+        def __init__(self, env: Any, name: str, env_id: str, index: int):
             super().__init__(env)
-            self.checked_name = name
+            self.checked_name, self.env_id, self.index = name, env_id, index
+            shape = getattr(env.observation_space, "shape", None)  # None: a space without one
+            self.obs_shape = None if shape is None else tuple(shape)
 
         def reset(self, **kwargs):
             result = self.env.reset(**kwargs)
@@ -344,6 +422,7 @@ def _api_checked_env_class() -> type:
                 raise HostEnvError(
                     f"{self.checked_name}: reset() returned {_described(result)}; gymnasium's "
                     "API returns (obs, info) (the old gym API returned the observation alone)")
+            self._check("obs", result[0], self.obs_shape, OBS_KINDS)
             return result
 
         def step(self, action):
@@ -353,9 +432,28 @@ def _api_checked_env_class() -> type:
                     f"{self.checked_name}: step() returned {_described(result)}; gymnasium's "
                     "API returns five: (obs, reward, terminated, truncated, info) (the old gym "
                     "API returned four: obs, reward, done, info)")
+            obs, reward, terminated, truncated, _ = result
+            # The usual types in one expression; anything else is looked at field by field.
+            if not (type(obs) is np.ndarray and obs.shape == self.obs_shape
+                    and obs.dtype.kind in OBS_KINDS and type(reward) in _REWARD_TYPES
+                    and type(terminated) in _FLAG_TYPES and type(truncated) in _FLAG_TYPES):
+                self._check("obs", obs, self.obs_shape, OBS_KINDS)
+                self._check("reward", reward, (), REWARD_KINDS)
+                self._check("terminated", terminated, (), FLAG_KINDS)
+                self._check("truncated", truncated, (), FLAG_KINDS)
             return result
 
+        def _check(self, field: str, value: Any, shape: tuple[int, ...] | None,
+                   kinds: str) -> None:
+            problem = None if shape is None else contract_problem(value, shape, kinds)
+            if problem is not None:
+                raise EnvContractError(self.env_id, field, problem, env=self.index)
+
     return ApiCheckedEnv
+
+
+_REWARD_TYPES = (float, int, np.float32, np.float64)
+_FLAG_TYPES = (bool, np.bool_)
 
 
 def _described(result: Any) -> str:
@@ -406,8 +504,8 @@ def make_host_env(env_id: str, num_envs: int, *, envpool_kwargs: Any = (),
         return EnvpoolVectorEnv(name, num_envs, **make_kwargs, **render_kwargs)
     if backend == HOST:
         factory = host_env_factory(name)
-        if render and isinstance(factory, SingleEnvFactory):
-            envs = factory(num_envs, **render_kwargs)
+        if isinstance(factory, SingleEnvFactory):
+            envs = factory(num_envs, **render_kwargs, env_id=env_id)
         else:
             envs = factory(num_envs)
         for attribute in ("observation_shape", "action_space", "reset", "step"):
@@ -433,18 +531,17 @@ def envpool_threads(pools: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, pools))
 
 
-def checked_array(env_id: str, field: str, value: Any, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A copy of an env's output ``field`` as ``dtype``; `HostEnvError` unless it has ``shape``.
+def checked_array(env_id: str, field: str, value: Any, shape: tuple[int, ...],
+                  dtype=np.float32, kinds: str = OBS_KINDS) -> np.ndarray:
+    """A copy of an env's output ``field`` as ``dtype``; `EnvContractError` unless it has
+    ``shape`` and a dtype of ``kinds`` (`contract_problem`).
 
     It copies: an env may hand back a buffer it overwrites on its next step.
     """
-    array = np.array(value, dtype=dtype)
-    if array.shape != shape:
-        raise HostEnvError(
-            f"{env_id}: {field} has shape {array.shape}, expected {shape} "
-            "(see ppo_async.envs.host.HostVectorEnv)"
-        )
-    return array
+    problem = contract_problem(value, shape, kinds)
+    if problem is not None:
+        raise EnvContractError(env_id, field, problem)
+    return np.array(value, dtype=dtype)
 
 
 def close_envs(envs: Any) -> None:

@@ -39,10 +39,15 @@ from ppo_async.core.normalization import (
 from ppo_async.envs.gymnax_env import Trajectory
 from ppo_async.envs.registry import ENVPOOL, split_env_id
 from ppo_async.envs.host import (
+    FLAG_KINDS,
+    OBS_KINDS,
+    REWARD_KINDS,
+    EnvContractError,
     HostEnvError,
     HostVectorEnv,
     checked_array,
     close_envs,
+    contract_problem,
     envpool_threads,
     make_host_env,
 )
@@ -234,10 +239,11 @@ class HostRollout:
         group_keys = keys.split(action_key, self.groups) if self.groups > 1 else (action_key,)
         envs = self._make_envs()
         try:
-            obs = checked_array(self.env_id, "reset obs", envs.reset(seed), self.obs_batch_shape,
-                                np.float32)
-        except BaseException:
+            obs = checked_array(self.env_id, "obs", envs.reset(seed), self.obs_batch_shape)
+        except BaseException as error:
             close_envs(envs)
+            if isinstance(error, EnvContractError):
+                error.locate(actor=envs.owner, step=0)
             raise
         return HostCarry(
             envs=envs, obs=obs, episode_return=np.zeros((self.num_envs,), np.float32),
@@ -251,14 +257,14 @@ class HostRollout:
 
     def _make_envs(self) -> EnvWorkers | EnvGroups:
         """This actor's envs: in env worker processes, or in its thread (`EnvGroups`)."""
+        owner = threading.current_thread().name.replace("ppo-actor-", "actor ")
         if self.workers:
             return EnvWorkers(
                 self.env_id, self.num_envs, workers=self.workers, groups=self.groups,
                 observation_shape=self.observation_shape, action_space=self.action_space,
                 env_modules=self.config.env_modules, payload=self.payload,
                 make_kwargs=self.config.env_make_kwargs(),
-                owner=threading.current_thread().name.replace("ppo-actor-", "actor "),
-                reply_timeout_s=self.config.learner_timeout_s / 2,
+                owner=owner, reply_timeout_s=self.config.learner_timeout_s / 2,
                 spin_s=spin_seconds(self.config.num_actors * self.workers))
         size = self.num_envs // self.groups
         make_kwargs = self.config.env_make_kwargs()
@@ -267,7 +273,7 @@ class HostRollout:
             make_kwargs["envpool_kwargs"] = (*make_kwargs["envpool_kwargs"],
                                              ("num_threads", threads))
         return EnvGroups([make_host_env(self.env_id, size, **make_kwargs)
-                          for _ in range(self.groups)], size)
+                          for _ in range(self.groups)], size, owner=owner)
 
     def close(self, carry: HostCarry) -> None:
         close_envs(unattached(carry)[0].envs)
@@ -338,24 +344,28 @@ class HostRollout:
         hidden = np.array(hidden) if self.recurrent else None
         reset = first_reset.copy() if self.recurrent else None
         trajectory.obs[0] = obs
-        for t in range(steps + 1):
-            for g, (lo, hi) in enumerate(envs.groups):
-                if t:  # the group's previous step, started one round ago
-                    self._store_step(params, envs.step_wait(g), t - 1, lo, hi, trajectory,
-                                     next_obs, hidden, reset, bonus)
-                if t == steps:
-                    continue
-                packed, key_data[g] = self.policy.split((yield (
-                    None if hidden is None else hidden[lo:hi], trajectory.obs[t, lo:hi],
-                    None if reset is None else reset[lo:hi], key_data[g])))
-                packed_outputs[t, lo:hi] = packed
-                if self.recurrent:
-                    hidden[lo:hi] = packed[:, self.policy.next_hidden_columns]
-                action = self.policy.actions(packed)
-                if self.policy.continuous:
-                    np.clip(action, self.low, self.high, out=action)
-                envs.step_async(action, g)
-                yield None
+        try:
+            for t in range(steps + 1):
+                for g, (lo, hi) in enumerate(envs.groups):
+                    if t:  # the group's previous step, started one round ago
+                        self._store_step(params, envs.step_wait(g), t - 1, lo, hi, trajectory,
+                                         next_obs, hidden, reset, bonus)
+                    if t == steps:
+                        continue
+                    packed, key_data[g] = self.policy.split((yield (
+                        None if hidden is None else hidden[lo:hi], trajectory.obs[t, lo:hi],
+                        None if reset is None else reset[lo:hi], key_data[g])))
+                    packed_outputs[t, lo:hi] = packed
+                    if self.recurrent:
+                        hidden[lo:hi] = packed[:, self.policy.next_hidden_columns]
+                    action = self.policy.actions(packed)
+                    if self.policy.continuous:
+                        np.clip(action, self.low, self.high, out=action)
+                    envs.step_async(action, g)
+                    yield None
+        except EnvContractError as error:  # a try costs nothing until it catches (3.11+)
+            error.locate(actor=envs.owner, step=envs.steps[g])
+            raise
         return ChunkEnd(
             functools.partial(self._finish_chunk, params, trajectory, packed_outputs, bonus,
                               first_reset, next_obs, key_data, hidden),
@@ -374,10 +384,11 @@ class HostRollout:
                 "(obs, reward, terminated, truncated, final_obs)"
             )
         into = trajectory.obs[t + 1] if t + 1 < len(trajectory.obs) else next_obs
-        self._store(into[lo:hi], step[0], "obs")
-        self._store(trajectory.reward[t, lo:hi], step[1], "reward")
-        terminated = self._store(trajectory.terminated[t, lo:hi], step[2], "terminated")
-        truncated = self._store(trajectory.truncated[t, lo:hi], step[3], "truncated")
+        self._store(into[lo:hi], step[0], "obs", OBS_KINDS)
+        self._store(trajectory.reward[t, lo:hi], step[1], "reward", REWARD_KINDS)
+        terminated = self._store(trajectory.terminated[t, lo:hi], step[2], "terminated",
+                                 FLAG_KINDS)
+        truncated = self._store(trajectory.truncated[t, lo:hi], step[3], "truncated", FLAG_KINDS)
         np.greater(truncated, terminated, out=truncated)  # truncated and not terminated, in place
         if np.count_nonzero(truncated):
             self._bootstrap_truncated(params, None if hidden is None else hidden[lo:hi],
@@ -417,17 +428,17 @@ class HostRollout:
                           None if carried_return is None else np.asarray(carried_return))
         return carry, trajectory, obs, bootstrap_value
 
-    def _store(self, into: np.ndarray, value: Any, field: str) -> np.ndarray:
-        """``value`` copied into ``into`` (cast to its dtype); `HostEnvError` unless it has its shape.
+    def _store(self, into: np.ndarray, value: Any, field: str, kinds: str) -> np.ndarray:
+        """``value`` copied into ``into`` (cast to its dtype); `EnvContractError` unless it
+        has its shape and a dtype of ``kinds``.
 
         A copy: an env may hand back a buffer it overwrites on its next step.
         """
-        shape = value.shape if type(value) is np.ndarray else np.shape(value)
-        if shape != into.shape:  # assigning would broadcast
-            raise HostEnvError(
-                f"{self.env_id}: {field} has shape {shape}, expected {into.shape} "
-                "(see ppo_async.envs.host.HostVectorEnv)"
-            )
+        if (type(value) is not np.ndarray or value.shape != into.shape  # assigning would broadcast
+                or value.dtype.kind not in kinds):
+            problem = contract_problem(value, into.shape, kinds)
+            if problem is not None:
+                raise EnvContractError(self.env_id, field, problem)
         into[...] = value
         return into
 
@@ -443,7 +454,7 @@ class HostRollout:
         into its last reward (``bonus``, added after any reward scaling).
         """
         final_obs = checked_array(self.env_id, "final_obs", final_obs,
-                                  (hi - lo, *self.observation_shape), np.float32)
+                                  (hi - lo, *self.observation_shape))
         if self.config.learner_bootstraps_truncation:
             trajectory.final_obs[t, lo:hi] = final_obs
             return

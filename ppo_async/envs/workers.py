@@ -54,9 +54,14 @@ from typing import Any
 import numpy as np
 
 from ppo_async.envs.host import (
+    FLAG_KINDS,
+    OBS_KINDS,
+    REWARD_KINDS,
+    EnvContractError,
     HostEnvError,
     HostStep,
     close_envs,
+    contract_problem,
     make_host_env,
     steps_natively_async,
 )
@@ -205,11 +210,14 @@ class EnvGroups:
     is. After `step_in_threads` each group that cannot step on its own steps
     in a thread of its own instead, so that ``step_async`` returns at once
     (a lock-step sampler drives many actors' envs from one thread).
+    ``steps[g]`` counts group ``g``'s steps; ``owner`` (``"actor 3"``) and they
+    say where an `EnvContractError` came from.
     """
 
-    def __init__(self, batches: Sequence[Any], size: int):
+    def __init__(self, batches: Sequence[Any], size: int, owner: str = "actor"):
         self.batches = list(batches)  # each a HostVectorEnv of ``size`` envs
         self.groups = [(g * size, (g + 1) * size) for g in range(len(self.batches))]
+        self.owner, self.steps = owner, [0] * len(self.batches)
         self.native = [steps_natively_async(batch) for batch in self.batches]
         self._pending: list[Any] = [None] * len(self.batches)
         self._steppers: list[_Stepper | None] = []
@@ -233,8 +241,16 @@ class EnvGroups:
     def reset(self, seed: int) -> np.ndarray:
         if len(self.batches) == 1:
             return self.batches[0].reset(seed)
-        return np.concatenate([np.asarray(batch.reset(seed + lo))
+        return np.concatenate([np.asarray(self._reset_group(batch, seed, lo))
                                for batch, (lo, _) in zip(self.batches, self.groups)])
+
+    @staticmethod
+    def _reset_group(batch: Any, seed: int, lo: int) -> Any:
+        try:
+            return batch.reset(seed + lo)
+        except EnvContractError as error:  # its env index in the group, made the actor's
+            error.locate(env_offset=lo)
+            raise
 
     def step(self, actions: np.ndarray) -> Any:
         if len(self.batches) == 1:
@@ -245,18 +261,27 @@ class EnvGroups:
         return HostStep(*(np.concatenate([np.asarray(s[i]) for s in steps]) for i in range(5)))
 
     def step_async(self, actions: np.ndarray, group: int) -> None:
-        if self.native[group]:
-            self.batches[group].step_async(actions)
-        elif self._steppers:
-            self._steppers[group].start(actions)
-        else:
-            self._pending[group] = self.batches[group].step(actions)
+        self.steps[group] += 1
+        try:
+            if self.native[group]:
+                self.batches[group].step_async(actions)
+            elif self._steppers:
+                self._steppers[group].start(actions)
+            else:
+                self._pending[group] = self.batches[group].step(actions)
+        except EnvContractError as error:  # its env index in the group, made the actor's
+            error.locate(env_offset=self.groups[group][0])
+            raise
 
     def step_wait(self, group: int) -> Any:
-        if self.native[group]:
-            return self.batches[group].step_wait()
-        if self._steppers:
-            return self._steppers[group].wait()
+        try:
+            if self.native[group]:
+                return self.batches[group].step_wait()
+            if self._steppers:
+                return self._steppers[group].wait()
+        except EnvContractError as error:
+            error.locate(env_offset=self.groups[group][0])
+            raise
         step, self._pending[group] = self._pending[group], None
         return step
 
@@ -320,6 +345,7 @@ class EnvWorkers:
                          np.float32 if continuous else np.int32)
         shares = split(num_envs, groups, workers)
         self.groups = [(g[0][0], g[-1][1]) for g in shares]
+        self.steps = [0] * groups  # each group's steps, as `EnvGroups.steps`
         # [worker] -> the (group, lo, hi) it holds
         self._held = [[(g, *shares[g][w]) for g in range(groups)] for w in range(workers)]
         self._closed = False
@@ -364,6 +390,7 @@ class EnvWorkers:
     def step_async(self, actions: np.ndarray, group: int) -> None:
         """Start group ``group``'s envs stepping with ``actions`` (that group's rows)."""
         lo, hi = self.groups[group]
+        self.steps[group] += 1
         self._arrays["actions"][lo:hi] = actions
         for w in range(len(self._processes)):  # every worker holds a share of every group
             self._send(w, ("step", group))
@@ -480,6 +507,10 @@ class EnvWorkers:
                 cause = pickle.loads(data) if data is not None else None
             except Exception:  # noqa: BLE001 - its class may not import here
                 cause = None
+            if isinstance(cause, EnvContractError):  # the env's fault, not the worker's
+                cause.locate(actor=self.owner)
+                cause.add_note(f"raised in {self._describe(w)}:\n{text}")
+                raise cause
             raise EnvWorkerError(f"{self._describe(w)} raised during its {what}:\n{text}") from cause
 
 
@@ -594,7 +625,7 @@ def _answer(connection: Connection, setup: dict, envs: dict, arrays: dict) -> No
         try:
             if command == "reset":
                 for lo, hi, batch in envs.values():
-                    _put(env_id, arrays["obs"][lo:hi], batch.reset(argument + lo), "reset obs")
+                    _put(env_id, arrays["obs"][lo:hi], batch.reset(argument + lo), "obs")
             else:  # "step"
                 lo, hi, batch = envs[argument]
                 step = batch.step(arrays["actions"][lo:hi])
@@ -602,10 +633,11 @@ def _answer(connection: Connection, setup: dict, envs: dict, arrays: dict) -> No
                     raise HostEnvError(
                         f"{env_id}: step returned {len(step)} values, expected 5 "
                         "(obs, reward, terminated, truncated, final_obs)")
-                for name, value in zip(("obs", "reward", "terminated", "truncated", "final_obs"),
-                                       step):
+                for name, value in zip(_STEP_FIELDS, step):
                     _put(env_id, arrays[name][lo:hi], value, name)
         except BaseException as error:  # noqa: BLE001 - reported to the actor, which raises it
+            if isinstance(error, EnvContractError):  # its env index in the batch, made the actor's
+                error.locate(env_offset=lo)
             _report(connection, error)
             continue
         connection.send(("ok", None))
@@ -622,10 +654,19 @@ def _report(connection: Connection, error: BaseException) -> None:
     connection.send(("error", (traceback.format_exc(), data)))
 
 
+_STEP_FIELDS = ("obs", "reward", "terminated", "truncated", "final_obs")
+_KINDS = {"obs": OBS_KINDS, "final_obs": OBS_KINDS, "reward": REWARD_KINDS,
+          "terminated": FLAG_KINDS, "truncated": FLAG_KINDS}
+
+
 def _put(env_id: str, into: np.ndarray, value: Any, field: str) -> None:
-    if np.shape(value) != into.shape:
-        raise HostEnvError(f"{env_id}: {field} has shape {np.shape(value)}, expected "
-                           f"{into.shape} (see ppo_async.envs.host.HostVectorEnv)")
+    """``value`` into shared memory; `EnvContractError` unless it has the shape and a dtype
+    of its field (`ppo_async.envs.host.contract_problem`)."""
+    kinds = _KINDS[field]
+    if type(value) is not np.ndarray or value.shape != into.shape or value.dtype.kind not in kinds:
+        problem = contract_problem(value, into.shape, kinds)
+        if problem is not None:
+            raise EnvContractError(env_id, field, problem)
     into[...] = value
 
 

@@ -14,6 +14,7 @@ A run directory holds
 ``checkpoints/``    ``ckpt_<update>.msgpack`` (`ppo_async.runs.checkpoint`)
 ``params.msgpack``  flax bytes of the final params
 ``summary.json``    the final `LearnerReport`
+``log.txt``         each actor restart: its one-line notice and traceback
 =================== =====================================================
 
 Two rules hold for every file: nothing is written through a symbolic link
@@ -47,6 +48,7 @@ METRICS_FILE = "metrics.jsonl"
 PARAMS_FILE = "params.msgpack"
 SUMMARY_FILE = "summary.json"
 ERROR_FILE = "error.txt"  # the traceback of a run that failed (the CLI's, the freeze watchdog's)
+LOG_FILE = "log.txt"  # what the run's restart notices leave off stderr: their tracebacks
 CHECKPOINT_SUBDIR = "checkpoints"
 
 TEMP_PREFIX = ".tmp-"  # temporary files of atomic writes; readers ignore them
@@ -280,6 +282,19 @@ def record_segment(
     write_json(run_dir / CONFIG_FILE, config.to_dict())
     write_json(run_dir / SEGMENTS_FILE, segments)
     return segments
+
+
+def append_to_log(run_dir: pathlib.Path, text: str) -> pathlib.Path:
+    """Append ``text`` to ``RUN_DIR/log.txt`` in one write, never through a link."""
+    path = run_dir / LOG_FILE
+    refuse_link(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    return path
 
 
 # --- metrics.jsonl ------------------------------------------------------------

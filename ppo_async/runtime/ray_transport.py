@@ -19,7 +19,9 @@ an `ActorEndpoint` whose queues live in that process:
   threads.
 - failures: an exception in the loop comes back as an `ActorFailure`; a
   process that dies (killed, segfault, out of memory) fails its ``poll``,
-  which becomes an `ActorFailure` naming the actor; a process that stops
+  which becomes an `ActorFailure` naming the actor -- or, where its node is
+  gone (marked dead, or its raylet refuses a connection), a `RayNodeLostError`
+  naming the node and every actor on it; a process that stops
   producing is found by the learner's ``learner_timeout_s`` and killed here
   (`kill_actor`, ``ray.kill``) -- then the supervisor restarts or reports it.
 
@@ -35,6 +37,7 @@ import dataclasses
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 import traceback
@@ -63,6 +66,13 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.2  # longest an actor's poll call blocks waiting for experience
 _WAIT_SLICE_S = 0.05  # the learner's receive looks at reported failures this often
 PRIVATE_OBJECT_STORE_BYTES = 256 * 1024**2  # weights and chunks are small; keep /dev/shm free
+# How long a lost actor's raylet may take to accept a connection. Ray's own verdict (a node
+# marked dead) takes about 16 s by default; a raylet that is gone refuses at once.
+_RAYLET_PROBE_S = 1.0
+
+
+class RayNodeLostError(RuntimeError):
+    """A Ray node that ran actors is gone; the message names it and the actors it ran."""
 
 
 def _import_ray():
@@ -285,6 +295,8 @@ class RayTransport:
         self._stats = [ActorStats(i) for i in range(n)]
         # What each process killed for a hung actor said of its threads in env code, by pid.
         self.where_killed: dict[int, str] = {}
+        # Ray nodes found gone (`_process_ended`): node id -> what each of its actors reports
+        self._lost_nodes: dict[str, str] = {}
         self._polls: dict[int, Any] = {}  # actor id -> its poll call in flight
         self._received: queue.Queue = queue.Queue()  # polled items and reported failures
         self._latest: tuple[int, Any] | None = None  # (version, ref) of the newest
@@ -375,7 +387,13 @@ class RayTransport:
         timeout_s = self.config.ray_start_timeout_s
         actor_ids = range(len(self.actors)) if actor_ids is None else actor_ids
         refs = {self.actors[i].where.remote(): i for i in actor_ids if self.actors[i] is not None}
-        _, pending = self._ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        ready, pending = self._ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        for ref in ready:  # where it runs, before its first poll says so (a node lost names it)
+            try:
+                stats = self._stats[refs[ref]]
+                stats.pid, stats.node_id = self._ray.get(ref)
+            except self._ray.exceptions.RayError:  # failed to start: its poll reports why
+                pass
         if pending:
             slow = sorted(refs[ref] for ref in pending)
             raise LearnerTimeoutError(
@@ -439,10 +457,7 @@ class RayTransport:
             items, stats = self._ray.get(ref)
         except self._ray.exceptions.RayError as error:
             self._polls.pop(actor_id, None)
-            self._received.put(ActorFailure(
-                actor_id, error,
-                f"actor {actor_id}'s process (pid {self._stats[actor_id].pid or '?'}) ended: "
-                f"{type(error).__name__}: {error}"))
+            self._received.put(self._process_ended(actor_id, error))
             return
         for field in dataclasses.fields(ActorStats):
             setattr(self._stats[actor_id], field.name, getattr(stats, field.name))
@@ -450,6 +465,45 @@ class RayTransport:
             self._received.put(item)
         if self.actors[actor_id] is not None:
             self._polls[actor_id] = self.actors[actor_id].poll.remote(_POLL_S)
+
+    def _process_ended(self, actor_id: int, error: BaseException) -> ActorFailure:
+        """The failure of an actor whose process ended: a `RayNodeLostError` naming the
+        node and its actors where the node is gone, else Ray's ``error``."""
+        stats = self._stats[actor_id]
+        ended = (f"actor {actor_id}'s process (pid {stats.pid or '?'}) ended: "
+                 f"{type(error).__name__}: {error}")
+        said = self._lost_nodes.get(stats.node_id)
+        if said is None:
+            gone = self._node_gone(stats.node_id) if stats.node_id else None
+            if gone is None:
+                return ActorFailure(actor_id, error, ended)
+            # Every actor it ran, said once: those restarted meanwhile have moved on.
+            on_it = [i for i, other in enumerate(self._stats) if other.node_id == stats.node_id]
+            said = self._lost_nodes[stats.node_id] = (
+                f"Ray node {stats.node_id} ({gone}) was lost, and with it "
+                f"actor{'s' if len(on_it) > 1 else ''} {', '.join(map(str, on_it))}")
+        lost = RayNodeLostError(said)
+        lost.add_note(ended)  # Ray's words, in the traceback (one_line says the node's)
+        return ActorFailure(actor_id, lost, f"{lost}\n{ended}\n")
+
+    def _node_gone(self, node_id: str) -> str | None:
+        """How the Ray node ``node_id`` is gone (its address and why), or None while its raylet
+        answers."""
+        try:
+            node = next((n for n in self._ray.nodes() if n["NodeID"] == node_id), None)
+        except Exception:  # noqa: BLE001 - the GCS cannot say: the process's failure stands
+            return None
+        if node is None:
+            return "no longer in the cluster"
+        address = node.get("NodeManagerAddress", "?")
+        if not node.get("Alive", False):
+            return f"{address}, marked dead"
+        try:
+            socket.create_connection((address, int(node["NodeManagerPort"])),
+                                     timeout=_RAYLET_PROBE_S).close()
+        except (OSError, KeyError, ValueError):
+            return f"{address}, its raylet does not answer"
+        return None
 
     def report_failure(self, failure: ActorFailure) -> None:
         self._received.put(failure)
@@ -470,10 +524,11 @@ class RayTransport:
         """
         deadline = time.monotonic() + timeout_s
         self.publisher.stop()
-        stopping = {
+        stopping = {  # an actor on a lost node cannot be asked: it is killed with the rest
             actor_id: actor.stop.remote(max(0.0, deadline - time.monotonic()))
             for actor_id, actor in enumerate(self.actors)
             if actor is not None and actor_id not in known_stuck
+            and self._stats[actor_id].node_id not in self._lost_nodes
         }
         if stopping:
             self._ray.wait(list(stopping.values()), num_returns=len(stopping),

@@ -7,14 +7,19 @@ and `Supervisor.on_stuck` when actors it waits on sent nothing for
 ``max_actor_restarts``; a stuck one is first killed, which only a transport
 of processes can do (a thread stuck in an env cannot be ended, so the run
 then fails naming it). With thread actors, a restarted actor's
-new thread is named to the run's freeze watchdog.
+new thread is named to the run's freeze watchdog. Each restart is one line on
+the ``ppo_async.runtime.supervisor`` logger; the failure's traceback goes to
+``RUN_DIR/log.txt`` (and the logger's DEBUG level).
 """
 
 from __future__ import annotations
 
 import logging
+import pathlib
+from collections.abc import Callable
 
 from ppo_async.config import AsyncActorLearnerConfig
+from ppo_async.errors import one_line
 from ppo_async.runtime.actor import ActorStart
 from ppo_async.runtime.learner import LearnerTimeoutError
 from ppo_async.runtime.messages import ActorFailure
@@ -28,8 +33,11 @@ class Supervisor:
     """Restarts for one run's actors; ``killed`` lists the actors it had to kill."""
 
     def __init__(self, config: AsyncActorLearnerConfig, transport: LearnerTransport,
-                 watchdog: FreezeWatchdog | None = None):
+                 watchdog: FreezeWatchdog | None = None,
+                 log: Callable[[str], pathlib.Path] | None = None):
         self.config, self.transport, self.watchdog = config, transport, watchdog
+        # Appends to the run's log file and returns its path (`append_to_log`); None: no file.
+        self.log = log
         self.killed: list[int] = []
 
     def _budget_left(self, actor_id: int) -> bool:
@@ -48,13 +56,27 @@ class Supervisor:
         actor_id = failure.actor_id
         if actor_id < 0 or not self._budget_left(actor_id):  # helper threads are not restarted
             return False
-        logger.warning(
-            "actor %d failed; restarting it (restart %d of %d):\n%s", actor_id,
-            self.transport.actor_stats()[actor_id].restarts + 1, self.config.max_actor_restarts,
-            failure.formatted_traceback,
-        )
+        notice = (f"actor {actor_id} failed; restarting it (restart "
+                  f"{self.transport.actor_stats()[actor_id].restarts + 1} of "
+                  f"{self.config.max_actor_restarts})")
+        said = one_line(failure.error)
+        raised = type(failure.error).__name__ + (f": {said}" if said else "")
+        logger.warning("%s: %s%s", notice, raised,
+                       self._keep_traceback(notice, failure.formatted_traceback))
         self._restart(actor_id, produced_steps)
         return True
+
+    def _keep_traceback(self, notice: str, formatted_traceback: str) -> str:
+        """Keep a failure's traceback off stderr: in ``RUN_DIR/log.txt`` and at DEBUG level.
+        Returns what the notice says of where it went."""
+        logger.debug("%s:\n%s", notice, formatted_traceback)
+        if self.log is None:
+            return ""
+        try:
+            path = self.log(f"{notice}:\n{formatted_traceback.rstrip()}\n\n")
+        except OSError as error:  # the run goes on; the traceback is then said here
+            return f" (the run's log: {error}):\n{formatted_traceback}"
+        return f" (traceback in {path})"
 
     def annotate(self, error: BaseException | None) -> None:
         """Say in the run's error which stuck actors were killed (and so are not left running)."""

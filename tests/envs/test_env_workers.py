@@ -8,7 +8,9 @@ outlives its owner.
 """
 
 import dataclasses
+import functools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,15 +22,17 @@ import numpy as np
 import psutil
 import pytest
 
-from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, train
-from ppo_async.envs.host import HostEnvError, make_host_env
+from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, register_single_env, train
+from ppo_async.envs.backends import make_actor_program
+from ppo_async.envs.host import EnvContractError, HostEnvError, make_host_env
 from ppo_async.envs.host_rollout import HostRollout
 from ppo_async.envs.payload import HostEnvPayload
 from ppo_async.envs.registry import register_host_env
-from ppo_async.envs.workers import EnvWorkerError, EnvWorkers
+from ppo_async.envs.workers import EnvGroups, EnvWorkerError, EnvWorkers
+from ppo_async.errors import one_line
 from ppo_async.runtime.layout import env_workers_and_groups, resolve_layout
 
-from breaking_env import BreakingEnv, Broken
+from breaking_env import BreakingEnv, Broken, ShapeShifting
 
 CARTPOLE = "gymnasium:CartPole-v1"
 
@@ -215,6 +219,101 @@ def test_a_run_whose_env_worker_raises_names_actor_worker_and_pid():
         train(config, progress=False)
     assert isinstance(info.value.__cause__, EnvWorkerError)
     assert "env worker 0 of actor" in str(info.value) and "the simulator broke" in str(info.value)
+    assert workers_left() == []
+
+
+# --- the env's contract, and restarts ---------------------------------------------------
+
+def _raised_in_actor_thread(call):
+    """What ``call()`` raised in a thread named as actor 3's (None if nothing)."""
+    raised = []
+
+    def run():
+        try:
+            call()
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            raised.append(error)
+
+    thread = threading.Thread(target=run, name="ppo-actor-3", daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive()
+    return raised[0] if raised else None
+
+
+@pytest.mark.parametrize("env_workers", [1, 0])
+def test_an_env_breaking_the_contract_is_named_in_one_line_wherever_it_steps(env_workers):
+    register_single_env("shape-shifting", ShapeShifting)
+    register_host_env("breaking-flags", functools.partial(BreakingEnv, mode="flags"))
+    for env_id, says in [
+        ("host:shape-shifting", "obs has shape (3,), expected (2,) (actor 3, env 3, step 5)"),
+        ("host:breaking-flags", "terminated has dtype int8, expected bool (actor 3, step 5)"),
+    ]:
+        ShapeShifting.made = 0  # env 3 of each 4 made here breaks (the workers count their own)
+        config = dataclasses.replace(TINY, env_id=env_id, num_actors=1, env_workers=env_workers,
+                                     env_groups=2)  # env 3 is env 1 of group 1
+        program = make_actor_program(config)
+        device = jax.devices("cpu")[0]
+        params = jax.device_put(program.params_template, device)
+        carries = []
+
+        def reset_and_roll_out():
+            carries.append(program.reset(jax.random.key(0), device))
+            program.rollout(params, carries[0])
+
+        try:
+            error = _raised_in_actor_thread(reset_and_roll_out)
+            assert isinstance(carries[0].envs, EnvWorkers if env_workers else EnvGroups)
+        finally:
+            program.close(carries[0])
+        assert isinstance(error, EnvContractError)
+        assert str(error) == f"{env_id}: {says}"
+    assert workers_left() == []
+
+
+def test_an_env_breaking_the_contract_fails_the_run_once_its_restarts_are_spent(tmp_path,
+                                                                               caplog):
+    register_single_env("shape-shifting", ShapeShifting)
+    config = dataclasses.replace(TINY, env_id="host:shape-shifting", num_actors=1,
+                                 env_workers=1, max_actor_restarts=1)
+    run_dir = tmp_path / "run"
+    with caplog.at_level("WARNING", logger="ppo_async.runtime.supervisor"), pytest.raises(
+            ActorError) as info:
+        train(config, run_dir=run_dir, progress=False)
+    said = ("EnvContractError: host:shape-shifting: obs has shape (3,), expected (2,) "
+            "(actor 0, env 3, step 5)")
+    assert one_line(info.value) == f"actor 0 failed: {said}"
+    # Restarted once (its new worker's env 3 broke again at its step 5), then the run failed.
+    assert _restart_notices(caplog) == [
+        f"actor 0 failed; restarting it (restart 1 of 1): {said} "
+        f"(traceback in {run_dir / 'log.txt'})"]
+    assert workers_left() == []
+
+
+def _restart_notices(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "ppo_async.runtime.supervisor"]
+
+
+def test_an_env_worker_restart_is_one_line_with_its_traceback_in_the_run_log(tmp_path, caplog):
+    register_host_env("breaking-once", functools.partial(
+        BreakingEnv, mode="raise-once", marker=str(tmp_path / "broke")))
+    config = dataclasses.replace(TINY, env_id="host:breaking-once", num_actors=1,
+                                 env_workers=1, max_actor_restarts=1)
+    run_dir = tmp_path / "run"
+    with caplog.at_level("WARNING", logger="ppo_async.runtime.supervisor"):
+        report = train(config, run_dir=run_dir, progress=False).report
+    assert report.updates == config.num_updates and report.actor_restarts == 1
+    (notice,) = _restart_notices(caplog)
+    assert re.fullmatch(
+        r"actor 0 failed; restarting it \(restart 1 of 1\): EnvWorkerError: host:breaking-once: "
+        r"env worker 0 of actor 0 \(envs [-0-9, ]+, pid \d+\) raised during its step of group 0: "
+        r"Broken: the simulator broke \(traceback in " + re.escape(str(run_dir / "log.txt"))
+        + r"\)", notice), notice
+    log = (run_dir / "log.txt").read_text()
+    assert log.startswith("actor 0 failed; restarting it (restart 1 of 1):\n")
+    assert "Traceback (most recent call last)" in log
+    # the worker's traceback, quoted by the actor's: the env's line that raised
+    assert 'breaking_env.py", line' in log and "Broken: the simulator broke" in log
     assert workers_left() == []
 
 

@@ -24,7 +24,13 @@ import pytest
 from ppo_async import ActorError, AsyncActorLearnerConfig, ConfigError, StopTraining, train
 from ppo_async.envs.backends import make_actor_program
 from ppo_async import BackendNotInstalledError, register_single_env
-from ppo_async.envs.host import HostEnvError, HostStep, HostVectorEnv, make_host_env
+from ppo_async.envs.host import (
+    EnvContractError,
+    HostEnvError,
+    HostStep,
+    HostVectorEnv,
+    make_host_env,
+)
 from ppo_async.envs.host_rollout import make_host_actor_program
 from ppo_async.envs.workers import EnvWorkers
 from ppo_async.envs.registry import (
@@ -262,6 +268,77 @@ def test_a_host_env_breaking_the_contract_is_named():
     params = jax.device_put(program.params_template, device)
     with pytest.raises(HostEnvError, match=r"host:wrong-shape: reward has shape \(2,\), expected \(3,\)"):
         program.rollout(params, program.reset(jax.random.key(0), device))
+
+
+class _OneEnvGoingWrong(gymnasium.Env):
+    """One env of observation shape (2,) whose output ``field`` is ``value`` at its step
+    ``at`` (0: its first reset), in env 1 of each batch of 2 only."""
+
+    observation_space = gymnasium.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, index, field, value, at):
+        self.wrong = {field: value} if index % 2 == 1 else {}
+        self.at, self.steps = at, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return (self.wrong.get("obs", np.zeros(2, np.float32)) if self.at == 0
+                else np.zeros(2, np.float32)), {}
+
+    def step(self, action):
+        self.steps += 1
+        out = dict(obs=np.zeros(2, np.float32), reward=1.0, terminated=False, truncated=False)
+        if self.steps == self.at:
+            out.update(self.wrong)
+        return out["obs"], out["reward"], out["terminated"], out["truncated"], {}
+
+
+def _raised_in_actor_thread(call):
+    """What ``call()`` raised in a thread named as actor 3's (None if nothing)."""
+    raised = []
+
+    def run():
+        try:
+            call()
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            raised.append(error)
+
+    thread = threading.Thread(target=run, name="ppo-actor-3", daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive()
+    return raised[0] if raised else None
+
+
+@pytest.mark.parametrize("field, value, at, says", [
+    ("obs", np.zeros(3, np.float32), 0, "obs has shape (3,), expected (2,) (actor 3, env 1, at reset)"),
+    ("obs", np.zeros(3, np.float32), 4, "obs has shape (3,), expected (2,) (actor 3, env 1, step 4)"),
+    ("obs", np.array(["a", "b"]), 4,
+     "obs has dtype <U1, expected numbers (bool, int or float) (actor 3, env 1, step 4)"),
+    ("reward", np.ones(2), 4, "reward has shape (2,), expected () (actor 3, env 1, step 4)"),
+    ("terminated", 1, 4, "terminated is a Python int, expected bool (actor 3, env 1, step 4)"),
+    ("truncated", np.float32(0), 4, "truncated has dtype float32, expected bool (actor 3, env 1, step 4)"),
+])
+def test_a_single_env_breaking_the_contract_is_named_in_one_line(field, value, at, says):
+    made = iter(range(100))
+    register_single_env("going-wrong", lambda: _OneEnvGoingWrong(next(made), field, value, at))
+    config = dataclasses.replace(SCRIPTED, env_id="host:going-wrong", envs_per_actor=2,
+                                 num_steps=6, total_env_steps=12)
+    program = make_host_actor_program(config)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(program.params_template, device)
+
+    def reset_and_roll_out():
+        carry = program.reset(jax.random.key(0), device)
+        try:
+            program.rollout(params, carry)
+        finally:
+            program.close(carry)
+
+    error = _raised_in_actor_thread(reset_and_roll_out)
+    assert isinstance(error, EnvContractError)
+    assert str(error) == f"host:going-wrong: {says}"
 
 
 # --------------------------------------------------------------------------

@@ -8,8 +8,10 @@ processes by value.
 """
 
 import dataclasses
+import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -156,6 +158,79 @@ def test_actors_are_placed_on_the_node_with_their_custom_resource():
                   progress=False)
         assert not ray.is_initialized()
     finally:
+        cluster.shutdown()
+
+
+@pytest.mark.slow  # two clusters' starts and four actor processes' JAX imports: about 40 s
+def test_a_lost_nodes_actors_restart_on_the_surviving_node_or_fail_naming_it(tmp_path, caplog):
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from ppo_async.errors import one_line
+    from ppo_async.runtime.ray_transport import ray_processes_start
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    node_args = dict(num_cpus=2, resources={"actor_node": 2}, object_store_memory=100 * 1024**2)
+    with ray_processes_start():
+        cluster = Cluster(initialize_head=True,
+                          head_node_args=dict(include_dashboard=False, **node_args))
+    try:
+        with ray_processes_start():
+            ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        head = cluster.head_node.node_id
+
+        @ray.remote(num_cpus=0, resources={"actor_node": 2})
+        class Holder:
+            def ping(self):
+                return True
+
+        def run(max_actor_restarts, run_dir):
+            """A run whose actors start on a second node, lost at update 3."""
+            with ray_processes_start():
+                second = cluster.add_node(**node_args)
+            cluster.wait_for_nodes()
+            # The head has room for the actors too, held here until the second node is
+            # lost: they start there, and restarted actors may land on the head.
+            holder = Holder.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
+            assert ray.get(holder.ping.remote(), timeout=60)
+
+            def lose_the_node(metrics):
+                if metrics["update"] == 3:
+                    ray.kill(holder)
+                    cluster.remove_node(second, allow_graceful=False)
+
+            config = dataclasses.replace(
+                RAY_TINY, ray_address=cluster.address, ray_actor_resources=(("actor_node", 1),),
+                total_env_steps=RAY_TINY.batch_size * 8, max_actor_restarts=max_actor_restarts)
+            return second.node_id, lambda: train(config, run_dir=run_dir, progress=False,
+                                                  on_update=lose_the_node)
+
+        # With restarts: both actors start again on the head, and every update is logged in order.
+        lost, train_it = run(1, tmp_path / "restarted")
+        with caplog.at_level("WARNING", logger="ppo_async.runtime.supervisor"):
+            report = train_it().report
+        assert report.updates == 8 and report.actor_restarts == 2
+        assert {stats.node_id for stats in report.actor_stats} == {head}
+        lines = (tmp_path / "restarted" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["update"] for line in lines] == list(range(1, 9))
+        notices = sorted(r.getMessage() for r in caplog.records
+                         if r.name == "ppo_async.runtime.supervisor")
+        assert len(notices) == 2
+        for actor_id, notice in enumerate(notices):
+            assert notice.startswith(f"actor {actor_id} failed; restarting it (restart 1 of 1): "
+                                     f"RayNodeLostError: Ray node {lost} (")
+            assert "was lost, and with it actors 0, 1 (traceback in " in notice
+
+        # Without: the run fails in one line naming the node and its actors.
+        lost, train_it = run(0, tmp_path / "failed")
+        with pytest.raises(ActorError) as info:
+            train_it()
+        assert re.fullmatch(
+            rf"actor [01] failed: RayNodeLostError: Ray node {lost} \([^()]+\) was lost, and "
+            r"with it actors 0, 1", one_line(info.value)), one_line(info.value)
+    finally:
+        ray.shutdown()
         cluster.shutdown()
 
 
