@@ -15,7 +15,7 @@ import flax.serialization
 import numpy as np
 import pytest
 
-from run_helpers import interrupt_at
+from run_helpers import held_by_another_process, interrupt_at
 from ppo_async import AsyncActorLearnerConfig, ConfigError, NonFiniteError, train
 from ppo_async.runs.checkpoint import CheckpointWarning, list_checkpoints
 
@@ -237,3 +237,69 @@ def test_resuming_a_host_env_run_starts_no_envs_for_its_checkpoint_template():
 
     program = make_actor_program(config)._replace(reset=reset)
     assert _carries_template(config, program, {"num_actors": 2, "envs_per_actor": 2}) == ()
+
+
+def _snapshot(run_dir):
+    return {str(p.relative_to(run_dir)): p.read_bytes()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_a_second_writer_of_a_run_directory_is_refused_and_changes_nothing(tmp_path, capsys):
+    from ppo_async.runs.run_lock import RunDirectoryBusy
+    from ppo_async.tools.cli import main
+
+    run_dir, empty = tmp_path / "run", tmp_path / "empty"
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=run_dir, progress=False, on_update=interrupt_at(4))
+    assert not (run_dir / ".lock").exists()  # released, and removed, when the run ended
+    empty.mkdir()
+    with held_by_another_process(run_dir) as holder, held_by_another_process(empty) as other:
+        before = _snapshot(run_dir)
+        with pytest.raises(RunDirectoryBusy, match=rf"being written by process {holder.pid} "):
+            train(LOCK_STEP, resume_from=run_dir, progress=False)
+        with pytest.raises(RunDirectoryBusy, match=rf"being written by process {other.pid} "):
+            train(LOCK_STEP, run_dir=empty, progress=False)  # a fresh run into a held directory
+        with pytest.raises(SystemExit) as info:
+            main(["train", "--resume", str(run_dir), "--no-progress"])
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and line.startswith(
+            f"ppo-async: run directory {run_dir} is being written by process {holder.pid} "), line
+        assert _snapshot(run_dir) == before
+        assert [p.name for p in empty.iterdir()] == [".lock"]
+    # The holder gone, the run resumes where it was.
+    assert train(LOCK_STEP, resume_from=run_dir, progress=False).report.updates == 10
+
+
+def test_a_resume_of_a_run_that_is_training_is_refused_between_two_real_processes(tmp_path):
+    cli = [sys.executable, "-m", "ppo_async.tools.cli", "train"]
+    tiny = ["--num-actors", "2", "--envs-per-actor", "2", "--num-steps", "8", "--num-epochs",
+            "1", "--num-minibatches", "2", "--no-progress"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    first = subprocess.Popen([*cli, *tiny, "--total-env-steps", str(32 * 100_000),
+                              "--run-root", str(tmp_path)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("*/metrics.jsonl")) or (
+                next(tmp_path.glob("*/metrics.jsonl")).read_text().count("\n") < 2):
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        (run_dir,) = tmp_path.iterdir()
+        before = {name: (run_dir / name).read_bytes() for name in ("config.json", "segments.json")}
+        second = subprocess.run([*cli, "--resume", str(run_dir), "--no-progress"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert first.poll() is None  # the first writer goes on
+        first.send_signal(signal.SIGINT)
+        _, first_err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=30)
+    assert second.returncode == 2, second.stderr
+    (line,) = second.stderr.strip().splitlines()
+    assert f"is being written by process {first.pid} " in line, line
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    assert first.returncode == 130, first_err
+    assert not (run_dir / "error.txt").exists() and not (run_dir / ".lock").exists()
+    updates = [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
+    assert updates == list(range(1, len(updates) + 1))

@@ -14,6 +14,8 @@ A run directory holds
 ``checkpoints/``    ``ckpt_<update>.msgpack`` (`ppo_async.runs.checkpoint`)
 ``params.msgpack``  flax bytes of the final params
 ``summary.json``    the final `LearnerReport`
+``.lock``           held by the one process writing the run, and removed
+                    when it ends (`ppo_async.runs.run_lock`)
 =================== =====================================================
 
 Two rules hold for every file: nothing is written through a symbolic link
@@ -40,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.runs.run_lock import LOCK_FILE
 
 CONFIG_FILE = "config.json"
 SEGMENTS_FILE = "segments.json"
@@ -169,7 +172,8 @@ def check_fresh(run_dir: pathlib.Path) -> None:
     if run_dir.exists():
         if not run_dir.is_dir():
             raise ConfigError(f"run_dir={str(run_dir)!r}: exists and is not a directory")
-        entries = sorted(p.name for p in run_dir.iterdir())
+        # The lock file is its writer's (`ppo_async.runs.run_lock`), not a run file.
+        entries = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE)
         if entries:
             raise ConfigError(
                 f"run_dir={str(run_dir)!r} is not empty ({', '.join(entries[:5])}"

@@ -657,6 +657,7 @@ def main(argv: list[str] | None = None) -> None:
     from ppo_async.envs.host import HostEnvError
     from ppo_async.envs.registry import BackendNotInstalledError, UnknownEnvError
     from ppo_async.runs.checkpoint import CheckpointError
+    from ppo_async.runs.run_lock import RunDirectoryBusy
     from ppo_async.runtime.messages import PolicyLoadError
     from ppo_async.tools.video import RenderError
 
@@ -671,6 +672,9 @@ def main(argv: list[str] | None = None) -> None:
         # train() raises TrainingInterrupted, whose message names the update and the resume command.
         print(f"\nppo-async: {str(interrupt) or 'interrupted'}", file=sys.stderr)
         raise SystemExit(130) from None
+    except RunDirectoryBusy as error:  # a refused command, not a bad value
+        print(f"ppo-async: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     except ConfigError as error:
         print(f"ppo-async: invalid configuration: {error}", file=sys.stderr)
         raise SystemExit(2) from None
