@@ -303,3 +303,38 @@ def test_a_resume_of_a_run_that_is_training_is_refused_between_two_real_processe
     assert not (run_dir / "error.txt").exists() and not (run_dir / ".lock").exists()
     updates = [json.loads(line)["update"] for line in (run_dir / "metrics.jsonl").open()]
     assert updates == list(range(1, len(updates) + 1))
+
+
+def test_a_huge_newest_checkpoint_or_params_file_is_passed_over_by_its_size(tmp_path, capsys):
+    """Sparse 2 GiB files: read whole, each cost tens of seconds and GiBs; their size refuses them."""
+    from ppo_async.resume import load_run_config, load_run_params
+    from ppo_async.tools.cli import main
+
+    huge = 2 << 30
+    with pytest.raises(KeyboardInterrupt):
+        train(LOCK_STEP, run_dir=tmp_path, progress=False, on_update=interrupt_at(7))
+    newest = list_checkpoints(tmp_path / "checkpoints")[-1]
+    os.truncate(newest, huge)
+    capsys.readouterr()
+    start = time.monotonic()
+    main(["train", "--resume", str(tmp_path), "--no-progress"])
+    assert time.monotonic() - start < 120  # the whole resumed run, compile included
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"ppo-async: warning: skipping unusable checkpoint {newest}: is "
+                           f"{huge} bytes, where a checkpoint of this state would be "), line
+    segments = json.loads((tmp_path / "segments.json").read_text())
+    assert segments[1]["start_update"] == 6
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == [
+        "ckpt_000000009.msgpack", "ckpt_000000010.msgpack"]  # the huge file pruned as later ones came
+
+    params_file = tmp_path / "params.msgpack"
+    os.truncate(params_file, huge)
+    config = load_run_config(tmp_path)
+    start = time.monotonic()
+    params = load_run_params(tmp_path, config)
+    assert time.monotonic() - start < 30 and params is not None
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"ppo-async: warning: {params_file} is {huge} bytes, where the params "
+                           "of this run's network would be "), line
+    assert line.endswith("using the params of the newest valid checkpoint, "
+                         "ckpt_000000010.msgpack (update 10)"), line

@@ -52,6 +52,14 @@ SUMMARY_FILE = "summary.json"
 ERROR_FILE = "error.txt"  # the traceback of a run that failed (the CLI's, the freeze watchdog's)
 CHECKPOINT_SUBDIR = "checkpoints"
 
+# The most a reader takes of a file it reads whole, or of one metrics line: far
+# above what a run writes (config.json: a few KB; segments.json and
+# summary.json: that per segment or a few hundred bytes per actor; a metrics
+# line: 1-2 KB), so only a damaged file is refused.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_RECORD_BYTES = 64 << 20
+MAX_METRICS_LINE_BYTES = 1 << 20
+
 TEMP_PREFIX = ".tmp-"  # temporary files of atomic writes; readers ignore them
 # Older versions' checkpoint temporaries were named .ckpt_<random>.tmp.
 _OLD_CHECKPOINT_TEMP = (".ckpt_", ".tmp")
@@ -259,7 +267,7 @@ def read_segments(run_dir: pathlib.Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     try:
-        segments = json.loads(path.read_text())
+        segments = json.loads(read_bounded(path, MAX_RECORD_BYTES))
     except ValueError as error:
         raise ConfigError(f"{path}: not valid JSON ({error}); the run directory is damaged") from None
     if not isinstance(segments, list):
@@ -325,22 +333,41 @@ def cut_metrics_after(run_dir: pathlib.Path, update: int) -> int:
     return len(kept)
 
 
-def metrics_lines(path: pathlib.Path) -> list[tuple[int, str, dict[str, Any] | None]]:
+def metrics_lines(path: pathlib.Path) -> list[tuple[int, str | None, dict[str, Any] | None]]:
     """``(line number, line, record)`` of each non-blank line of a ``metrics.jsonl``.
 
     ``record`` is None for a line that is not a JSON object (one cut by a
-    crash, or damaged); line numbers count from 1.
+    crash, or damaged); ``line`` is None too for one over
+    `MAX_METRICS_LINE_BYTES`, which is passed over without being held whole.
+    Line numbers count from 1.
     """
-    lines = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        lines.append((number, line, record if isinstance(record, dict) else None))
+    lines: list[tuple[int, str | None, dict[str, Any] | None]] = []
+    with open(path, "rb") as file:
+        for number, raw in enumerate(iter(lambda: file.readline(MAX_METRICS_LINE_BYTES + 1), b""),
+                                     start=1):
+            if len(raw) > MAX_METRICS_LINE_BYTES:
+                while raw and not raw.endswith(b"\n"):  # the rest of it, a bounded piece at a time
+                    raw = file.readline(MAX_METRICS_LINE_BYTES)
+                lines.append((number, None, None))
+                continue
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            lines.append((number, line, record if isinstance(record, dict) else None))
     return lines
+
+
+def read_bounded(path: pathlib.Path, limit: int) -> str:
+    """``path``'s text; `ConfigError` giving both sizes, without reading it, if it is over ``limit`` bytes."""
+    size = path.stat().st_size
+    if size > limit:
+        raise ConfigError(f"{path} is {size} bytes, more than the {limit} such a file can hold "
+                          "(a run writes a few KB): damaged, or not a run's file")
+    return path.read_text()
 
 
 def read_config_fields(run_dir: pathlib.Path) -> dict[str, Any] | None:
@@ -353,7 +380,9 @@ def read_config_fields(run_dir: pathlib.Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        fields = json.loads(path.read_text())
+        fields = json.loads(read_bounded(path, MAX_CONFIG_BYTES))
+    except ConfigError:
+        raise
     except ValueError as error:
         raise ConfigError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(fields, dict):
