@@ -753,12 +753,37 @@ class _Run:
                     self.run_log.evaluation(evaluation)
             except Exception as caught:  # noqa: BLE001 - raised below, like the run's own errors
                 error = caught
-        if self.run_log is not None:
-            self.run_log.close(failed=error is not None)
-        saved = self.checkpoints.save_latest() if self.run_dir is not None else None
+        error, saved = self._close_and_checkpoint(error)
         if error is not None:
             self._reraise(error, shutdown._replace(saved=saved))
         return self._result(shutdown)
+
+    def _close_and_checkpoint(
+            self, error: BaseException | None) -> tuple[BaseException | None, pathlib.Path | None]:
+        """Close the log and save the newest good state: (the run's error, the newest checkpoint).
+
+        A write the disk refuses (`ppo_async.errors.RunFileError`) becomes the run's
+        error, or a note on the one it already has, which says more.
+        """
+        refused: list[str] = []
+        if self.run_log is not None:
+            try:
+                self.run_log.close(failed=error is not None)
+            except OSError as failed:
+                error = error if error is not None else failed
+                refused.append(f"the log was not closed cleanly: {failed}")
+        saved = None
+        if self.run_dir is not None:
+            try:
+                saved = self.checkpoints.save_latest()
+            except OSError as failed:
+                error = error if error is not None else failed
+                refused.append(f"the newest state was not checkpointed: {failed}")
+                saved = self.checkpoints.last_path
+        for note in refused:
+            if str(error) not in note:  # the error itself needs no note repeating it
+                error.add_note(note)
+        return error, saved
 
     def _reraise(self, error: BaseException, shutdown: _Shutdown) -> NoReturn:
         """Raise ``error`` with what the shutdown left noted on it (Ctrl-C: as `TrainingInterrupted`)."""

@@ -41,7 +41,7 @@ import jax
 import numpy as np
 
 from ppo_async.config import ConfigError
-from ppo_async.runs.run_dir import is_temp_file, write_atomically
+from ppo_async.runs.run_dir import RunFileError, is_temp_file, write_atomically
 
 _FORMAT = "ppo_async-checkpoint"
 _FORMAT_VERSION = 1
@@ -277,7 +277,10 @@ def save_checkpoint(
     if _as_int("step", step) < 0:
         raise ValueError(f"step={step}: must be >= 0")
     directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunFileError.of(directory, error) from error
     content = encode_checkpoint(
         step=step, state=state, counters=counters, config_dict=config_dict
     )
@@ -294,6 +297,8 @@ def save_checkpoint(
             stale_path.unlink()
         except FileNotFoundError:
             pass
+        except OSError as error:
+            raise RunFileError.of(stale_path, error) from error
     return path
 
 

@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.errors import RunFileError
 from ppo_async.runs.run_lock import LOCK_FILE
 
 CONFIG_FILE = "config.json"
@@ -85,22 +86,28 @@ def write_atomically(path: str | os.PathLike, content: bytes) -> pathlib.Path:
 
     Readers see the old file or the new one, never a part. The temporary file
     is created with ``O_EXCL`` (it never follows a link), and a link at
-    ``path`` itself is refused rather than replaced.
+    ``path`` itself is refused rather than replaced. A failure is a
+    `RunFileError` naming ``path``; the temporary file is removed.
     """
     path = pathlib.Path(path)
     refuse_link(path)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.")
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.")
+    except OSError as error:
+        raise RunFileError.of(path, error) from error
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(content)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as error:
         try:
             os.unlink(temp)
-        except FileNotFoundError:
+        except OSError:  # gone already, or the directory went read-only: nothing more to do
             pass
+        if isinstance(error, OSError):
+            raise RunFileError.of(path, error) from error
         raise
     _fsync_directory(path.parent)
     return path
@@ -304,16 +311,29 @@ class MetricsFile:
         self.path = run_dir / METRICS_FILE
         refuse_link(self.path)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
-        self._fd = os.open(self.path, flags, 0o644)
+        try:
+            self._fd = os.open(self.path, flags, 0o644)
+        except OSError as error:
+            raise RunFileError.of(self.path, error) from error
 
     def write(self, metrics: Mapping[str, Any]) -> None:
+        """Append one line; `RunFileError` if the disk refuses it (a short write included)."""
         # One write of one whole line: a crash leaves whole lines (at most the last one cut).
-        os.write(self._fd, (strict_json(metrics) + "\n").encode())
+        line = (strict_json(metrics) + "\n").encode()
+        try:
+            written = os.write(self._fd, line)
+            while written < len(line):  # a full disk, or a file-size limit, takes a part
+                written += os.write(self._fd, line[written:])
+        except OSError as error:
+            raise RunFileError.of(self.path, error) from error
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError as error:
+                raise RunFileError.of(self.path, error) from error
 
 
 def cut_metrics_after(run_dir: pathlib.Path, update: int) -> int:

@@ -17,7 +17,7 @@ import pathlib
 import socket
 import time
 
-from ppo_async.errors import ConfigError
+from ppo_async.errors import ConfigError, RunFileError
 
 LOCK_FILE = ".lock"
 
@@ -49,10 +49,14 @@ class RunLock:
         if self.path.is_symlink():
             raise ConfigError(f"{self.path} is a symbolic link; a run never writes through "
                               "links. Remove it, or choose another run directory.")
-        self._fd = self._open_locked()
-        # The holder's name, for the writer refused next: written only once it is ours.
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        try:
+            self._fd = self._open_locked()
+            # The holder's name, for the writer refused next: written only once it is ours.
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except OSError as error:  # a read-only or full disk: the run could not write anyway
+            self.release()
+            raise RunFileError.of(self.path, error) from error
 
     def _open_locked(self) -> int:
         for _ in range(100):  # another writer may remove the file between our open and lock

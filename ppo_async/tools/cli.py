@@ -113,7 +113,8 @@ def _rounding_note(config: AsyncActorLearnerConfig) -> str | None:
 
 def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathlib.Path | None,
            progress: bool, wandb: Any = None) -> None:
-    from ppo_async.runs.run_dir import ERROR_FILE, checkpoint_dir, write_atomically
+    from ppo_async.runs.checkpoint import list_checkpoints
+    from ppo_async.runs.run_dir import ERROR_FILE, RunFileError, checkpoint_dir, write_atomically
     from ppo_async.runtime.actor import ActorError
     from ppo_async.runtime.learner import LearnerTimeoutError, NonFiniteError
     from ppo_async.train import ShutdownTimeoutError, train
@@ -124,13 +125,19 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
     try:
         report = train(config, run_dir=run_dir, resume_from=resume, progress=progress,
                        wandb=wandb).report
-    except (ActorError, LearnerTimeoutError, NonFiniteError, ShutdownTimeoutError) as error:
-        log = write_atomically(run_dir / ERROR_FILE, traceback.format_exc().encode())
-        first_line = one_line(error) or type(error).__name__
-        checkpoints = checkpoint_dir(run_dir)
-        resumable = checkpoints.is_dir() and any(checkpoints.iterdir())
+    except (ActorError, LearnerTimeoutError, NonFiniteError, ShutdownTimeoutError,
+            OSError) as error:  # OSError: a full disk, say (a RunFileError names the file)
+        try:
+            log = write_atomically(run_dir / ERROR_FILE, traceback.format_exc().encode())
+            kept = f"traceback in {log}"
+        except OSError as unwritable:  # the disk that failed the run may refuse this too
+            kept = f"no traceback kept: {unwritable}"
+        said = one_line(error) or type(error).__name__
+        if not isinstance(error, RunFileError):  # its message says what it is
+            said = f"{type(error).__name__}: {said}"
+        resumable = bool(list_checkpoints(checkpoint_dir(run_dir)))
         print(
-            f"ppo-async: {type(error).__name__}: {first_line} (traceback in {log})"
+            f"ppo-async: {said} ({kept})"
             + (f"; resume with: ppo-async train --resume {run_dir}" if resumable else ""),
             file=sys.stderr,
         )
@@ -683,6 +690,9 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"ppo-async: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as error:  # writing a video or a figure failed (a full disk, a read-only one)
+        print(f"ppo-async: {' '.join(str(error).split())}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":
