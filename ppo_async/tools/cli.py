@@ -18,14 +18,17 @@ register custom envs; the current directory is on ``sys.path`` (as with
 ``python -m``), and config.json records them, so ``eval``, ``enjoy`` and
 ``--resume`` of such a run need no flag.
 
-Every error a user can cause (a bad flag value, a misspelled flag, a missing
-or damaged run directory, nothing to resume) is one line on stderr with the
-fix, exit code 2; tyro's parse errors are condensed to one line that keeps
-its suggestion (`one_line_parse_error`). A run that fails while training (an
-actor raised, a stuck env, NaN) prints one line, keeps the traceback in
-``RUN_DIR/error.txt`` and exits with 1; Ctrl-C prints the update reached and
-the resume command and exits with 130. Warnings (a skipped checkpoint, a
-damaged metrics line) are one line each, ``ppo-async: warning: ...``.
+Exit codes (docs/reliability.md has them in one table): 0 done; 1 the run
+failed; 2 bad input or a refused command; 130 interrupted. Every error a user
+can cause (a bad flag value, a misspelled flag, a missing or damaged run
+directory, nothing to resume, a run directory another process is writing) is
+one line on stderr with the fix, exit code 2; tyro's parse errors are
+condensed to one line that keeps its suggestion (`one_line_parse_error`). A
+run that fails while training (an actor raised, a stuck env, NaN, a write the
+disk refused) prints one line, keeps the traceback in ``RUN_DIR/error.txt``
+and exits with 1; Ctrl-C prints the update reached and the resume command and
+exits with 130. Warnings (a skipped checkpoint, a damaged metrics line) are
+one line each, ``ppo-async: warning: ...``.
 """
 
 from __future__ import annotations
