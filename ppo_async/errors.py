@@ -1,4 +1,4 @@
-"""`ConfigError`: a configuration that cannot run.
+"""`ConfigError`: a configuration that cannot run; `RunFileError`: a write the disk refused.
 
 Below every other module, so that the config's validation and the math's
 lookups that a config names (`ppo_async.core.devices` resolving a device
@@ -8,12 +8,34 @@ every "unknown name" message gives; `one_line` is how the command line and a
 sweep's table say an error.
 """
 
+from __future__ import annotations
+
 import difflib
+import os
 from collections.abc import Iterable
 
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names the field and the fix."""
+
+
+class RunFileError(OSError):
+    """Writing a run's file failed (no space, read-only, a quota, a vanished directory).
+
+    ``filename`` is the file the run was writing (not a temporary one);
+    ``errno`` and ``strerror`` are the system's. Its message is one line.
+    """
+
+    @classmethod
+    def of(cls, path: str | os.PathLike, error: OSError) -> RunFileError:
+        """``error`` as the failure to write ``path`` (itself, if it already is one)."""
+        if isinstance(error, RunFileError):
+            return error
+        return cls(error.errno, error.strerror or str(error), str(path))
+
+    def __str__(self) -> str:
+        why = f"[Errno {self.errno}] {self.strerror}" if self.errno is not None else self.strerror
+        return f"writing {self.filename} failed: {why}"
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

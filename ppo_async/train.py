@@ -77,6 +77,7 @@ from ppo_async.runs.run_dir import (
     write_atomically,
     write_json,
 )
+from ppo_async.runs.run_lock import RunLock
 from ppo_async.runs.run_log import RunLog
 from ppo_async.runs.wandb_log import WandbSettings
 from ppo_async.runtime.actor import EVALUATOR_ID, ActorError, ActorStart, exact_version
@@ -384,13 +385,22 @@ class _RunDirectories(NamedTuple):
     run_dir: pathlib.Path | None  # where this run writes
     resume_from: pathlib.Path | None  # where it reads its checkpoint
     fresh: bool  # run_dir is a new or empty directory, made only once every check has passed
+    lock: RunLock | None  # run_dir's writer lock: taken here if it exists, else by `_open_run`
 
 
 def _run_directories(
     config: AsyncActorLearnerConfig, run_dir: str | pathlib.Path | None,
-    resume_from: str | pathlib.Path | None,
+    resume_from: str | pathlib.Path | None, cleanup: contextlib.ExitStack,
 ) -> _RunDirectories:
-    """The run's directories, checked; nothing is created here (see `_open_run`)."""
+    """The run's directories, checked and locked; nothing but the lock file is created here
+    (see `_open_run`). ``cleanup`` releases the lock once the run's last file is written."""
+    if run_dir is not None or resume_from is not None:
+        lock = RunLock(pathlib.Path(run_dir if run_dir is not None else resume_from))
+        cleanup.callback(lock.release)
+        if lock.path.parent.is_dir():  # first: a directory being written is refused as busy
+            lock.acquire()
+    else:
+        lock = None
     fresh = run_dir is not None
     if resume_from is not None:
         resume_from = pathlib.Path(resume_from)
@@ -408,7 +418,7 @@ def _run_directories(
             f"checkpoint_every_updates={config.checkpoint_every_updates}: checkpoints "
             "need a run directory; pass run_dir (or set it to 0)"
         )
-    return _RunDirectories(run_dir, resume_from, fresh)
+    return _RunDirectories(run_dir, resume_from, fresh, lock)
 
 
 def _open_run(config: AsyncActorLearnerConfig, directories: _RunDirectories, progress: bool,
@@ -418,15 +428,19 @@ def _open_run(config: AsyncActorLearnerConfig, directories: _RunDirectories, pro
     that a refused config leaves no directory and a refused resume leaves its run as it was."""
     run_dir = directories.run_dir
     made = directories.fresh and not run_dir.exists()
-    if directories.fresh:
-        prepare_fresh(run_dir)
     try:
+        if directories.fresh:
+            prepare_fresh(run_dir)
+            directories.lock.acquire()  # a no-op where `_run_directories` took it
+            check_fresh(run_dir)  # again, locked: another writer may have begun meanwhile
         # W&B first (RunLog opens it before any file): a login failure writes no run file.
         run_log = RunLog(config, run_dir, progress, start_update=report.updates,
                          end_update=end_update, wandb=wandb)
     except BaseException:
-        if made and not any(run_dir.iterdir()):
-            run_dir.rmdir()
+        if made and directories.lock.held:
+            directories.lock.release()
+            if not any(run_dir.iterdir()):
+                run_dir.rmdir()
         raise
     if run_dir is not None:
         try:
@@ -511,7 +525,7 @@ def _train(
 ) -> TrainResult:
     """`train`'s body; ``cleanup`` is closed whenever it returns or raises."""
     enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
-    directories = _run_directories(config, run_dir, resume_from)
+    directories = _run_directories(config, run_dir, resume_from, cleanup)
     layout = resolve_layout(config)  # the one place a layout field is decided
     if progress:
         print(f"layout: {layout.describe()}", file=sys.stderr, flush=True)
@@ -750,12 +764,37 @@ class _Run:
                     self.run_log.evaluation(evaluation)
             except Exception as caught:  # noqa: BLE001 - raised below, like the run's own errors
                 error = caught
-        if self.run_log is not None:
-            self.run_log.close(failed=error is not None)
-        saved = self.checkpoints.save_latest() if self.run_dir is not None else None
+        error, saved = self._close_and_checkpoint(error)
         if error is not None:
             self._reraise(error, shutdown._replace(saved=saved))
         return self._result(shutdown)
+
+    def _close_and_checkpoint(
+            self, error: BaseException | None) -> tuple[BaseException | None, pathlib.Path | None]:
+        """Close the log and save the newest good state: (the run's error, the newest checkpoint).
+
+        A write the disk refuses (`ppo_async.errors.RunFileError`) becomes the run's
+        error, or a note on the one it already has, which says more.
+        """
+        refused: list[str] = []
+        if self.run_log is not None:
+            try:
+                self.run_log.close(failed=error is not None)
+            except OSError as failed:
+                error = error if error is not None else failed
+                refused.append(f"the log was not closed cleanly: {failed}")
+        saved = None
+        if self.run_dir is not None:
+            try:
+                saved = self.checkpoints.save_latest()
+            except OSError as failed:
+                error = error if error is not None else failed
+                refused.append(f"the newest state was not checkpointed: {failed}")
+                saved = self.checkpoints.last_path
+        for note in refused:
+            if str(error) not in note:  # the error itself needs no note repeating it
+                error.add_note(note)
+        return error, saved
 
     def _reraise(self, error: BaseException, shutdown: _Shutdown) -> NoReturn:
         """Raise ``error`` with what the shutdown left noted on it (Ctrl-C: as `TrainingInterrupted`)."""

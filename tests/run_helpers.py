@@ -1,10 +1,14 @@
 """Helpers the tests of several packages share."""
 
+import contextlib
 import functools
 import importlib
 import os
 import pathlib
+import select
 import signal
+import subprocess
+import sys
 
 import flax.serialization
 import jax
@@ -166,3 +170,33 @@ def assert_spinning_actor_was_killed(train, config, marker: pathlib.Path, gone) 
     assert (f"actor process {spinning_pid}, before it was killed: "
             f"ppo-actor-{info.value.actor_ids[0]} (at run_helpers.py:" in where
             and " in step <- " in where)
+
+
+_HOLD = """
+import sys
+from ppo_async.runs.run_lock import RunLock
+lock = RunLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+lock.release()
+"""
+
+
+@contextlib.contextmanager
+def held_by_another_process(run_dir):
+    """A process holding ``run_dir``'s lock until the block ends (closing its stdin)."""
+    process = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready and process.stdout.readline() == "held\n", "the holder did not lock"
+        yield process
+    finally:
+        if process.poll() is None:
+            process.stdin.close()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)

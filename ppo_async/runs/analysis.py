@@ -36,10 +36,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ppo_async.runs.run_dir import (
+    MAX_METRICS_LINE_BYTES,
+    MAX_RECORD_BYTES,
     METRICS_FILE,
     SEGMENTS_FILE,
     SUMMARY_FILE,
     metrics_lines,
+    read_bounded,
     read_config_fields,
 )
 
@@ -73,10 +76,11 @@ def read_metrics(run_dir: str | pathlib.Path) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"{path}: no metrics; is {run_dir} a run directory?")
     updates: list[dict[str, Any]] = []
     evaluations: list[dict[str, Any]] = []
-    for number, _, record in metrics_lines(path):
+    for number, line, record in metrics_lines(path):
         if record is None:
-            warnings.warn(f"{path}, line {number}: not a JSON object (cut by a crash?); skipped",
-                          MetricsWarning, stacklevel=2)
+            why = ("not a JSON object (cut by a crash?)" if line is not None else
+                   f"longer than {MAX_METRICS_LINE_BYTES} bytes, not a metrics line")
+            warnings.warn(f"{path}, line {number}: {why}; skipped", MetricsWarning, stacklevel=2)
             continue
         record = {k: math.nan if v is None else v for k, v in record.items()}
         is_evaluation = "update" in record and record.keys() <= EVALUATION_KEYS
@@ -186,10 +190,11 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
                                if isinstance(value, (int, float))))
     metrics = {name: np.array([_as_float(r.get(name)) for r in records], dtype=np.float64)
                for name in names}
-    summary_path = path / SUMMARY_FILE
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-    segments_path = path / SEGMENTS_FILE
-    segments = json.loads(segments_path.read_text()) if segments_path.is_file() else []
+    summary_path, segments_path = path / SUMMARY_FILE, path / SEGMENTS_FILE
+    summary = (json.loads(read_bounded(summary_path, MAX_RECORD_BYTES))
+               if summary_path.is_file() else None)
+    segments = (json.loads(read_bounded(segments_path, MAX_RECORD_BYTES))
+                if segments_path.is_file() else [])
     if "wall_time_s" not in metrics and {"env_steps", "env_steps_per_s"} <= metrics.keys():
         metrics["wall_time_s"] = _wall_time(metrics, segments)
     if "wall_time_s" in metrics:

@@ -41,11 +41,19 @@ import jax
 import numpy as np
 
 from ppo_async.config import ConfigError
-from ppo_async.runs.run_dir import is_temp_file, write_atomically
+from ppo_async.runs.run_dir import RunFileError, is_temp_file, write_atomically
 
 _FORMAT = "ppo_async-checkpoint"
 _FORMAT_VERSION = 1
 _NAME = re.compile(r"ckpt_(\d{9,})\.msgpack")
+
+# A checkpoint's header (format, checksum, step, counters, config) is in its
+# first bytes, the state after it; a config of a few KB leaves room to spare.
+HEADER_LIMIT = 1 << 20
+# What a file may hold beyond its arrays' own bytes: per leaf its msgpack key,
+# shape and dtype (tens of bytes), and the envelope.
+_MARGIN_PER_LEAF = 512
+_MARGIN = 64 << 10
 
 # Config fields a resumed run may not change, and why:
 #   env_id       -- observation and action spaces, hence every param shape, and
@@ -160,15 +168,38 @@ def _restore_state(template: Any, saved_state_dict: Any) -> Any:
     )
 
 
+def size_bounds(state_dict: Any) -> tuple[int, int]:
+    """The fewest and most bytes flax msgpack of ``state_dict`` takes: its arrays' bytes, and
+    those plus a margin for the keys, shapes and dtypes (``_MARGIN_PER_LEAF`` per leaf)."""
+    leaves = jax.tree.leaves(state_dict)
+    low = sum(leaf.nbytes for leaf in map(np.asarray, leaves) if leaf.dtype != object)
+    return low, low + _MARGIN + _MARGIN_PER_LEAF * len(leaves)
+
+
+def _check_size(size: int, low: int, high: int, what: str) -> None:
+    """Raise ValueError giving both sizes unless ``low <= size <= high`` (checked before
+    reading: a huge file, a sparse one say, is refused without reading a byte of it)."""
+    if size < low:
+        raise ValueError(f"is {size} bytes, where {what} would be {low} to {high}: truncated, "
+                         "or another run's that does not fit")
+    if size > high:
+        raise ValueError(f"is {size} bytes, where {what} would be {low} to {high}: it does not fit "
+                         "(another run's, or damaged)")
+
+
 def read_params(path: str | os.PathLike, template: Any) -> Any:
     """A params file (``params.msgpack``: flax bytes of a params pytree) in ``template``'s structure.
 
-    Raises ValueError saying what is wrong: bytes that do not decode (a file
-    cut by a crash), or params that do not fit ``template`` (another run's:
-    another env or network). The file has no checksum; a decoded tree must
-    match every leaf's path, shape and dtype.
+    Raises ValueError saying what is wrong: a size that ``template`` rules out
+    (checked before reading), bytes that do not decode (a file cut by a
+    crash), or params that do not fit ``template`` (another run's: another
+    env or network). The file has no checksum; a decoded tree must match
+    every leaf's path, shape and dtype.
     """
-    content = pathlib.Path(path).read_bytes()
+    path = pathlib.Path(path)
+    _check_size(path.stat().st_size, *size_bounds(_state_dict(template)),
+                "the params of this run's network")
+    content = path.read_bytes()
     try:
         state_dict = flax.serialization.msgpack_restore(content)
     except Exception as error:  # noqa: BLE001 - msgpack's errors vary with the damage
@@ -246,7 +277,10 @@ def save_checkpoint(
     if _as_int("step", step) < 0:
         raise ValueError(f"step={step}: must be >= 0")
     directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunFileError.of(directory, error) from error
     content = encode_checkpoint(
         step=step, state=state, counters=counters, config_dict=config_dict
     )
@@ -263,6 +297,8 @@ def save_checkpoint(
             stale_path.unlink()
         except FileNotFoundError:
             pass
+        except OSError as error:
+            raise RunFileError.of(stale_path, error) from error
     return path
 
 
@@ -341,24 +377,71 @@ def read_checkpoint(
     """
     path = pathlib.Path(path)
     try:
-        content = path.read_bytes()
-        step, counters, saved_config, state_dict = _decode(content)
-        match = _NAME.fullmatch(path.name)
-        if match and int(match.group(1)) != step:
-            raise ValueError(f"file name says step {int(match.group(1))}, contents say {step}")
+        size = path.stat().st_size
+        header_config, state_at = _read_header(path)
     except (OSError, ValueError) as error:
         raise CheckpointError(f"checkpoint {path}: {error}") from error
     if config_dict is not None:
-        check_resume_compatible(saved_config, config_dict, locked_fields=locked_fields)
+        check_resume_compatible(header_config, config_dict, locked_fields=locked_fields)
     try:
-        template = template_state(saved_config) if callable(template_state) else template_state
+        template = template_state(header_config) if callable(template_state) else template_state
+        low, high = size_bounds(_state_dict(template))
+        _check_size(size, state_at + low, state_at + high, "a checkpoint of this state")
+        step, counters, saved_config, state_dict = _decode(path.read_bytes())
+        match = _NAME.fullmatch(path.name)
+        if match and int(match.group(1)) != step:
+            raise ValueError(f"file name says step {int(match.group(1))}, contents say {step}")
         state = _restore_state(template, state_dict)
         loaded = LoadedCheckpoint(state, step, counters, saved_config, path)
         if validate is not None:
             validate(loaded)
-    except (ValueError, TypeError, KeyError) as error:
+    except (OSError, ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"checkpoint {path}: {error}") from error
     return loaded
+
+
+def _read_header(path: pathlib.Path) -> tuple[dict[str, Any], int]:
+    """``(saved config, offset of the state)`` from a checkpoint's first `HEADER_LIMIT` bytes.
+
+    The envelope keeps the payload last, and the payload its state last
+    (`encode_checkpoint`), so both are found without reading the state. The
+    checksum is checked later, when the whole file is read.
+    """
+    import msgpack
+
+    with open(path, "rb") as file:
+        prefix = file.read(HEADER_LIMIT)
+    try:
+        envelope = msgpack.Unpacker(raw=False)
+        envelope.feed(prefix)
+        fields = {}
+        for _ in range(envelope.read_map_header()):
+            key = envelope.unpack()
+            if key == "payload":
+                break
+            fields[key] = envelope.unpack()
+        else:
+            raise ValueError("no payload")
+        if fields.get("format") != _FORMAT:
+            raise ValueError("not a ppo_async checkpoint (no format marker)")
+        at = envelope.tell()
+        at += 1 + {0xc4: 1, 0xc5: 2, 0xc6: 4}[prefix[at]]  # the payload's bin8/16/32 header
+        body = msgpack.Unpacker(raw=False)
+        body.feed(prefix[at:])
+        payload = {}
+        for _ in range(body.read_map_header()):
+            key = body.unpack()
+            if key == "state":
+                config = json.loads(payload["config_json"])
+                if not isinstance(config, dict):
+                    raise ValueError("the saved config is not a JSON object")
+                return config, at + body.tell()
+            payload[key] = body.unpack()
+        raise ValueError("no state")
+    except Exception as error:  # noqa: BLE001 - msgpack raises several types on bad input
+        raise ValueError(
+            f"its header does not decode, likely truncated ({len(prefix)} bytes read; "
+            f"{type(error).__name__}: {error})") from error
 
 
 def load_latest_checkpoint(

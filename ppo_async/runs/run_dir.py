@@ -15,6 +15,8 @@ A run directory holds
 ``params.msgpack``  flax bytes of the final params
 ``summary.json``    the final `LearnerReport`
 ``log.txt``         each actor restart: its one-line notice and traceback
+``.lock``           held by the one process writing the run, and removed
+                    when it ends (`ppo_async.runs.run_lock`)
 =================== =====================================================
 
 Two rules hold for every file: nothing is written through a symbolic link
@@ -41,6 +43,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
+from ppo_async.errors import RunFileError
+from ppo_async.runs.run_lock import LOCK_FILE
 
 CONFIG_FILE = "config.json"
 SEGMENTS_FILE = "segments.json"
@@ -50,6 +54,14 @@ SUMMARY_FILE = "summary.json"
 ERROR_FILE = "error.txt"  # the traceback of a run that failed (the CLI's, the freeze watchdog's)
 LOG_FILE = "log.txt"  # what the run's restart notices leave off stderr: their tracebacks
 CHECKPOINT_SUBDIR = "checkpoints"
+
+# The most a reader takes of a file it reads whole, or of one metrics line: far
+# above what a run writes (config.json: a few KB; segments.json and
+# summary.json: that per segment or a few hundred bytes per actor; a metrics
+# line: 1-2 KB), so only a damaged file is refused.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_RECORD_BYTES = 64 << 20
+MAX_METRICS_LINE_BYTES = 1 << 20
 
 TEMP_PREFIX = ".tmp-"  # temporary files of atomic writes; readers ignore them
 # Older versions' checkpoint temporaries were named .ckpt_<random>.tmp.
@@ -76,22 +88,28 @@ def write_atomically(path: str | os.PathLike, content: bytes) -> pathlib.Path:
 
     Readers see the old file or the new one, never a part. The temporary file
     is created with ``O_EXCL`` (it never follows a link), and a link at
-    ``path`` itself is refused rather than replaced.
+    ``path`` itself is refused rather than replaced. A failure is a
+    `RunFileError` naming ``path``; the temporary file is removed.
     """
     path = pathlib.Path(path)
     refuse_link(path)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.")
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.")
+    except OSError as error:
+        raise RunFileError.of(path, error) from error
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(content)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as error:
         try:
             os.unlink(temp)
-        except FileNotFoundError:
+        except OSError:  # gone already, or the directory went read-only: nothing more to do
             pass
+        if isinstance(error, OSError):
+            raise RunFileError.of(path, error) from error
         raise
     _fsync_directory(path.parent)
     return path
@@ -171,7 +189,8 @@ def check_fresh(run_dir: pathlib.Path) -> None:
     if run_dir.exists():
         if not run_dir.is_dir():
             raise ConfigError(f"run_dir={str(run_dir)!r}: exists and is not a directory")
-        entries = sorted(p.name for p in run_dir.iterdir())
+        # The lock file is its writer's (`ppo_async.runs.run_lock`), not a run file.
+        entries = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE)
         if entries:
             raise ConfigError(
                 f"run_dir={str(run_dir)!r} is not empty ({', '.join(entries[:5])}"
@@ -257,7 +276,7 @@ def read_segments(run_dir: pathlib.Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     try:
-        segments = json.loads(path.read_text())
+        segments = json.loads(read_bounded(path, MAX_RECORD_BYTES))
     except ValueError as error:
         raise ConfigError(f"{path}: not valid JSON ({error}); the run directory is damaged") from None
     if not isinstance(segments, list):
@@ -307,16 +326,29 @@ class MetricsFile:
         self.path = run_dir / METRICS_FILE
         refuse_link(self.path)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
-        self._fd = os.open(self.path, flags, 0o644)
+        try:
+            self._fd = os.open(self.path, flags, 0o644)
+        except OSError as error:
+            raise RunFileError.of(self.path, error) from error
 
     def write(self, metrics: Mapping[str, Any]) -> None:
+        """Append one line; `RunFileError` if the disk refuses it (a short write included)."""
         # One write of one whole line: a crash leaves whole lines (at most the last one cut).
-        os.write(self._fd, (strict_json(metrics) + "\n").encode())
+        line = (strict_json(metrics) + "\n").encode()
+        try:
+            written = os.write(self._fd, line)
+            while written < len(line):  # a full disk, or a file-size limit, takes a part
+                written += os.write(self._fd, line[written:])
+        except OSError as error:
+            raise RunFileError.of(self.path, error) from error
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError as error:
+                raise RunFileError.of(self.path, error) from error
 
 
 def cut_metrics_after(run_dir: pathlib.Path, update: int) -> int:
@@ -336,22 +368,41 @@ def cut_metrics_after(run_dir: pathlib.Path, update: int) -> int:
     return len(kept)
 
 
-def metrics_lines(path: pathlib.Path) -> list[tuple[int, str, dict[str, Any] | None]]:
+def metrics_lines(path: pathlib.Path) -> list[tuple[int, str | None, dict[str, Any] | None]]:
     """``(line number, line, record)`` of each non-blank line of a ``metrics.jsonl``.
 
     ``record`` is None for a line that is not a JSON object (one cut by a
-    crash, or damaged); line numbers count from 1.
+    crash, or damaged); ``line`` is None too for one over
+    `MAX_METRICS_LINE_BYTES`, which is passed over without being held whole.
+    Line numbers count from 1.
     """
-    lines = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        lines.append((number, line, record if isinstance(record, dict) else None))
+    lines: list[tuple[int, str | None, dict[str, Any] | None]] = []
+    with open(path, "rb") as file:
+        for number, raw in enumerate(iter(lambda: file.readline(MAX_METRICS_LINE_BYTES + 1), b""),
+                                     start=1):
+            if len(raw) > MAX_METRICS_LINE_BYTES:
+                while raw and not raw.endswith(b"\n"):  # the rest of it, a bounded piece at a time
+                    raw = file.readline(MAX_METRICS_LINE_BYTES)
+                lines.append((number, None, None))
+                continue
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            lines.append((number, line, record if isinstance(record, dict) else None))
     return lines
+
+
+def read_bounded(path: pathlib.Path, limit: int) -> str:
+    """``path``'s text; `ConfigError` giving both sizes, without reading it, if it is over ``limit`` bytes."""
+    size = path.stat().st_size
+    if size > limit:
+        raise ConfigError(f"{path} is {size} bytes, more than the {limit} such a file can hold "
+                          "(a run writes a few KB): damaged, or not a run's file")
+    return path.read_text()
 
 
 def read_config_fields(run_dir: pathlib.Path) -> dict[str, Any] | None:
@@ -364,7 +415,9 @@ def read_config_fields(run_dir: pathlib.Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        fields = json.loads(path.read_text())
+        fields = json.loads(read_bounded(path, MAX_CONFIG_BYTES))
+    except ConfigError:
+        raise
     except ValueError as error:
         raise ConfigError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(fields, dict):

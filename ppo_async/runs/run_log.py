@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ppo_async.config import AsyncActorLearnerConfig
-from ppo_async.runs.run_dir import MetricsFile, cut_metrics_after
+from ppo_async.runs.run_dir import MetricsFile, RunFileError, cut_metrics_after
 from ppo_async.runs.wandb_log import WandbRun, WandbSettings
 
 # How long closing the TensorBoard event file may take before the run goes on without it.
@@ -139,7 +139,10 @@ class EventFile:
         self._event, self._summary, self._crc = Event, Summary, masked_crc32c
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{suffix}"
         self.path = run_dir / name
-        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by the writer thread)
+        try:
+            self._file = open(self.path, "wb")  # noqa: SIM115 (closed by the writer thread)
+        except OSError as error:
+            raise RunFileError.of(self.path, error) from error
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.failed: BaseException | None = None  # what stopped the writer thread
         self._reported = False
@@ -151,11 +154,13 @@ class EventFile:
     def add(self, step: int, values: list[tuple[str, float]]) -> None:
         """Queue one event: ``values`` as scalars at ``step``, stamped with the time now.
 
-        Raises what stopped the writer thread (a full disk), once.
+        Raises what stopped the writer thread (a full disk), once, as a `RunFileError`.
         """
         if self.failed is not None and not self._reported:
             self._reported = True
-            raise OSError(f"writing the TensorBoard event file {self.path} failed") from self.failed
+            failed = (self.failed if isinstance(self.failed, OSError)
+                      else OSError(None, f"{type(self.failed).__name__}: {self.failed}"))
+            raise RunFileError.of(self.path, failed) from self.failed
         self._queue.put((time.time(), step, values))
 
     def _write(self, event) -> None:
@@ -292,12 +297,22 @@ class RunLog:
             self.wandb.log_evaluation(metrics)
 
     def close(self, failed: bool = False) -> None:
-        """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so)."""
+        """Flush and close everything; ``failed``: the run ended with an error (W&B marks it so).
+
+        Raises the `RunFileError` of closing ``metrics.jsonl`` (a network disk may
+        report a failed write only then) once the rest is closed.
+        """
+        unwritten = None
         if self.metrics is not None:
-            self.metrics.close()
+            try:
+                self.metrics.close()
+            except OSError as error:
+                unwritten = error
         if self.events is not None:
             self.events.close()
         if self.bar is not None:
             self.bar.close()
         if self.wandb is not None:
-            self.wandb.finish(exit_code=1 if failed else 0)
+            self.wandb.finish(exit_code=1 if failed or unwritten is not None else 0)
+        if unwritten is not None:
+            raise unwritten

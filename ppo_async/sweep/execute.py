@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from ppo_async.config import ConfigError
 from ppo_async.runs.run_dir import write_atomically
+from ppo_async.runs.run_lock import RunLock
 from ppo_async.sweep.pools import Finished, Job, LocalPool, RayPool, job_message, make_jobs
 from ppo_async.sweep.spec import SWEEP_FILE, SweepRun, SweepSpec, load_sweep, point_label
 from ppo_async.sweep.table import RunsTable, finished_figures, run_state, write_summary
@@ -159,7 +160,8 @@ def execute_sweep(sweep: str | os.PathLike | Mapping[str, Any] | SweepSpec,
     table = RunsTable(out, plan.runs, plan.spec.fields())
     for run in pending:
         if plan.states[run.name] == "restart":  # no checkpoint to resume from: start again
-            shutil.rmtree(out / run.name)
+            with RunLock(out / run.name):  # refused if another process is writing it
+                shutil.rmtree(out / run.name)
         table.set(run.name, status="pending")
     table.write()
     command = continue_command(sweep, out, workers=workers if backend == "local" else None,

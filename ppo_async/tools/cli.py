@@ -18,14 +18,17 @@ register custom envs; the current directory is on ``sys.path`` (as with
 ``python -m``), and config.json records them, so ``eval``, ``enjoy`` and
 ``--resume`` of such a run need no flag.
 
-Every error a user can cause (a bad flag value, a misspelled flag, a missing
-or damaged run directory, nothing to resume) is one line on stderr with the
-fix, exit code 2; tyro's parse errors are condensed to one line that keeps
-its suggestion (`one_line_parse_error`). A run that fails while training (an
-actor raised, a stuck env, NaN) prints one line, keeps the traceback in
-``RUN_DIR/error.txt`` and exits with 1; Ctrl-C prints the update reached and
-the resume command and exits with 130. Warnings (a skipped checkpoint, a
-damaged metrics line) are one line each, ``ppo-async: warning: ...``.
+Exit codes (docs/reliability.md has them in one table): 0 done; 1 the run
+failed; 2 bad input or a refused command; 130 interrupted. Every error a user
+can cause (a bad flag value, a misspelled flag, a missing or damaged run
+directory, nothing to resume, a run directory another process is writing) is
+one line on stderr with the fix, exit code 2; tyro's parse errors are
+condensed to one line that keeps its suggestion (`one_line_parse_error`). A
+run that fails while training (an actor raised, a stuck env, NaN, a write the
+disk refused) prints one line, keeps the traceback in ``RUN_DIR/error.txt``
+and exits with 1; Ctrl-C prints the update reached and the resume command and
+exits with 130. Warnings (a skipped checkpoint, a damaged metrics line) are
+one line each, ``ppo-async: warning: ...``.
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ def _rounding_note(config: AsyncActorLearnerConfig) -> str | None:
 
 def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathlib.Path | None,
            progress: bool, wandb: Any = None) -> None:
-    from ppo_async.runs.run_dir import ERROR_FILE, checkpoint_dir, write_atomically
+    from ppo_async.runs.checkpoint import list_checkpoints
+    from ppo_async.runs.run_dir import ERROR_FILE, RunFileError, checkpoint_dir, write_atomically
     from ppo_async.runtime.actor import ActorError
     from ppo_async.runtime.learner import LearnerTimeoutError, NonFiniteError
     from ppo_async.train import ShutdownTimeoutError, train
@@ -124,13 +128,19 @@ def _train(config: AsyncActorLearnerConfig, run_dir: pathlib.Path, resume: pathl
     try:
         report = train(config, run_dir=run_dir, resume_from=resume, progress=progress,
                        wandb=wandb).report
-    except (ActorError, LearnerTimeoutError, NonFiniteError, ShutdownTimeoutError) as error:
-        log = write_atomically(run_dir / ERROR_FILE, traceback.format_exc().encode())
-        first_line = one_line(error) or type(error).__name__
-        checkpoints = checkpoint_dir(run_dir)
-        resumable = checkpoints.is_dir() and any(checkpoints.iterdir())
+    except (ActorError, LearnerTimeoutError, NonFiniteError, ShutdownTimeoutError,
+            OSError) as error:  # OSError: a full disk, say (a RunFileError names the file)
+        try:
+            log = write_atomically(run_dir / ERROR_FILE, traceback.format_exc().encode())
+            kept = f"traceback in {log}"
+        except OSError as unwritable:  # the disk that failed the run may refuse this too
+            kept = f"no traceback kept: {unwritable}"
+        said = one_line(error) or type(error).__name__
+        if not isinstance(error, RunFileError):  # its message says what it is
+            said = f"{type(error).__name__}: {said}"
+        resumable = bool(list_checkpoints(checkpoint_dir(run_dir)))
         print(
-            f"ppo-async: {type(error).__name__}: {first_line} (traceback in {log})"
+            f"ppo-async: {said} ({kept})"
             + (f"; resume with: ppo-async train --resume {run_dir}" if resumable else ""),
             file=sys.stderr,
         )
@@ -667,6 +677,7 @@ def main(argv: list[str] | None = None) -> None:
     from ppo_async.envs.host import HostEnvError
     from ppo_async.envs.registry import BackendNotInstalledError, UnknownEnvError
     from ppo_async.runs.checkpoint import CheckpointError
+    from ppo_async.runs.run_lock import RunDirectoryBusy
     from ppo_async.runtime.messages import PolicyLoadError
     from ppo_async.tools.video import RenderError
 
@@ -681,6 +692,9 @@ def main(argv: list[str] | None = None) -> None:
         # train() raises TrainingInterrupted, whose message names the update and the resume command.
         print(f"\nppo-async: {str(interrupt) or 'interrupted'}", file=sys.stderr)
         raise SystemExit(130) from None
+    except RunDirectoryBusy as error:  # a refused command, not a bad value
+        print(f"ppo-async: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     except ConfigError as error:
         print(f"ppo-async: invalid configuration: {error}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -689,6 +703,9 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"ppo-async: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as error:  # writing a video or a figure failed (a full disk, a read-only one)
+        print(f"ppo-async: {' '.join(str(error).split())}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -30,11 +30,13 @@ action reached) is not drawn: the next frame is the next episode's first.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import importlib.util
 import os
 import pathlib
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -47,6 +49,7 @@ from ppo_async.core.devices import resolve_device
 from ppo_async.envs.backends import VIDEO_EXTRA, RenderError
 from ppo_async.envs.episodes import EpisodePolicy, run_episodes
 from ppo_async.envs.registry import env_backend
+from ppo_async.runs.run_dir import TEMP_PREFIX, RunFileError
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
 # What a recording may hold in memory before it is refused (an episode that did not end
@@ -129,12 +132,21 @@ def write_video(frames: np.ndarray, path: str | pathlib.Path, fps: float = 30.0,
                 progress: bool = False) -> pathlib.Path:
     """Write ``frames`` ``[F, H, W, 3]`` uint8 to ``path`` (.gif via pillow, .mp4 via ffmpeg).
 
+    Written to a temporary file beside ``path`` and renamed, so a failure (a
+    `RunFileError` naming ``path``) leaves no part of a video, and any old one whole.
     ``progress``: a bar of the frames written, on a terminal.
     """
     path = check_video_path(path)
     import imageio.v2 as imageio
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # The suffix picks imageio's writer.
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.stem}.",
+                                    suffix=path.suffix)
+        os.close(fd)
+    except OSError as error:
+        raise RunFileError.of(path, error) from error
     bar = _progress_bar(progress, f"writing {path.name}", len(frames))
     try:
         if path.suffix.lower() == ".gif":
@@ -148,7 +160,7 @@ def write_video(frames: np.ndarray, path: str | pathlib.Path, fps: float = 30.0,
 
             # What imageio.mimwrite does (the same bytes), with a bar; the duration of
             # one frame is in milliseconds.
-            Image.fromarray(frames[0]).save(path, format="GIF", save_all=len(frames) > 1,
+            Image.fromarray(frames[0]).save(temp, format="GIF", save_all=len(frames) > 1,
                                             append_images=rest(), duration=1000.0 / fps,
                                             loop=0)
         else:
@@ -157,10 +169,17 @@ def write_video(frames: np.ndarray, path: str | pathlib.Path, fps: float = 30.0,
                 # harmless here: the child only execs ffmpeg.
                 warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
                 # H.264 wants sizes divisible by 2; macro_block_size=2 pads at most a pixel.
-                with imageio.get_writer(path, fps=fps, macro_block_size=2) as writer:
+                with imageio.get_writer(temp, fps=fps, macro_block_size=2) as writer:
                     for frame in frames:
                         writer.append_data(frame)
                         bar.update()
+        os.replace(temp, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(error, OSError):
+            raise RunFileError.of(path, error) from error
+        raise
     finally:
         bar.close()
     return path

@@ -7,6 +7,7 @@ the names and shapes a real run writes, so the tests take milliseconds
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -365,3 +366,46 @@ def test_a_sweeps_long_labels_go_under_the_panels_without_overlapping_them(tmp_p
     box, page = legend.get_window_extent(renderer), figure.bbox
     assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0
     assert all(box.y1 < ax.get_tightbbox(renderer).y0 for ax in figure.axes)
+
+
+def test_an_over_long_metrics_line_is_skipped_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    from ppo_async.runs.analysis import MetricsWarning
+    from ppo_async.runs.run_dir import MAX_METRICS_LINE_BYTES, cut_metrics_after
+
+    run_dir = write_run(tmp_path / "run")
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    with path.open("w") as file:
+        file.write("\n".join(lines[:2]) + "\n")
+    os.truncate(path, path.stat().st_size + (64 << 20))  # line 3: 64 MiB of zeros (sparse)
+    with path.open("a") as file:
+        file.write("\n" + "\n".join(lines[2:]) + "\n")
+    tracemalloc.start()
+    try:
+        with pytest.warns(MetricsWarning, match=rf"line 3: longer than {MAX_METRICS_LINE_BYTES} "
+                                                 "bytes, not a metrics line; skipped"):
+            run = load_run(run_dir)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * MAX_METRICS_LINE_BYTES, peak
+    assert run.num_updates == UPDATES and run.metrics["update"].tolist() == list(range(1, 13))
+    # A resume cuts the log back: the over-long line goes with it.
+    assert cut_metrics_after(run_dir, 5) == 5
+    assert [json.loads(line)["update"] for line in path.read_text().splitlines()] == [1, 2, 3,
+                                                                                      4, 5]
+
+
+@pytest.mark.parametrize("name", ["config.json", "segments.json", "summary.json"])
+def test_a_huge_run_file_is_refused_giving_both_sizes_without_being_read(three_runs, capsys,
+                                                                          name):
+    from ppo_async.tools.cli import main
+
+    os.truncate(three_runs[0] / name, 2 << 30)  # 2 GiB, sparse: nothing on disk
+    with pytest.raises(SystemExit) as info:
+        main(["plot", str(three_runs[0])])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and line.startswith("ppo-async: invalid configuration: ")
+    assert f"{three_runs[0] / name} is {2 << 30} bytes, more than the " in line, line

@@ -1,8 +1,11 @@
 """Checkpoints: exact round trip, pruning, atomicity, damage detection, resume checks."""
 
+import contextlib
 import dataclasses
 import functools
 import os
+import time
+import tracemalloc
 import warnings
 
 import flax.serialization
@@ -20,7 +23,9 @@ from ppo_async.runs.checkpoint import (
     list_checkpoints,
     load_latest_checkpoint,
     read_checkpoint,
+    read_params,
     save_checkpoint,
+    size_bounds,
 )
 from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 from ppo_async.envs.gymnax_env import BatchedEnv
@@ -322,3 +327,58 @@ def test_actor_env_carry_round_trips(tmp_path):
             restored, original = jax.random.key_data(restored), jax.random.key_data(original)
         assert restored.dtype == original.dtype
         np.testing.assert_array_equal(restored, original)
+
+
+HUGE = 2 << 30  # bytes of a sparse file: it costs nothing on disk, 2 GiB to whoever reads it
+
+
+@contextlib.contextmanager
+def _bounded(seconds, peak_bytes):
+    """Asserts the block took under ``seconds`` and allocated under ``peak_bytes`` at its peak."""
+    tracemalloc.start()
+    start = time.monotonic()
+    try:
+        yield
+        elapsed, (_, peak) = time.monotonic() - start, tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elapsed < seconds and peak < peak_bytes, (elapsed, peak)
+
+
+def test_a_huge_checkpoint_is_skipped_by_its_size_without_being_read(tmp_path, trained_state,
+                                                                     template):
+    _save(tmp_path, 1, trained_state)
+    newest = _save(tmp_path, 2, trained_state)
+    os.truncate(newest, HUGE)  # its header intact, then zeros
+    with _bounded(seconds=10, peak_bytes=64 << 20):
+        with pytest.warns(CheckpointWarning,
+                          match=rf"ckpt_000000002\.msgpack: is {HUGE} bytes, where a checkpoint "
+                                r"of this state would be \d+ to \d+: it does not fit"):
+            assert load_latest_checkpoint(tmp_path, template).step == 1
+
+
+def test_a_checkpoint_size_is_bounded_by_the_state_its_own_config_gives(tmp_path, trained_state,
+                                                                        template):
+    path = _save(tmp_path, 1, trained_state)
+    saved = []
+
+    def template_of(config):  # a template shaped by the saved config, as resume's is
+        saved.append(config)
+        return template
+
+    assert read_checkpoint(path, template_of).step == 1  # the real size is in bounds
+    assert saved == [CONFIG.to_dict()]
+    low, high = size_bounds(flax.serialization.to_state_dict(jax.device_get(
+        template._replace(key=jax.random.key_data(template.key)))))
+    assert low < path.stat().st_size < high
+
+
+def test_a_huge_params_file_is_refused_by_its_size_without_being_read(tmp_path, trained_state):
+    path = tmp_path / "params.msgpack"
+    path.write_bytes(flax.serialization.to_bytes(jax.device_get(trained_state.params)))
+    assert read_params(path, trained_state.params) is not None
+    os.truncate(path, HUGE)
+    with _bounded(seconds=5, peak_bytes=16 << 20):
+        with pytest.raises(ValueError, match=rf"^is {HUGE} bytes, where the params of this run's "
+                                             r"network would be \d+ to \d+: it does not fit"):
+            read_params(path, trained_state.params)

@@ -263,3 +263,27 @@ def test_a_renderer_that_fails_is_one_line(tmp_path, capsys):
     err = _enjoy_error("broken-renderer", _BrokenRenderer, tmp_path, capsys)
     assert ("host:broken-renderer: rendering failed: RuntimeError: an OpenGL platform library "
             "has not been loaded into this process") in err
+
+
+def test_a_video_that_cannot_be_written_is_one_line_and_the_old_one_stays_whole(
+        cartpole_run, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("pygame")
+    import errno
+
+    import imageio.v2
+
+    out = tmp_path / "video.gif"
+    out.write_bytes(b"the previous video")
+
+    def disk_full(path, frames, **options):
+        pathlib.Path(path).write_bytes(b"part of a video")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(imageio.v2, "mimwrite", disk_full)
+    with pytest.raises(SystemExit) as info:
+        main(["enjoy", str(cartpole_run), "--episodes", "1", "--out", str(out)])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 1
+    assert line == f"ppo-async: writing {out} failed: [Errno 28] No space left on device", line
+    assert out.read_bytes() == b"the previous video" and [p.name for p in tmp_path.iterdir()] == [
+        "video.gif"]
