@@ -527,9 +527,6 @@ def _train(
     enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
     directories = _run_directories(config, run_dir, resume_from, cleanup)
     layout = resolve_layout(config)  # the one place a layout field is decided
-    if progress:
-        print(f"layout: {layout.describe()}", file=sys.stderr, flush=True)
-    logger.info("layout: %s", layout.describe())
     run = _Run(layout.pin(config), layout, directories)
     run.ctrl_c = _CtrlC.install(cleanup)
     run.prepare()
@@ -663,6 +660,10 @@ class _Run:
         """Start the actors' side (a transport, or the learner's program), the run's files, the
         evaluator and the actors; run the learner."""
         config, watchdog = self.config, self.watchdog
+        # Said once the run's state is ready (a refused resume says only why).
+        if progress:
+            print(f"layout: {self.layout.describe()}", file=sys.stderr, flush=True)
+        logger.info("layout: %s", self.layout.describe())
         starts = [ActorStart(
             produced_steps=self.start_updates * config.num_steps,
             carry=jax.device_put(carry, self.actor_device) if carry is not None else None,

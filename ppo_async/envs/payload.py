@@ -79,17 +79,19 @@ def host_env_payload(pickler: Any, env_id: str, *,
     return HostEnvPayload(name, data, module.__name__, os.path.abspath(module.__file__))
 
 
-def sendable_payload(env_id: str, *, modules_by_value: bool = True
+def sendable_payload(env_id: str, *, modules_by_value: bool = True, load_back: bool = True
                      ) -> tuple[HostEnvPayload | None, str | None]:
     """``(payload, None)``: `host_env_payload` with cloudpickle, checked by loading it
     back here (``(None, None)`` for ids that are not ``host:``); or ``(None, why)`` when
     the factory cannot travel (it holds a lock or an open simulator), ``why`` the
-    error in one line."""
+    error in one line. Loading back sets a by-value class's methods on the class this
+    process defined (cloudpickle's class tracking), so a caller that keeps using the
+    factory here passes ``load_back=False``: the pickling alone is checked."""
     import cloudpickle  # a gymnasium dependency
 
     try:
         payload = host_env_payload(cloudpickle, env_id, modules_by_value=modules_by_value)
-        if payload is not None:
+        if payload is not None and load_back:
             pickle.loads(payload.factory)
     except Exception as error:  # noqa: BLE001 - any failure means: it stays in this process
         first_line = str(error).splitlines()[0] if str(error) else ""

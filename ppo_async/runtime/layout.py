@@ -252,11 +252,13 @@ def probe_host_env(config: AsyncActorLearnerConfig, budget_s: float = PROBE_BUDG
                     steps=len(walls), seconds=time.perf_counter() - start)
 
 
-def sendable(config: AsyncActorLearnerConfig) -> str | None:
-    """Why the env's factory cannot be sent to another process (None: it can)."""
+def sendable(config: AsyncActorLearnerConfig, *, load_back: bool = True) -> str | None:
+    """Why the env's factory cannot be sent to another process (None: it can). Without
+    ``load_back`` only its pickling is checked: loading it back here would change the
+    classes of a factory that then runs in this process (`sendable_payload`)."""
     from ppo_async.envs.payload import sendable_payload
 
-    why = sendable_payload(config.env_id)[1]
+    why = sendable_payload(config.env_id, load_back=load_back)[1]
     return None if why is None else f"{config.env_id}'s factory cannot be sent to another process ({why})"
 
 
@@ -275,7 +277,7 @@ def _host_backend(config: AsyncActorLearnerConfig, machine: Machine,
         return "threads", f"actor_device={config.actor_device!r}", probe
     if config.env_workers:
         return "threads", "env workers step the envs", probe
-    if sendable(config) is not None:
+    if sendable(config, load_back=False) is not None:
         return "threads", "the env's factory cannot leave this process", probe
     if config.exact_lag is not None and shares_calls(config, config.num_actors):
         # In threads the actors' calls are shared; processes would split them, and so change

@@ -959,9 +959,10 @@ def test_the_watchdog_is_released_on_every_way_out_and_says_nothing_after_a_norm
                    dataclasses.replace(TINY, actor_backend="processes"),
                    dataclasses.replace(TINY, freeze_watchdog=False)):
         assert watchdog.FreezeWatchdog.for_run(config, None, 0) is None
-    held = watchdog.FreezeWatchdog.for_run(TINY, None, 0)
+    threads = dataclasses.replace(TINY, actor_backend="threads")  # as train pins the layout
+    held = watchdog.FreezeWatchdog.for_run(threads, None, 0)
     try:
-        assert held is not None and watchdog.FreezeWatchdog.for_run(TINY, None, 0) is None
+        assert held is not None and watchdog.FreezeWatchdog.for_run(threads, None, 0) is None
     finally:
         held.close()
 
