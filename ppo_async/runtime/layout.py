@@ -291,27 +291,29 @@ def _host_backend(config: AsyncActorLearnerConfig, machine: Machine,
     return "threads", measured, probe
 
 
-def resolve_layout(config: AsyncActorLearnerConfig, machine: Machine | None = None, *,
-                   learner_program: bool = True, probe: EnvProbe | None = None) -> Layout:
-    """The run's `Layout`: every auto field of ``config`` decided, every set one obeyed.
-
-    ``actor_backend='auto'`` is never Ray (unless ``ray_address`` is set): a jitted env
-    runs in the learner's program where it can (`collects_in_learner`), else in thread
-    actors; a host env runs in actor processes where its factory can be sent, there are 2
-    cores or more and its step (measured, `probe_host_env`, unless ``probe`` is given)
-    takes at least `PROCESS_STEP_US` per env, else in thread actors. ``learner_program``
-    False: the env's rollout was replaced, so the learner's program cannot collect it.
-    Raises `ConfigError` for a set field that cannot work with this env or machine.
-    """
-    machine = machine or Machine.here()
-    backend, reason, measured = config.actor_backend, "as configured", None
+def _backend(config: AsyncActorLearnerConfig, machine: Machine,
+             probe: EnvProbe | None) -> tuple[str, str, EnvProbe | None]:
+    """``(actor backend, reason, probe)``: the config's, or what ``'auto'`` chooses; a set
+    backend (or actors_per_process, which asks for processes) that cannot work is refused."""
     jitted = is_jitted_env(config)
+    backend = config.actor_backend
     if backend == "processes" or (backend == "auto" and config.actors_per_process is not None):
         why = None if jitted else sendable(config)
         if why is not None:
             raise ConfigError(f"actor_backend={config.actor_backend!r}: {why}; define the "
                               "factory in an importable module, or use actor_backend='threads'")
-        backend = "processes"
+        return "processes", "as configured", None
+    if backend != "auto":
+        return backend, "as configured", None
+    if config.ray_address is not None:
+        return "ray", "ray_address is set", None
+    if jitted:
+        return "threads", "jitted env: its rollouts leave the GIL free", None
+    return _host_backend(config, machine, probe)
+
+
+def _check_workers_and_learner(config: AsyncActorLearnerConfig, learner_program: bool) -> None:
+    """Refuse env workers whose factory cannot travel, and a ``sampler='learner'`` that cannot run."""
     if config.env_workers and steps_in_workers(config):
         from ppo_async.envs.workers import portable_factory
 
@@ -319,17 +321,12 @@ def resolve_layout(config: AsyncActorLearnerConfig, machine: Machine | None = No
         if why is not None:
             raise ConfigError(f"env_workers={config.env_workers}: {config.env_id}: {why}; "
                               "define the factory in an importable module, or set env_workers=0")
-    if backend == "auto":
-        if config.ray_address is not None:
-            backend, reason = "ray", "ray_address is set"
-        elif jitted:
-            backend, reason = "threads", "jitted env"
-        else:
-            backend, reason, measured = _host_backend(config, machine, probe)
-    decided = dataclasses.replace(config, actor_backend=backend)
-    in_learner = collects_in_learner(decided, learner_program=learner_program)
-    if in_learner and config.sampler == "auto":
-        reason = "jitted env, exact lag, one device: the learner's program collects the chunks"
+    workers, groups = env_workers_and_groups(config)
+    if config.envs_per_actor % groups or config.envs_per_actor // groups < workers:
+        raise ConfigError(
+            f"env_workers={workers}: {groups} groups of {workers} env workers need "
+            f"envs_per_actor ({config.envs_per_actor}) divisible by {groups} with at least "
+            f"{workers} envs per group (one per worker); set env_groups or lower env_workers")
     if config.sampler == "learner" and not learner_program:
         raise ConfigError("sampler='learner': this env's rollout was replaced, so the "
                           "learner's program cannot collect it; use sampler='auto'")
@@ -338,32 +335,45 @@ def resolve_layout(config: AsyncActorLearnerConfig, machine: Machine | None = No
             f"sampler='learner' with learner_device={config.learner_device!r}: the actors' "
             "chunks run in the program of one learner device; name one device, or use "
             "sampler='auto'")
-    if backend == "processes":
-        per_process = actors_per_process(decided, machine.cores)
-    else:
-        per_process = 1 if backend == "ray" else config.num_actors
-    if in_learner:
-        collection, sampler = "learner", "learner"
-        batch = rolls_out_together(decided)
+
+
+def resolve_layout(config: AsyncActorLearnerConfig, machine: Machine | None = None, *,
+                   learner_program: bool = True, probe: EnvProbe | None = None) -> Layout:
+    """The run's `Layout`: every auto field of ``config`` decided, every set one obeyed.
+
+    ``actor_backend='auto'`` is never Ray (unless ``ray_address`` is set): a jitted env
+    runs in the learner's program where it can (`collects_in_learner`), else in thread
+    actors; a host env runs in actor processes where its factory can be sent, there are 2
+    cores or more, its thread actors would not share their calls, and its step
+    (measured, `probe_host_env`, unless ``probe`` is given) takes at least
+    `PROCESS_STEP_US` per env; else in thread actors. ``learner_program`` False: the
+    env's rollout was replaced, so the learner's program cannot collect it. Raises
+    `ConfigError` for a set field that cannot work with this env or machine.
+    """
+    machine = machine or Machine.here()
+    _check_workers_and_learner(config, learner_program)
+    backend, reason, measured = _backend(config, machine, probe)
+    decided = dataclasses.replace(config, actor_backend=backend)
+    jitted = is_jitted_env(config)
+    per_process = {"processes": actors_per_process(decided, machine.cores),
+                   "ray": 1}.get(backend, config.num_actors)
+    if collects_in_learner(decided, learner_program=learner_program):
+        collection, sampler, batch = "learner", "learner", rolls_out_together(decided)
+        if config.sampler == "auto":
+            reason = "jitted env, exact lag, one device: the learner's program collects the chunks"
     else:
         collection = backend
-        group = per_process if backend != "ray" else 1
-        if jitted:
+        if backend == "ray":  # a Ray actor process runs one actor
+            sampler, batch = "actors", False
+        elif jitted:
             sampler = "shared" if backend == "threads" and collects_as_group(decided) else "actors"
+            batch = shares_calls(decided, per_process)
         else:
-            sampler = "shared" if (backend != "ray"
-                                   and uses_shared_sampler(decided, group)) else "actors"
-        batch = backend != "ray" and shares_calls(decided, group)
-        if config.batch_inference is not None and backend != "ray":
-            batch = config.batch_inference
+            sampler = "shared" if uses_shared_sampler(decided, per_process) else "actors"
+            batch = shares_calls(decided, per_process)
     workers, groups = env_workers_and_groups(config)
-    if config.envs_per_actor % groups or config.envs_per_actor // groups < workers:
-        raise ConfigError(
-            f"env_workers={workers}: {groups} groups of {workers} env workers need "
-            f"envs_per_actor ({config.envs_per_actor}) divisible by {groups} with at least "
-            f"{workers} envs per group (one per worker); set env_groups or lower env_workers")
     return Layout(collection=collection, sampler=sampler, batch_inference=batch,
-                  jitted_env=jitted, num_actors=config.num_actors, envs_per_actor=config.envs_per_actor,
-                  actors_per_process=per_process, env_workers=workers, env_groups=groups,
-                  exact_lag=config.exact_lag, cores=machine.cores, reason=reason,
-                  probe=measured)
+                  jitted_env=jitted, num_actors=config.num_actors,
+                  envs_per_actor=config.envs_per_actor, actors_per_process=per_process,
+                  env_workers=workers, env_groups=groups, exact_lag=config.exact_lag,
+                  cores=machine.cores, reason=reason, probe=measured)
