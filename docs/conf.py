@@ -8,6 +8,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 from ppo_async.version import __version__  # noqa: E402
 
@@ -22,6 +23,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
+    "api_docstrings",  # docs/_ext: config fields' docstrings as written, --flags literal
 ]
 
 # The notebook is rendered with the outputs stored in it (notebooks/execute.py
@@ -33,7 +35,7 @@ myst_enable_extensions = ["colon_fence", "dollarmath"]
 myst_heading_anchors = 4
 
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "figures/*.md", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_ext", "figures/*.md", "Thumbs.db", ".DS_Store"]
 
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False

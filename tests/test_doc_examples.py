@@ -30,7 +30,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guide"
 # The reading order: the README, then the guide as the site's table of contents lists it.
-PAGE_ORDER = ["install", "first_run", "environments", "actors_devices", "offpolicy",
+PAGE_ORDER = ["install", "first_run", "environments", "collection", "actors_devices", "offpolicy",
               "checkpoints", "sweeps", "pbt", "ray", "mujoco_atari", "configuration",
               "plots_and_logging", "how_it_works", "troubleshooting"]
 RUN_LANGUAGES = {"python": "python", "bash": "shell", "sh": "shell", "console": "shell"}
