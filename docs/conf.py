@@ -24,13 +24,18 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "api_docstrings",  # docs/_ext: config fields' docstrings as written, --flags literal
+    "figures",  # docs/_ext: the {figures} tables from docs/figures.json
 ]
 
 # The notebook is rendered with the outputs stored in it (notebooks/execute.py
 # re-makes docs/quickstart.ipynb); the build never trains anything.
 nb_execution_mode = "off"
 
-myst_enable_extensions = ["colon_fence", "dollarmath"]
+myst_enable_extensions = ["colon_fence", "dollarmath", "substitution"]
+# Every measured figure, from docs/figures.json: a page writes {{ make_train_time }}.
+from figures import load_figures  # noqa: E402  (docs/_ext)
+
+myst_substitutions = {name: fig["value"] for name, fig in load_figures()["figures"].items()}
 # Links such as [Soak](results.md#soak) resolve to the heading's anchor.
 myst_heading_anchors = 4
 
