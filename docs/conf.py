@@ -8,6 +8,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 from ppo_async.version import __version__  # noqa: E402
 
@@ -22,18 +23,24 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
+    "api_docstrings",  # docs/_ext: config fields' docstrings as written, --flags literal
+    "figures",  # docs/_ext: the {figures} tables from docs/figures.json
 ]
 
 # The notebook is rendered with the outputs stored in it (notebooks/execute.py
 # re-makes docs/quickstart.ipynb); the build never trains anything.
 nb_execution_mode = "off"
 
-myst_enable_extensions = ["colon_fence", "dollarmath"]
+myst_enable_extensions = ["colon_fence", "dollarmath", "substitution"]
+# Every measured figure, from docs/figures.json: a page writes {{ make_train_time }}.
+from figures import load_figures  # noqa: E402  (docs/_ext)
+
+myst_substitutions = {name: fig["value"] for name, fig in load_figures()["figures"].items()}
 # Links such as [Soak](results.md#soak) resolve to the heading's anchor.
 myst_heading_anchors = 4
 
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "figures/*.md", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_ext", "figures/*.md", "Thumbs.db", ".DS_Store"]
 
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False

@@ -67,15 +67,14 @@ class AsyncActorLearnerConfig:
 
     # --- run ---
     env_id: str = "CartPole-v1"
-    """Environment id; its prefix picks the backend: gymnax ids without a prefix (or gymnax:), e.g. CartPole-v1, Pendulum-v1, Breakout-MinAtar; host envs stepped in Python: gymnasium:CartPole-v1, envpool:Pong-v5, host:NAME (registered with ppo_async.register_single_env or register_host_env, in a module named by env_modules for the command line)."""
+    """Environment id; its prefix picks the backend. gymnax ids need none (CartPole-v1, Breakout-MinAtar); host envs are gymnasium:ID, envpool:ID or host:NAME, your own, registered by a module of env_modules (docs/guide/environments.md)."""
     env_modules: tuple[str, ...] = ()
     """Python modules imported before the env id is looked up (they register custom envs); recorded in config.json so eval, enjoy, --resume and sweeps rebuild the env."""
     envpool_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
     """Extra envpool.make() settings for envpool ids as (name, value) pairs, e.g. --envpool-kwargs episodic_life False.
-    They apply over the standard Atari settings of training and of evaluation (ppo_async.envs.registry's ATARI_TRAIN_KWARGS, ATARI_EVAL_KWARGS).
-    Each actor's pool gets num_threads = cores / (actors x env groups), at least 1, unless set here."""
+    They apply over the standard Atari settings, in training and evaluation alike (docs/guide/mujoco_atari.md)."""
     gymnasium_kwargs: tuple[tuple[str, bool | int | float], ...] = ()
-    """gymnasium: ids only: keyword arguments of the env's constructor as (name, value) pairs, given to gymnasium.make_vec for training and evaluation alike, e.g. --gymnasium-kwargs include_cfrc_ext_in_observation False; also max_episode_steps N, gymnasium.make's time limit (for an env without one, such as CliffWalking-v1)."""
+    """Keyword arguments of a gymnasium env's constructor as (name, value) pairs, for training and evaluation alike, e.g. --gymnasium-kwargs max_episode_steps 500 (gymnasium.make's time limit; docs/guide/environments.md)."""
     total_env_steps: int = 500_000
     """Environment steps the learner consumes before the run ends."""
     seed: int = 0
@@ -99,7 +98,7 @@ class AsyncActorLearnerConfig:
     shutdown_timeout_s: float = 30.0
     """How long the end of a run waits for each thread (actors, evaluator, compile) to stop before reporting it as stuck."""
     freeze_watchdog: bool = True
-    """With thread actors: a learner that cannot run for 2 x learner_timeout_s (a thread holds the GIL, as an env stuck in C code does) ends the process with every thread's stack on stderr and in RUN_DIR/error.txt (faulthandler.dump_traceback_later; a process has one such timer: False leaves it to your own)."""
+    """With thread actors, a learner that cannot run for 2 x learner_timeout_s (a thread holds the GIL) ends the process with every thread's stack on stderr and in RUN_DIR/error.txt. False leaves faulthandler's one timer to your own use."""
 
     # --- transport ---
     actor_backend: Literal["auto", "threads", "processes", "ray"] = "auto"
@@ -109,9 +108,9 @@ class AsyncActorLearnerConfig:
     pin_actor_processes: bool = True
     """Each actor process (and each Ray actor of a private local instance) runs on a core of its own, where there are no more processes than cores. Set False for an env that starts processes of its own."""
     batch_inference: bool | None = None
-    """Thread actors of one process share their jitted calls (host envs: each step's policy call; gymnax: one rollout program for all chunks). The bits differ from calling alone. None: from 8 actors (gymnax) or 16 (host envs) in a process; False: every actor calls alone."""
+    """Thread actors of one process share their jitted calls (host envs each step's policy call, gymnax one rollout program), with other bits than calling alone. None: from 8 actors (gymnax) or 16 (host envs) a process; False: never."""
     sampler: SamplerName = "auto"
-    """Who steps the actors' envs: 'actors' (each actor its own), 'shared' (one sampler thread per process for all its actors, in lock-step) or 'learner' (gymnax: the learner's own jitted program). 'auto': 'learner' where it can run, else 'shared' from 16 host actors a process; see docs/guide/collection.md."""
+    """Who steps the actors' envs: 'actors' (each its own), 'shared' (one thread per process for all its actors) or 'learner' (gymnax, in the learner's program). 'auto': 'learner' where it can, else 'shared' from 16 host actors a process (docs/guide/collection.md)."""
     env_workers: int = 0
     """gymnasium: and host: envs of each actor step in this many worker processes (no JAX there), observations in shared memory. 0: the actor's thread steps them."""
     env_groups: int | None = None
@@ -123,13 +122,13 @@ class AsyncActorLearnerConfig:
     ray_start_timeout_s: float = 120.0
     """With actor_backend='ray': how long the run waits for actor processes to start (a process, JAX's import, the envs) before the learner's hang clock starts; an actor not up by then is named in LearnerTimeoutError."""
     ray_actor_resources: tuple[tuple[str, float], ...] = ()
-    """With actor_backend='ray': custom Ray resources each actor requests, as (name, amount) pairs, e.g. to place actors on nodes started with --resources='{"actor_node": 4}'."""
+    """With actor_backend='ray', custom Ray resources each actor requests as (name, amount) pairs, e.g. to place actors on the nodes started with ray start --resources (docs/guide/ray.md)."""
 
     # --- off-policy correction ---
     use_vtrace: bool = False
     """Advantages and value targets by V-trace under the learner's current critic (True), or GAE on the behaviour values (False)."""
     ppo_ratio_anchor: Literal["behaviour", "learner", "ewma"] = "behaviour"
-    """The proximal policy the clipped ratio is centred on: 'behaviour' (the policy that collected the data; standard PPO, and with V-trace what the off-policy study in docs/results.md recommends), 'learner' (the learner's params at the update's start), or 'ewma' (a moving average of the learner's params); the last two weight the surrogate by pi_prox / mu."""
+    """The policy the clipped ratio is centred on: 'behaviour' (the one that collected the data, standard PPO), 'learner' (the learner's params at the update's start) or 'ewma' (their moving average); see docs/guide/offpolicy.md."""
     proximal_ewma_decay: float = 0.9
     """With ppo_ratio_anchor='ewma': decay of the params' moving average per optimizer step (bias-corrected)."""
     is_weight_max: float = 100.0
@@ -141,15 +140,15 @@ class AsyncActorLearnerConfig:
     vtrace_c_bar: float = 1.0
     """V-trace clip on the trace-cutting coefficients."""
     vtrace_pg_rho_bar: float | None = None
-    """V-trace's policy-gradient advantage: None leaves it unweighted, q_s - V(x_s), since the PPO surrogate's ratio already weights each sample by pi / mu; a number gives IMPALA's min(vtrace_pg_rho_bar, rho_s) * (q_s - V(x_s)), as sample-factory's APPO uses."""
+    """V-trace's policy-gradient advantage. None: unweighted, q_s - V(x_s), as the PPO ratio already weights each sample by pi / mu; a number: IMPALA's min(vtrace_pg_rho_bar, rho_s) * (q_s - V(x_s)), as sample-factory's APPO."""
     vtrace_lambda: float = 1.0
     """V-trace lambda (1: the paper's V-trace; on-policy V-trace equals GAE with the same lambda)."""
 
     # --- normalization (ppo_async.core.normalization) ---
     normalize_observations: bool = False
-    """Normalize observations by running statistics: clip((obs - mean) / sqrt(var + 1e-8), -obs_clip, obs_clip); the learner folds every batch it consumes into mean and var and broadcasts them with the params, which actors, evaluation and checkpoints then carry."""
+    """Normalize observations by running statistics, clip((obs - mean) / sqrt(var + 1e-8), -obs_clip, obs_clip), which the learner updates and broadcasts with the params (docs/guide/configuration.md)."""
     normalize_rewards: bool = False
-    """Scale rewards by the spread of a running discounted return (cleanrl's NormalizeReward): R_t = r_t + gamma * R_{t-1} (0 after an episode ends), reward clip(r_t / sqrt(var(R) + 1e-8), -reward_clip, reward_clip); the learner owns var(R) and broadcasts it."""
+    """Scale rewards by the spread of a running discounted return, as cleanrl's NormalizeReward, clipped to [-reward_clip, reward_clip] (docs/guide/configuration.md)."""
     obs_clip: float = 10.0
     """With normalize_observations: normalized observations are clipped to [-obs_clip, obs_clip]."""
     reward_clip: float = 10.0
@@ -189,9 +188,9 @@ class AsyncActorLearnerConfig:
     rnn_hidden_size: int = 128
     """Features of the LSTM / GRU cell (ignored by mlp)."""
     init_log_std: float = 0.0
-    """Continuous actions: the initial log-std of the policy's Gaussian (a learned vector, one number per action dimension, independent of the state); 0 is a std of 1, as cleanrl's PPO; lower starts with smaller, cheaper exploratory actions."""
+    """Continuous actions, the initial log-std of the Gaussian policy (a learned vector, independent of the state); 0 is a std of 1, as in cleanrl's PPO."""
     torso: TorsoName = "auto"
-    """What reads the observation before the actor and critic MLPs: none (vectors; any other shape but an image, such as a grid (H, W) or a scalar, flattened into one), minatar (one 3x3 conv, MinAtar's 10x10 images), nature (the Nature-DQN CNN, 84x84 frames scaled by 1/255 inside the network), or auto: nature for envpool: Atari ids, minatar for other images (H, W, C), none for the rest. A Discrete observation space (FrozenLake) reaches the network one-hot."""
+    """What reads the observation before the MLPs: 'none' (flattened vectors), 'minatar' (one 3x3 conv), 'nature' (the Nature-DQN CNN) or 'auto' (nature for envpool Atari ids, minatar for other images, else none); see docs/guide/mujoco_atari.md."""
 
     # --- reliability ---
     max_actor_restarts: int = 0
@@ -203,13 +202,13 @@ class AsyncActorLearnerConfig:
     keep_checkpoints: int = 3
     """Newest checkpoints kept on disk."""
     eval_every_updates: int = 0
-    """Evaluate the greedy policy every this many updates (0: never): whole episodes of the env's own, unscaled reward, on an evaluator thread with envs of its own (any backend; envpool Atari games with the evaluation settings), which the learner never waits for."""
+    """Evaluate the greedy policy every this many updates (0: never), whole episodes of the env's own reward, on an evaluator thread with its own envs that the learner never waits for (docs/guide/first_run.md)."""
     eval_episodes: int = 10
     """Episodes per periodic evaluation."""
 
     # --- devices ---
     learner_device: str | None = None
-    """Device(s) of the learner's params and update: one as 'platform' or 'platform:index' (gpu:0, cpu:1), several as a comma-separated list (gpu:0,gpu:1) or 'platform:all' (gpu:all). Several: the update is data-parallel over them, the batch split along its envs. None: JAX's default device."""
+    """Device(s) of the learner's params and update: 'cpu', 'gpu:0', a list such as 'gpu:0,gpu:1', or 'gpu:all'. Several: the update is data-parallel, the batch split along its envs. None: JAX's default device (docs/guide/actors_devices.md)."""
     actor_device: str = "cpu"
     """Device the actors run inference on, as 'platform' or 'platform:index'."""
 

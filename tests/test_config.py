@@ -355,3 +355,14 @@ def test_an_annealed_schedule_past_the_int32_counter_is_refused():
     with pytest.raises(ConfigError, match="total_env_steps"):
         AsyncActorLearnerConfig(total_env_steps=10**12)
     AsyncActorLearnerConfig(total_env_steps=10**12, anneal_lr=False)  # no schedule to overflow
+
+
+def test_every_field_has_a_short_docstring():
+    """A field's docstring is its --help line and its API entry: one short paragraph, no essay."""
+    body = ast.parse(inspect.getsource(AsyncActorLearnerConfig)).body[0].body
+    docs = {field.target.id: doc.value.value for field, doc in zip(body, body[1:])
+            if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr)}
+    assert set(docs) == {field.name for field in dataclasses.fields(AsyncActorLearnerConfig)}
+    for name, doc in docs.items():
+        assert len(doc.splitlines()) <= 3, f"{name}: {len(doc.splitlines())} lines"
+        assert len(" ".join(doc.split())) <= 260, f"{name}: {len(' '.join(doc.split()))} characters"

@@ -5,9 +5,13 @@ a malformed docstring or a page left out of the table of contents fails it.
 The notebook is rendered from its stored outputs, so nothing trains here.
 """
 
+import ast
 import dataclasses
+import html as html_lib
+import inspect
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -51,3 +55,34 @@ def test_every_page_is_built(built_site):
         assert built.exists(), f"{page} is not built"
     # The notebook is shown with its stored figures.
     assert "<img" in (built_site / "quickstart.html").read_text()
+
+
+def config_field_docstrings() -> dict[str, str]:
+    """Each config field's docstring, as tyro and autodoc read it (the string after the field)."""
+    body = ast.parse(inspect.getsource(AsyncActorLearnerConfig)).body[0].body
+    return {field.target.id: doc.value.value for field, doc in zip(body, body[1:])
+            if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr)}
+
+
+def _visible_text(fragment: str) -> str:
+    """The words a reader sees: tags dropped, entities and smart quotes undone, spaces collapsed."""
+    text = html_lib.unescape(re.sub(r"<[^>]+>", "", fragment))
+    for curly, straight in (("\u2018", "'"), ("\u2019", "'"), ("\u201c", '"'), ("\u201d", '"')):
+        text = text.replace(curly, straight)
+    return " ".join(text.split())
+
+
+def test_config_reference_renders_each_field_as_written(built_site):
+    """Napoleon would read "None: keep every sample" as a type; smart quotes make --flag an en dash."""
+    page = (built_site / "api.html").read_text()
+    docs = config_field_docstrings()
+    assert set(docs) == {field.name for field in dataclasses.fields(AsyncActorLearnerConfig)}
+    for name, doc in docs.items():
+        entry = re.search(rf'id="ppo_async\.AsyncActorLearnerConfig\.{name}">(.*?)</dl>', page, re.S)
+        assert entry, f"{name} has no entry on the API page"
+        described = entry.group(1).split("</dt>", 1)[1]
+        assert 'class="field-' not in described, f"{name}: its docstring became a field list (a 'Type' box)"
+        assert _visible_text(described) == " ".join(doc.split()), f"{name} is not rendered as written"
+        assert "\u2013" not in described and "\u2014" not in described, f"{name}: a dash was rewritten"
+        for flag in re.findall(r"--[a-z][\w-]*", doc):
+            assert f'<span class="pre">{flag}</span>' in described, f"{name}: {flag} is not literal"
