@@ -10,7 +10,7 @@ default's choice and its ratio to that best (target >= 0.9), and what the
 default's probe cost before the run (target <= 1 s).
 
 Envs: MuJoCo Hopper without a preset; pure-Python envs whose step holds the GIL
-for 0.2 ms and 10 us; an env that sleeps 2 ms (releasing the GIL, as a
+for 0.2 ms, 10 us and no time beyond the step's own Python; an env that sleeps 2 ms (releasing the GIL, as a
 simulator in C does) at 64 x 1 and 16 x 4; gymnax and gymnasium CartPole.
 
     python experiments/bench_auto_layout.py [--envs ...] [--seconds 6] [--warm-up-s 6]
@@ -32,6 +32,7 @@ ENVS = {  # name -> (env id, num_actors, envs_per_actor)
     "hopper": ("gymnasium:Hopper-v5", 2, 4),
     "python-0.2ms": ("host:python-busy-200", 2, 4),
     "python-10us": ("host:python-busy-10", 2, 4),
+    "python-free": ("host:python-free", 2, 4),
     "sleep-2ms-64x1": ("host:sleepy-2000", 64, 1),
     "sleep-2ms-16x4": ("host:sleepy-2000", 16, 4),
     "gymnax-cartpole": ("CartPole-v1", 2, 4),
@@ -95,6 +96,7 @@ def register_toy_envs() -> None:
 
     register_host_env("python-busy-200", lambda n: ToyEnv(n, 200e-6, sleeps=False))
     register_host_env("python-busy-10", lambda n: ToyEnv(n, 10e-6, sleeps=False))
+    register_host_env("python-free", lambda n: ToyEnv(n, 0.0, sleeps=False))
     register_host_env("sleepy-2000", lambda n: ToyEnv(n, 2e-3, sleeps=True))
 
 

@@ -1,10 +1,11 @@
 """Whether a config gives the same params bytes here as at an earlier commit.
 
-Four configs at an exact lag, each left to the defaults of its layout fields
-(the layouts they resolve to are the same before and after
-`ppo_async.runtime.layout`): gymnax CartPole in the learner's program, 2 x 4
-and 8 x 1 (one rollout program for all actors); gymnasium CartPole with 2
-thread actors calling alone, and with 16 actors behind the shared sampler.
+Four configs at an exact lag whose layouts resolve the same before and after
+`ppo_async.runtime.layout`: gymnax CartPole with every layout field left to
+its default (the learner's program), 2 x 4 and 8 x 1 (one rollout program for
+all actors); gymnasium CartPole in thread actors (``actor_backend='threads'``,
+the rest left to their defaults), 2 actors calling alone, and 16 actors
+behind the shared sampler.
 Each trains in a fresh process with ``--ref``'s checkout first on the path,
 then with this one's, and the script prints the sha256 of each run's final
 params and whether they match.
@@ -31,9 +32,11 @@ CONFIGS = {  # name -> fields (those of the layout left to their defaults)
     "gymnax-8x1-learner": dict(env_id="CartPole-v1", num_actors=8, envs_per_actor=1,
                                num_steps=16, total_env_steps=8 * 16 * 6),
     "gymnasium-2x2-threads": dict(env_id="gymnasium:CartPole-v1", num_actors=2,
-                                  envs_per_actor=2, num_steps=16, total_env_steps=2 * 2 * 16 * 6),
+                                  envs_per_actor=2, num_steps=16, total_env_steps=2 * 2 * 16 * 6,
+                                  actor_backend="threads"),
     "gymnasium-16x1-shared": dict(env_id="gymnasium:CartPole-v1", num_actors=16,
-                                  envs_per_actor=1, num_steps=16, total_env_steps=16 * 16 * 6),
+                                  envs_per_actor=1, num_steps=16, total_env_steps=16 * 16 * 6,
+                                  actor_backend="threads"),
 }
 
 

@@ -34,14 +34,16 @@ def no_thread_leaks():
 
 
 @pytest.fixture(autouse=True)
-def quick_env_probe(monkeypatch):
-    """actor_backend='auto' measures a host env's step before a run; on a loaded test machine
-    that could move a test's run from threads to processes. Tests see every host env as a
-    quick one (thread actors, as before 'auto'); tests/runtime/test_layout.py measures for real."""
+def thread_actors_for_host_envs(request, monkeypatch):
+    """actor_backend='auto' runs a host env's actors in processes, each importing JAX (seconds
+    a run). The suite's runs of host envs keep thread actors, as before 'auto', unless a test
+    is marked ``real_layout`` (tests/runtime/test_layout.py and the processes' own tests)."""
+    if request.node.get_closest_marker("real_layout") is not None:
+        return
     from ppo_async.runtime import layout
 
-    monkeypatch.setattr(layout, "probe_host_env", lambda config: layout.EnvProbe(
-        step_us=1.0, cpu_share=1.0, steps=1, seconds=0.0))
+    monkeypatch.setattr(layout, "_host_backend", lambda config, machine, probe: (
+        "threads", "host env: thread actors in the test suite", None))
 
 
 @pytest.fixture(params=[False, True], ids=["eager", "jit"])

@@ -32,9 +32,6 @@ from ppo_async.config import AsyncActorLearnerConfig, ConfigError
 # batch_inference is None (fewer are as fast calling alone; docs/guide/collection.md).
 GYMNAX_SHARED_CALLS_FROM = 8
 HOST_SHARED_CALLS_FROM = 16
-# A host env whose step takes at least this long per env (wall time) runs its actors in
-# processes where it can: its step, GIL-bound or waiting, then overlaps the policy calls.
-PROCESS_STEP_US = 50.0
 PROBE_BUDGET_S = 0.3  # the most a probe steps the env for
 PROBE_MAX_STEPS = 200
 
@@ -269,8 +266,12 @@ def sendable(config: AsyncActorLearnerConfig, *, load_back: bool = True) -> str 
 
 def _host_backend(config: AsyncActorLearnerConfig, machine: Machine,
                   probe: EnvProbe | None) -> tuple[str, str, EnvProbe | None]:
-    """``(backend, reason, probe)`` for a host env with ``actor_backend='auto'``; the env is
-    probed (`probe_host_env`) only where processes are possible and ``probe`` is None."""
+    """``(backend, reason, probe)`` for a host env with ``actor_backend='auto'``: actor
+    processes wherever they can run. On 2 cores every host env measured, from one whose
+    step is free to MuJoCo, ran 2-3x faster in processes than in thread actors
+    (docs/guide/collection.md), so the env's step (`probe_host_env`) is measured and
+    shown, and the choice does not depend on it: a run's layout, and so its bits, does
+    not vary with the machine's load."""
     if machine.cores < 2:
         return "threads", "1 core", probe
     if config.actor_device.split(":")[0] != "cpu":
@@ -279,16 +280,9 @@ def _host_backend(config: AsyncActorLearnerConfig, machine: Machine,
         return "threads", "env workers step the envs", probe
     if sendable(config, load_back=False) is not None:
         return "threads", "the env's factory cannot leave this process", probe
-    if config.exact_lag is not None and shares_calls(config, config.num_actors):
-        # In threads the actors' calls are shared; processes would split them, and so change
-        # the run's bits: auto changes a run's speed, never its result.
-        return "threads", "thread actors share their calls; processes would split them", probe
     probe = probe or probe_host_env(config)
-    measured = (f"env step {probe.step_us:.0f} us, {100 * probe.cpu_share:.0f}% on a CPU; "
-                f"{machine.cores} cores")
-    if probe.step_us >= PROCESS_STEP_US:
-        return "processes", measured, probe
-    return "threads", measured, probe
+    return "processes", (f"host env: env step {probe.step_us:.0f} us, "
+                         f"{100 * probe.cpu_share:.0f}% on a CPU; {machine.cores} cores"), probe
 
 
 def _backend(config: AsyncActorLearnerConfig, machine: Machine,
@@ -344,9 +338,9 @@ def resolve_layout(config: AsyncActorLearnerConfig, machine: Machine | None = No
     ``actor_backend='auto'`` is never Ray (unless ``ray_address`` is set): a jitted env
     runs in the learner's program where it can (`collects_in_learner`), else in thread
     actors; a host env runs in actor processes where its factory can be sent, there are 2
-    cores or more, its thread actors would not share their calls, and its step
-    (measured, `probe_host_env`, unless ``probe`` is given) takes at least
-    `PROCESS_STEP_US` per env; else in thread actors. ``learner_program`` False: the
+    cores or more, the actors act on the CPU and no env workers are asked for, else in
+    thread actors (its step is measured for the line, `probe_host_env`, unless ``probe``
+    is given). ``learner_program`` False: the
     env's rollout was replaced, so the learner's program cannot collect it. Raises
     `ConfigError` for a set field that cannot work with this env or machine.
     """

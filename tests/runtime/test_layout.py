@@ -13,6 +13,8 @@ from ppo_async.envs.registry import register_host_env
 from ppo_async.runtime import layout
 from ppo_async.runtime.layout import EnvProbe, Machine, probe_host_env, resolve_layout
 
+pytestmark = pytest.mark.real_layout  # auto chooses here as it does outside the suite
+
 HOST = AsyncActorLearnerConfig(env_id="gymnasium:CartPole-v1", num_actors=2, envs_per_actor=2,
                                num_steps=8, num_epochs=1, num_minibatches=2,
                                total_env_steps=2 * 2 * 8 * 3)
@@ -50,16 +52,21 @@ def test_auto_chooses_from_the_env_and_the_machine():
     assert resolve_layout(jitted, TWO_CORES).collection == "learner"
     free = resolve_layout(dataclasses.replace(jitted, exact_policy_lag=None), TWO_CORES)
     assert (free.collection, free.sampler) == ("threads", "shared")  # one thread collects all
-    slow = resolve_layout(HOST, TWO_CORES, probe=probe(500.0))
-    assert (slow.collection, slow.actors_per_process, slow.num_processes) == ("processes", 1, 2)
-    assert "env step 500 us, 100% on a CPU; 2 cores" in slow.describe()
-    assert resolve_layout(HOST, TWO_CORES, probe=probe(10.0)).collection == "threads"
+    # A host env: actor processes, one per core, whatever its step costs (shown, not used).
+    for step_us in (500.0, 1.0):
+        host = resolve_layout(HOST, TWO_CORES, probe=probe(step_us))
+        assert (host.collection, host.actors_per_process, host.num_processes) == (
+            "processes", 1, 2)
+        assert f"env step {step_us:.0f} us, 100% on a CPU; 2 cores" in host.describe()
     assert resolve_layout(HOST, Machine(cores=1), probe=probe(500.0)).collection == "threads"
+    on_gpu = dataclasses.replace(HOST, actor_device="gpu:0")  # not checked until a run
+    assert resolve_layout(on_gpu, TWO_CORES, probe=probe(500.0)).collection == "threads"
     assert resolve_layout(dataclasses.replace(HOST, ray_address="auto"),
                           TWO_CORES).collection == "ray"
     many = resolve_layout(dataclasses.replace(HOST, num_actors=32, envs_per_actor=1,
                                               total_env_steps=32 * 8), TWO_CORES, probe=probe(10.0))
-    assert (many.collection, many.sampler, many.batch_inference) == ("threads", "shared", True)
+    assert (many.collection, many.actors_per_process, many.sampler, many.batch_inference) == (
+        "processes", 16, "shared", True)  # 16 a process: the shared sampler
 
 
 def test_a_field_the_user_set_is_obeyed():
@@ -68,9 +75,9 @@ def test_a_field_the_user_set_is_obeyed():
     assert (threads.collection, threads.probe) == ("threads", None)  # nothing measured
     alone = resolve_layout(dataclasses.replace(HOST, num_actors=32, envs_per_actor=1,
                                                total_env_steps=32 * 8, sampler="actors",
-                                               batch_inference=False),
+                                               batch_inference=False, actor_backend="threads"),
                            TWO_CORES, probe=probe(10.0))
-    assert (alone.sampler, alone.batch_inference) == ("actors", False)
+    assert (alone.collection, alone.sampler, alone.batch_inference) == ("threads", "actors", False)
     per_process = resolve_layout(dataclasses.replace(HOST, actors_per_process=2), TWO_CORES)
     assert (per_process.collection, per_process.num_processes) == ("processes", 1)
     jitted = dataclasses.replace(AsyncActorLearnerConfig(), sampler="actors")

@@ -63,6 +63,7 @@ def test_processes_take_a_cpu_actor_device_only():
     assert actors_per_process(dataclasses.replace(TINY, actors_per_process=5)) == 2
 
 
+@pytest.mark.real_layout
 def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors(monkeypatch):
     send = ProcessTransport._send
 
@@ -73,7 +74,7 @@ def test_exact_lag_actor_processes_give_the_bytes_of_thread_actors(monkeypatch):
             process.process.wait(20)
 
     monkeypatch.setattr(ProcessTransport, "_send", staticmethod(send_then_wait_for_the_end))
-    # actor_backend='auto' where the env is slow to step: processes, the bytes of threads.
+    # actor_backend='auto' for a host env: processes, the bytes of threads.
     monkeypatch.setattr(layout, "probe_host_env", lambda config: SLOW_STEP)
     over_processes = train(dataclasses.replace(TINY, actor_backend="auto"), progress=False)
     monkeypatch.undo()
@@ -259,6 +260,7 @@ def test_a_killed_learner_leaves_no_actor_process():
         learner.wait(10)
 
 
+@pytest.mark.real_layout
 def test_an_env_that_cannot_leave_the_process_is_refused_in_processes_and_auto_keeps_it():
     import threading
 
