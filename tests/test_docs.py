@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import html as html_lib
 import inspect
+import json
 import os
 import pathlib
 import re
@@ -86,3 +87,15 @@ def test_config_reference_renders_each_field_as_written(built_site):
         assert "\u2013" not in described and "\u2014" not in described, f"{name}: a dash was rewritten"
         for flag in re.findall(r"--[a-z][\w-]*", doc):
             assert f'<span class="pre">{flag}</span>' in described, f"{name}: {flag} is not literal"
+
+
+def test_every_quoted_figure_is_rendered(built_site):
+    # A {{ name }} left unreplaced (in a table cell, say) would show as written.
+    figures = json.loads((ROOT / "docs" / "figures.json").read_text())["figures"]
+    for page in ("results.html", "results_summary.html", "benchmarks.html"):
+        html = (built_site / page).read_text()
+        assert "{{" not in html, page
+    summary = html_lib.unescape((built_site / "results_summary.html").read_text())
+    assert figures["learn_cartpole_learner"]["value"] in summary
+    results = html_lib.unescape((built_site / "results.html").read_text())
+    assert figures["mujoco_ant_greedy"]["value"] in results  # a {figures} table

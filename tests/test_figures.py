@@ -24,15 +24,9 @@ STATED = re.compile(rf"(?<![\w.-])({NUMBER})\s?(x(?!\s*\d)|s|ms|us|min)(?![\w])"
 SUBSTITUTION = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
-# The learning results still state their run times and speed ratios in prose;
-# moving them into the data is open work (issue 78, item 1).
-NOT_YET_FROM_DATA = {"docs/results.md", "docs/results_summary.md"}
-
-
 def pages() -> list[pathlib.Path]:
     docs = [p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts]
-    return [p for p in [ROOT / "README.md", *sorted(docs)]
-            if str(p.relative_to(ROOT)) not in NOT_YET_FROM_DATA]
+    return [ROOT / "README.md", *sorted(docs)]
 
 
 def prose(text: str) -> str:
@@ -82,3 +76,34 @@ def test_a_page_states_only_the_figures_in_the_data(page):
 def test_the_readme_quotes_make_train_as_the_data_states_it():
     readme = (ROOT / "README.md").read_text()
     assert f"{DATA['figures']['make_train_time']['value']} of training" in readme
+
+
+def _table_after(text: str, heading: str) -> list[list[str]]:
+    """The rows (cells stripped) of the first markdown table after ``heading``."""
+    lines = text[text.index(heading):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return [rows[0], *rows[2:]]  # the header, then the body (past the |---| line)
+
+
+def test_the_readme_results_table_quotes_the_learning_figures():
+    header, *body = _table_after((ROOT / "README.md").read_text(), "## Results")
+    values = {fig["value"] for fig in DATA["figures"].values()}
+    ours = [i for i, name in enumerate(header) if name.startswith(("async", "synchronous twin"))]
+    assert len(ours) == 2, header
+    cells = [row[i] for row in body for i in ours if row[i]]
+    assert cells
+    assert not set(cells) - values, f"README.md's results table states {set(cells) - values}, not in the data"
+
+
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+@pytest.mark.parametrize("name", ["results.md", "results_summary.md", "benchmarks.md"])
+def test_a_reference_page_names_no_commit_in_its_prose(name):
+    # The data's "measured at" names the commit; the page's prose does not.
+    assert not COMMIT.findall(prose((ROOT / "docs" / name).read_text()))
