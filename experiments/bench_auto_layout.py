@@ -13,7 +13,8 @@ Envs: MuJoCo Hopper without a preset; pure-Python envs whose step holds the GIL
 for 0.2 ms, 10 us and no time beyond the step's own Python; an env that sleeps 2 ms (releasing the GIL, as a
 simulator in C does) at 64 x 1 and 16 x 4; gymnax and gymnasium CartPole.
 
-    python experiments/bench_auto_layout.py [--envs ...] [--seconds 6] [--warm-up-s 6]
+    python experiments/bench_auto_layout.py [--envs ...] [--layouts ...] [--seconds 6]
+        [--warm-up-s 6]
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ def one_run(env: str, layout: str, seconds: float, warm_up_s: float) -> dict:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", choices=list(ENVS), default=list(ENVS))
+    parser.add_argument("--layouts", nargs="+", default=None,
+                        help="the hand-picked layouts to run (default: every one of each env)")
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--warm-up-s", type=float, default=6.0)
     parser.add_argument("--out", default=None)
@@ -154,7 +157,10 @@ def main(argv: list[str]) -> None:
     load_before = os.getloadavg()[0]
     rows, table = [], []
     for env in args.envs:
-        layouts = GYMNAX_LAYOUTS if env.startswith("gymnax") else HOST_LAYOUTS
+        layouts = [name for name in (GYMNAX_LAYOUTS if env.startswith("gymnax") else HOST_LAYOUTS)
+                   if args.layouts is None or name in args.layouts]
+        if not layouts:
+            parser.error(f"--layouts {' '.join(args.layouts)}: none is a layout of {env}")
         by_layout = {}
         for layout in [*layouts, "default"]:
             row = common.run_child(

@@ -617,3 +617,24 @@ def test_robustness_reads_purejaxrl_metrics_and_refuses_a_missing_checkout(
         with pytest.raises(SystemExit):
             robustness.parse_args(argv)
     assert "no ppo.py" in capsys.readouterr().err
+
+
+@pytest.mark.real_layout  # the default's row runs as it would outside the suite
+def test_bench_auto_layout_rates_the_default_against_the_layouts_picked_by_hand(
+        tmp_path, script, capsys):
+    bench = script("bench_auto_layout")
+    bench.main(["--envs", "python-free", "--layouts", "threads", "--seconds", "1",
+                "--warm-up-s", "2", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "results.json").read_text())
+    threads, default = result["rows"]
+    assert (threads["layout"], default["layout"]) == ("threads", "default")
+    assert threads["resolved"]["collection"] == "threads"
+    assert default["resolved"]["collection"] == "processes"  # what auto picks for a host env
+    assert "actor processes" in default["describe"] and default["probe_s"] > 0
+    (row,) = result["table"]
+    assert row["best by hand"] == "threads"
+    assert float(row["default / best"]) == pytest.approx(
+        default["env_steps_per_s"] / threads["env_steps_per_s"], abs=0.01)
+    with pytest.raises(SystemExit):
+        bench.main(["--envs", "gymnax-cartpole", "--layouts", "env-workers"])
+    assert "none is a layout of gymnax-cartpole" in capsys.readouterr().err

@@ -268,8 +268,8 @@ def _host_backend(config: AsyncActorLearnerConfig, machine: Machine,
                   probe: EnvProbe | None) -> tuple[str, str, EnvProbe | None]:
     """``(backend, reason, probe)`` for a host env with ``actor_backend='auto'``: actor
     processes wherever they can run. On 2 cores every host env measured, from one whose
-    step is free to MuJoCo, ran 2-3x faster in processes than in thread actors
-    (docs/guide/collection.md), so the env's step (`probe_host_env`) is measured and
+    step is free to MuJoCo, ran 1.5-3x the env steps/s in processes that it ran in thread
+    actors (docs/benchmarks.md), so the env's step (`probe_host_env`) is measured and
     shown, and the choice does not depend on it: a run's layout, and so its bits, does
     not vary with the machine's load."""
     if machine.cores < 2:
