@@ -7,6 +7,7 @@ import os
 import pathlib
 import select
 import signal
+import threading
 import subprocess
 import sys
 
@@ -200,3 +201,20 @@ def held_by_another_process(run_dir):
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=30)
+
+
+def raised_in_actor_thread(call):
+    """What ``call()`` raised in a thread named as actor 3's (None if nothing)."""
+    raised = []
+
+    def run():
+        try:
+            call()
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            raised.append(error)
+
+    thread = threading.Thread(target=run, name="ppo-actor-3", daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive()
+    return raised[0] if raised else None

@@ -33,6 +33,7 @@ from ppo_async.errors import one_line
 from ppo_async.runtime.layout import env_workers_and_groups, resolve_layout
 
 from breaking_env import BreakingEnv, Broken, ShapeShifting
+from run_helpers import raised_in_actor_thread
 
 CARTPOLE = "gymnasium:CartPole-v1"
 
@@ -224,23 +225,6 @@ def test_a_run_whose_env_worker_raises_names_actor_worker_and_pid():
 
 # --- the env's contract, and restarts ---------------------------------------------------
 
-def _raised_in_actor_thread(call):
-    """What ``call()`` raised in a thread named as actor 3's (None if nothing)."""
-    raised = []
-
-    def run():
-        try:
-            call()
-        except BaseException as error:  # noqa: BLE001 - handed to the test
-            raised.append(error)
-
-    thread = threading.Thread(target=run, name="ppo-actor-3", daemon=True)
-    thread.start()
-    thread.join(120)
-    assert not thread.is_alive()
-    return raised[0] if raised else None
-
-
 @pytest.mark.parametrize("env_workers", [1, 0])
 def test_an_env_breaking_the_contract_is_named_in_one_line_wherever_it_steps(env_workers):
     register_single_env("shape-shifting", ShapeShifting)
@@ -262,7 +246,7 @@ def test_an_env_breaking_the_contract_is_named_in_one_line_wherever_it_steps(env
             program.rollout(params, carries[0])
 
         try:
-            error = _raised_in_actor_thread(reset_and_roll_out)
+            error = raised_in_actor_thread(reset_and_roll_out)
             assert isinstance(carries[0].envs, EnvWorkers if env_workers else EnvGroups)
         finally:
             program.close(carries[0])
@@ -320,7 +304,7 @@ def test_an_env_worker_restart_is_one_line_with_its_traceback_in_the_run_log(tmp
 def test_no_worker_outlives_a_killed_parent(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        sys.path[:0] = [{os.path.dirname(__file__)!r}, {os.path.dirname(os.path.dirname(__file__))!r}]
         from test_env_workers import cartpole_workers
         pool = cartpole_workers()
         print(" ".join(map(str, pool.pids)), flush=True)

@@ -42,6 +42,8 @@ from ppo_async.envs.registry import (
 )
 from ppo_async.networks.actor_critic import init_params
 
+from run_helpers import raised_in_actor_thread
+
 from timing_cases import GYMNASIUM_CARTPOLE
 
 GAMMA = 0.99
@@ -294,23 +296,6 @@ class _OneEnvGoingWrong(gymnasium.Env):
         return out["obs"], out["reward"], out["terminated"], out["truncated"], {}
 
 
-def _raised_in_actor_thread(call):
-    """What ``call()`` raised in a thread named as actor 3's (None if nothing)."""
-    raised = []
-
-    def run():
-        try:
-            call()
-        except BaseException as error:  # noqa: BLE001 - handed to the test
-            raised.append(error)
-
-    thread = threading.Thread(target=run, name="ppo-actor-3", daemon=True)
-    thread.start()
-    thread.join(120)
-    assert not thread.is_alive()
-    return raised[0] if raised else None
-
-
 @pytest.mark.parametrize("field, value, at, says", [
     ("obs", np.zeros(3, np.float32), 0, "obs has shape (3,), expected (2,) (actor 3, env 1, at reset)"),
     ("obs", np.zeros(3, np.float32), 4, "obs has shape (3,), expected (2,) (actor 3, env 1, step 4)"),
@@ -336,7 +321,7 @@ def test_a_single_env_breaking_the_contract_is_named_in_one_line(field, value, a
         finally:
             program.close(carry)
 
-    error = _raised_in_actor_thread(reset_and_roll_out)
+    error = raised_in_actor_thread(reset_and_roll_out)
     assert isinstance(error, EnvContractError)
     assert str(error) == f"host:going-wrong: {says}"
 
@@ -748,7 +733,7 @@ DEVICE_SCRIPT = textwrap.dedent(
             env_id=env_id, num_actors=2, envs_per_actor=2, num_steps=8, num_epochs=1,
             num_minibatches=2, total_env_steps=2 * 2 * 8 * 3, learner_timeout_s=60.0,
             hidden_sizes=(8,), learner_device="cpu:1", actor_device="cpu:0",
-            batch_inference=True,
+            batch_inference=True, actor_backend="threads",  # recorded in this process
         )
         result = train(config, progress=False)
         record("final_params", result.params)

@@ -910,7 +910,8 @@ register_host_env("freezes", FreezesAfterTwoCheckpoints)
 train(AsyncActorLearnerConfig(
     env_id="host:freezes", num_actors=1, envs_per_actor=1, num_steps=8, num_epochs=1,
     num_minibatches=1, learner_timeout_s=5.0, checkpoint_every_updates=1,
-    total_env_steps=8 * 100_000, env_workers=0), run_dir=run_dir, progress=False)
+    total_env_steps=8 * 100_000, env_workers=0, actor_backend="threads"),
+    run_dir=run_dir, progress=False)
 """
 
 
