@@ -638,3 +638,15 @@ def test_bench_auto_layout_rates_the_default_against_the_layouts_picked_by_hand(
     with pytest.raises(SystemExit):
         bench.main(["--envs", "gymnax-cartpole", "--layouts", "env-workers"])
     assert "none is a layout of gymnax-cartpole" in capsys.readouterr().err
+
+
+def test_overlap_probe_times_both_pieces_alone_and_together_on_one_and_two_devices(
+        tmp_path, script):
+    probe = script("overlap_probe")
+    probe.main(["--calls", "3", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [row["devices"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["rollout"]["median_ms"] > 0 and row["update"]["median_ms"] > 0
+        assert row["gain"] == pytest.approx(
+            (row["rollout"]["total_s"] + row["update"]["total_s"]) / row["together"]["wall_s"])
