@@ -102,7 +102,7 @@ class AsyncActorLearnerConfig:
 
     # --- transport ---
     actor_backend: Literal["auto", "threads", "processes", "ray"] = "auto"
-    """Where actors run: 'threads' of the learner's process, 'processes' of this machine, or 'ray'. 'auto' measures the env before the run and picks threads or processes (never Ray unless ray_address is set); docs/guide/collection.md has the table."""
+    """Where actors run: 'threads' of the learner's process, 'processes' of this machine, or 'ray'. 'auto': processes for a host env whose factory can be sent, else threads (never Ray unless ray_address is set); docs/guide/collection.md has the table."""
     actors_per_process: int | None = None
     """Actors each actor process runs, as threads sharing its JAX (setting it chooses processes). None: one process per core, ceil(num_actors / cores); set it to fix a run's bits across machines."""
     pin_actor_processes: bool = True
