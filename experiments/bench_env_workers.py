@@ -133,6 +133,8 @@ def collect_row(preset: str, mode: str, seconds: float, skip: int,
     actors = list(range(config.num_actors)) if actors is None else actors
     config = dataclasses.replace(config, env_workers=1 if mode == "env-workers" else 0,
                                  sampler="shared" if mode == "shared" else "actors")
+    # The groups a run's layout gives these workers (train pins them; this builds the program).
+    config = dataclasses.replace(config, env_groups=env_workers_and_groups(config)[1])
     program = HostRollout(config).program()
     device = jax.devices("cpu")[0]
     params = jax.device_put(program.params_template, device)

@@ -11,7 +11,7 @@ alternating seed by seed:
   measured from the first update at or past a quarter of the budget to the
   last update (start-up and the first compiles excluded), from the
   ``on_update`` timestamps. On a machine without a GPU the default collects
-  in the learner's program (``sampler=None`` is ``"learner"`` there: see
+  in the learner's program (``sampler="auto"`` is ``"learner"`` there: see
   ``learner`` below, whose rule for the marks it follows).
 - ``threads``: the same `train()` with ``sampler="shared"``: thread actors,
   every actor's chunk collected from one thread, each actor's program called

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import AsyncActorLearnerConfig
-from ppo_async.core.devices import LearnerPlacement, host_zeros, resolve_device, to_host
+from ppo_async.core.devices import LearnerPlacement, host_zeros, to_host
 from ppo_async.core.update import Batch, LearnerState, ScheduledUpdate, UpdateFn
 from ppo_async.envs.program import ActorProgram
 from ppo_async.runtime.actor import ActorStart, ActorStats, _first_carry, exact_version
