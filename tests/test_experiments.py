@@ -640,13 +640,22 @@ def test_bench_auto_layout_rates_the_default_against_the_layouts_picked_by_hand(
     assert "none is a layout of gymnax-cartpole" in capsys.readouterr().err
 
 
-def test_overlap_probe_times_both_pieces_alone_and_together_on_one_and_two_devices(
-        tmp_path, script):
+def test_overlap_probe_breaks_the_program_down_and_times_each_way_to_overlap(tmp_path, script):
     probe = script("overlap_probe")
-    probe.main(["--calls", "3", "--out", str(tmp_path)])
-    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert [row["devices"] for row in rows] == [1, 2]
-    for row in rows:
-        assert row["rollout"]["median_ms"] > 0 and row["update"]["median_ms"] > 0
+    probe.main(["--presets", "cartpole", "--updates", "2", "--repeats", "1", "--calls", "2",
+                "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "results.json").read_text())
+    [program] = result["program"]
+    for part in ("whole", "rollout", "update"):
+        assert program[part]["ms_per_update"] > 0
+    assert program["overlap_bound"] == pytest.approx(
+        program["whole"]["ms_per_update"] / program["update"]["ms_per_update"])
+    assert result["xla"]["ratio"] == pytest.approx(
+        result["xla"]["two"]["median_ms"] / result["xla"]["one"]["median_ms"])
+    [lockstep] = result["lockstep"]
+    assert lockstep["two_threads_vs_program"] == pytest.approx(
+        lockstep["program"]["ms_per_update"] / lockstep["two_threads"]["ms_per_update"])
+    assert [row["devices"] for row in result["rows"]] == [1, 2]
+    for row in result["rows"]:
         assert row["gain"] == pytest.approx(
             (row["rollout"]["total_s"] + row["update"]["total_s"]) / row["together"]["wall_s"])
