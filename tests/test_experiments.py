@@ -659,3 +659,127 @@ def test_overlap_probe_breaks_the_program_down_and_times_each_way_to_overlap(tmp
     for row in result["rows"]:
         assert row["gain"] == pytest.approx(
             (row["rollout"]["total_s"] + row["update"]["total_s"]) / row["together"]["wall_s"])
+
+
+@pytest.fixture
+def peers(monkeypatch):
+    """experiments/peers/run_peers.py, with experiments/ and experiments/peers/ importable."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    monkeypatch.syspath_prepend(str(EXPERIMENTS / "peers"))
+    spec = importlib.util.spec_from_file_location("experiments_run_peers",
+                                                  EXPERIMENTS / "peers" / "run_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_run_peers_rates_the_runtime_in_a_fresh_process_and_a_rerun_skips_it(
+        peers, tmp_path, capsys):
+    # The runtime's path only: CI has no peer venvs. Two updates of the hopper preset.
+    argv = ["--library", "ppo_async", "--env", "Hopper-v5", "--seeds", "1", "--torch-threads",
+            "default", "--parts", "rate", "--total-env-steps", "4096", "--out", str(tmp_path)]
+    summary = peers.main(argv)
+    (row,) = read_rows(tmp_path / "runs.csv")
+    assert (row["part"], row["library"], row["torch_threads"], row["env_steps"]) == (
+        "rate", "ppo_async", "default", "4096")
+    assert float(row["steady_env_steps_per_s"]) > 0 and row["steady_from_env_steps"] == "2048"
+    assert math.isfinite(float(row["final_return"])) and int(row["episodes"]) > 0
+    assert json.loads(row["versions"])["ppo-async"]
+    raw = json.loads((tmp_path / "raw" / "rate_ppo_async_Hopper-v5_s0_tdefault_4096.json")
+                     .read_text())
+    assert [steps for _, steps in raw["marks"]] == [2048, 4096]
+    assert raw["layout"]["collection"] == "processes"  # the preset's actor processes
+    (rate,) = summary["rates"]
+    assert rate["ppo_async_default_over_this"] == 1.0 and summary["returns"] == []
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["machine"]["load_average_1_5_15_min"] and len(saved["runs"]) == 1
+    out = capsys.readouterr().out
+    assert "| Hopper-v5 | ppo_async | default |" in out
+    assert "python experiments/peers/run_peers.py --library ppo_async" in out
+    assert peers.main([*argv, "--dry-run"])["todo"] == []  # done: a rerun runs nothing
+    assert "0 runs to do, 1 done" in capsys.readouterr().out
+
+
+def test_run_peers_steady_rates_thread_settings_and_tables_from_recorded_runs(peers):
+    # cleanrl's marks from a smoke run (s, env steps): one at its start, one per update.
+    marks = [[2.12, 0], [8.36, 2048], [11.83, 4096], [15.43, 6144], [18.94, 8192]]
+    assert peers.steady_rate(marks, 8192) == pytest.approx(((8192 - 2048) / (18.94 - 8.36), 2048))
+    assert peers.steady_rate(marks, 8192, warmup_fraction=0.6)[1] == 6144
+    assert peers.steady_rate(marks[:2], 100_000) == pytest.approx((2048 / 6.24, 0))  # too short
+    assert math.isnan(peers.steady_rate(marks[:1], 8192)[0])
+
+    base = {"OMP_NUM_THREADS": "4", "XLA_FLAGS": "--xla_a --xla_cpu_multi_thread_eigen=false",
+            "PYTHONPATH": "x"}
+    one = peers.child_environment("ppo_async", "1", base)
+    assert one["OMP_NUM_THREADS"] == "1" and one["XLA_FLAGS"].split() == [
+        "--xla_a", "--xla_cpu_multi_thread_eigen=false"] and one["PYTHONPATH"] == "x"
+    default = peers.child_environment("sb3", "default", base)
+    assert "OMP_NUM_THREADS" not in default and "PYTHONPATH" not in default
+    assert default["XLA_FLAGS"] == "--xla_a"
+    assert peers.missing_venvs(["ppo_async"]) == []
+
+    # runs.csv rows (strings) of a smoke run's rates, and made-up returns.
+    rates = {("cleanrl", "1"): 580.7, ("cleanrl", "default"): 116.2, ("sb3", "1"): 677.9,
+             ("sample_factory", "default"): 1055.5, ("ppo_async", "default"): 7169.3}
+    rows = [dict(part="rate", library=lib, env_id="Hopper-v5", seed="0", torch_threads=threads,
+                 total_env_steps="8192", steady_env_steps_per_s=str(rate),
+                 load_average_1_min_before="5.0", final_return="40.0")
+            for (lib, threads), rate in rates.items()]
+    rows += [dict(part="return", library=lib, env_id="Hopper-v5", seed=str(seed),
+                  torch_threads="1", total_env_steps="1000000",
+                  final_return=str(ret + 100 * seed))
+             for lib, ret in (("cleanrl", 2000), ("sb3", 1800), ("sample_factory", 1000),
+                              ("ppo_async", 2300)) for seed in (0, 1)]
+    summary = peers.summarize(rows)
+    by_key = {(r["library"], r["torch_threads"]): r for r in summary["rates"]}
+    assert list(by_key) == list(rates)  # the libraries' order, then the threads'
+    assert by_key["cleanrl", "default"]["ppo_async_default_over_this"] == pytest.approx(
+        7169.3 / 116.2)
+    returns = {r["library"]: r for r in summary["returns"]}
+    assert returns["sb3"]["final_return"] == 1850 and returns["sb3"]["runs"] == 2
+    assert returns["peers' mean"]["final_return"] == pytest.approx((2050 + 1850 + 1050) / 3)
+    table = peers.tables(summary)
+    assert "| Hopper-v5 | cleanrl | default | 116 ± 0 | 1 | 5.00 | 61.70x |" in table
+    assert "| Hopper-v5 | sb3 | 1,000,000 | 1850.0 ± 50.0 | 2 |" in table
+    assert "| Hopper-v5 | peers' mean |  | 1650.0 |  |" in table
+
+
+def test_cleanrl_bridge_gives_gymnasium_0_28s_same_step_reset_and_final_info(monkeypatch):
+    # The bridge under the project's gymnasium 1.x, without cleanrl or torch.
+    import gymnasium
+
+    monkeypatch.syspath_prepend(str(EXPERIMENTS / "peers"))
+    spec = importlib.util.spec_from_file_location("experiments_cleanrl_bridge",
+                                                  EXPERIMENTS / "peers" / "cleanrl_bridge.py")
+    bridge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bridge)
+    batched = {"episode": {"r": np.array([38.0, 0.0]), "_r": np.array([True, False])},
+               "_episode": np.array([True, False]), "x": np.array([0.1, 0.2]),
+               "_x": np.array([True, True])}
+    assert bridge.unbatch(batched, 0) == {"episode": {"r": 38.0}, "x": 0.1}
+    assert bridge.unbatch(batched, 1) == {"x": 0.2}
+
+    TransformObservation, SyncVectorEnv = bridge.gymnasium_bridges()
+
+    def make():
+        env = gymnasium.wrappers.RecordEpisodeStatistics(gymnasium.make("CartPole-v1"))
+        return TransformObservation(env, lambda obs: np.clip(obs, -0.1, 0.1))  # no space given
+
+    envs = SyncVectorEnv([make, make])
+    obs, _ = envs.reset(seed=0)
+    assert envs.single_observation_space == gymnasium.make("CartPole-v1").observation_space
+    for _ in range(200):  # pushing right: CartPole falls within tens of steps
+        obs, reward, terminated, truncated, infos = envs.step(np.ones(2, dtype=np.int64))
+        if "final_info" in infos:
+            break
+    done = terminated | truncated
+    assert done.any() and list(infos["_final_info"]) == list(done)
+    for index in range(2):
+        info = infos["final_info"][index]
+        if done[index]:  # 0.28's shape: one dict per finished env, the reset obs returned
+            assert info["episode"]["r"] == info["episode"]["l"] > 0
+            assert not np.array_equal(obs[index], infos["final_observation"][index])
+        else:
+            assert info is None
+    assert np.abs(obs).max() <= 0.1
+    envs.close()
