@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppo_async.networks.conv import conv_nhwc
 from ppo_async.networks.distributions import Categorical, DiagGaussian, Distribution
 
 # Newton-Schulz steps of the polar factor. Each step maps a singular value s
@@ -161,8 +162,8 @@ class MinAtarTorso(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.Conv(16, (3, 3), padding="VALID",
-                    kernel_init=orthogonal(math.sqrt(2.0)))(x)
+        x = nn.Conv(16, (3, 3), padding="VALID", kernel_init=orthogonal(math.sqrt(2.0)),
+                    conv_general_dilated=conv_nhwc)(x)
         x = nn.relu(x)
         return x.reshape(*x.shape[:-3], -1)
 
@@ -176,7 +177,9 @@ class NatureTorso(nn.Module):
     becomes 20x20, 9x9, then 7x7x64 = 3136 features before the dense layer.
     The division is inside the network, so actors, learner, evaluation and
     the sync twin all feed it the env's raw pixels (uint8, or their float32
-    copies) and all see the same [0, 1] inputs.
+    copies) and all see the same [0, 1] inputs. The convolutions are
+    `ppo_async.networks.conv.conv_nhwc`: their gradients run on XLA's fast CPU
+    path inside the update's minibatch loop too.
     """
 
     pixel_max: float = 255.0
@@ -187,7 +190,7 @@ class NatureTorso(nn.Module):
         for features, size, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
             x = nn.Conv(features, (size, size), strides=(stride, stride), padding="VALID",
                         kernel_init=orthogonal(math.sqrt(2.0)),
-                        bias_init=nn.initializers.zeros)(x)
+                        bias_init=nn.initializers.zeros, conv_general_dilated=conv_nhwc)(x)
             x = nn.relu(x)
         x = x.reshape(*x.shape[:-3], -1)
         return nn.relu(_dense(512, math.sqrt(2.0))(x))
