@@ -2,8 +2,8 @@
 
 ``make_network(observation_shape, action_space, torso=...)`` puts a torso
 (`TORSOS`) in front of the actor and critic MLPs: "none" (vectors go straight
-into the MLPs; any other shape but an image, a grid ``(H, W)`` or a scalar,
-is flattened into one), "minatar" (one small conv, for MinAtar-shaped
+into the MLPs; any other shape, an image, a grid ``(H, W)`` or a scalar, is
+flattened into one), "minatar" (one small conv, for MinAtar-shaped
 ``[10, 10, C]`` images) or "nature" (the Nature-DQN CNN for ``[84, 84, 4]``
 Atari frames, which it scales from [0, 255] to [0, 1] itself); "auto" picks
 "minatar" for images and "none" for the rest. The head follows the action
@@ -260,7 +260,8 @@ def make_network(
         (`RecurrentActorCritic` with that cell).
       rnn_hidden_size: features of the recurrent cell (recurrent networks only).
       torso: one of `TORSOS`, or "auto": "minatar" for an image, "none" for
-        any other shape. A torso that cannot read the observation raises ValueError.
+        any other shape ("none" flattens an image too). A torso that cannot
+        read the observation raises ValueError.
       init_log_std: the initial log-std of a continuous policy's Gaussian
         (one learned number per action dimension, state-independent).
     """
@@ -305,9 +306,11 @@ def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
 
     "auto" is "minatar" for an image ``(H, W, C)`` and "none" for any other
     shape (a vector ``(D,)``; a grid ``(H, W)`` or a scalar, which "none"
-    flattens). Raises ValueError for an unknown name, or a torso that cannot
-    read the observation (a conv on anything but an image, "none" on an
-    image, the Nature torso on an image under `NATURE_MIN_SIZE` pixels a side).
+    flattens). "none" reads an image too, flattened (MinAtar's 10x10xC grid
+    into an MLP, as gymnax-blines' PPO baselines do). Raises ValueError for
+    an unknown name, or a torso that cannot read the observation (a conv on
+    anything but an image, the Nature torso on an image under
+    `NATURE_MIN_SIZE` pixels a side).
     """
     shape = tuple(observation_shape)
     image = len(shape) == 3
@@ -315,11 +318,10 @@ def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
         return "minatar" if image else "none"
     if torso not in TORSOS:
         raise ValueError(f"torso {torso!r}: expected 'auto' or one of {TORSOS}")
-    if image != (torso != "none"):
+    if torso != "none" and not image:
         raise ValueError(
-            f"torso {torso!r} cannot read observations of shape {shape}: 'none' takes "
-            "vectors (D,) (and flattens other shapes), 'minatar' and 'nature' take images "
-            "(H, W, C)"
+            f"torso {torso!r} cannot read observations of shape {shape}: 'minatar' and "
+            "'nature' take images (H, W, C); 'none' takes any shape, flattened"
         )
     if torso == "nature" and min(shape[:2]) < NATURE_MIN_SIZE:
         raise ValueError(
