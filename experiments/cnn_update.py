@@ -30,6 +30,7 @@ fastest way, with `common.machine_info()`; writes
     python experiments/cnn_update.py                                   # all three ways
     python experiments/cnn_update.py --ways update jit --xla-flags= --xla-flags=--xla_cpu_use_xnnpack=true
     python experiments/cnn_update.py --ways update jit --conv lax canonical   # before / after conv_nhwc
+    python experiments/cnn_update.py --cores 1                            # each way on one core
     python experiments/cnn_update.py --ways jit --num-steps 8 --repeats 2   # smoke
 """
 
@@ -201,7 +202,8 @@ def torch_child(args) -> dict[str, Any]:
 # --- the parent: every way in a fresh process, the table ----------------------------------
 
 
-def _child(argv: list[str], python: str, xla_flags: str | None, what: str) -> dict[str, Any]:
+def _child(argv: list[str], python: str, xla_flags: str | None, what: str,
+           cores: int = 0) -> dict[str, Any]:
     from ppo_async.runtime.process_transport import inherited_cache_env
 
     # This process's compilation cache, if any: compiling is outside the timings.
@@ -209,8 +211,14 @@ def _child(argv: list[str], python: str, xla_flags: str | None, what: str) -> di
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
     env.setdefault("JAX_PLATFORMS", "cpu")
+    pin = None
+    if cores:
+        # Both frameworks size their thread pools from the CPUs they may run on.
+        env["OMP_NUM_THREADS"] = str(cores)
+        cpus = sorted(os.sched_getaffinity(0))[:cores]
+        pin = lambda: os.sched_setaffinity(0, cpus)  # noqa: E731 - runs in the child
     completed = subprocess.run([python, __file__, *argv], capture_output=True, text=True,
-                               timeout=1800, env=env)
+                               timeout=1800, env=env, preexec_fn=pin)
     if completed.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{completed.stderr[-3000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -228,7 +236,7 @@ def measure(args) -> list[dict[str, Any]]:
             for layout in ("nchw", *(["channels_last"] if args.torch_channels_last else [])):
                 row = _child(["--one", "torch", "--minibatch", str(config.minibatch_size),
                               "--layout", layout, *common_argv],
-                             str(args.torch_python), None, f"torch {layout}")
+                             str(args.torch_python), None, f"torch {layout}", args.cores)
                 rows.append(dict(way="torch", conv="", xla_flags="", obs_dtype=args.obs_dtype,
                                  layout=layout, repeats=args.repeats,
                                  load_average_1_min=os.getloadavg()[0], **row))
@@ -237,9 +245,10 @@ def measure(args) -> list[dict[str, Any]]:
         for conv in args.conv:
             for flags in args.xla_flags:
                 row = _child(["--one", way, "--conv", conv, *common_argv], sys.executable, flags,
-                             f"{way} (conv {conv}) with XLA_FLAGS={flags!r}")
+                             f"{way} (conv {conv}) with XLA_FLAGS={flags!r}", args.cores)
                 rows.append(dict(way=way, conv=conv, xla_flags=flags, obs_dtype=args.obs_dtype,
-                                 layout="nhwc", repeats=args.repeats, threads=os.cpu_count(),
+                                 layout="nhwc", repeats=args.repeats,
+                                 threads=args.cores or os.cpu_count(),
                                  load_average_1_min=os.getloadavg()[0], **row))
                 _print_row(rows[-1])
     return rows
@@ -288,6 +297,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the side venv's python that has torch")
     parser.add_argument("--torch-channels-last", action="store_true",
                         help="also time torch with channels-last tensors (NHWC in memory)")
+    parser.add_argument("--cores", type=int, default=0,
+                        help="pin every child to this many cores (torch gets as many threads); "
+                             "0: all. One core is less at the mercy of other work on the machine")
     parser.add_argument("--out", default=None)
     # A child's own arguments (the parent passes them).
     parser.add_argument("--one", choices=WAYS, default=None, help=argparse.SUPPRESS)

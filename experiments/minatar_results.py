@@ -151,6 +151,8 @@ def plot(curves: list[dict[str, Any]], path: pathlib.Path) -> None:
     import numpy as np
 
     plt = common.pyplot()
+    from matplotlib.ticker import FuncFormatter
+
     games = [g for g in GAMES if any(c["preset"] == g for c in curves)]
     fig, axes = plt.subplots(1, max(1, len(games)), figsize=(4.4 * max(1, len(games)), 3.6),
                              squeeze=False)
@@ -172,12 +174,16 @@ def plot(curves: list[dict[str, Any]], path: pathlib.Path) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # before any episode ended
                 mean, std = np.nanmean(returns, 0), np.nanstd(returns, 0)
-            ax.plot(steps, mean, color=color, linewidth=2,
+            ax.plot(steps, mean, color=color, linewidth=2, marker="." if length < 50 else None,
                     label=f"torso {torso} ({len(seeds)} seeds)")
             ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2)
         ax.axhline(PUBLISHED[env_id], color="k", linestyle="--", linewidth=1,
                    label="gymnax-blines PPO, 10M")
         ax.set_title(env_id)
+        # Freeway's first episodes end after 2,500 steps: the curve starts late, the axis at 0.
+        ax.set_xlim(0, max(c["env_steps"] for c in curves if c["preset"] == name))
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k" if x else "0"))
         ax.set_xlabel("env steps")
         ax.set_ylabel("return (last 100 episodes)")
         ax.grid(alpha=0.3)
