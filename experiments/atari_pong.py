@@ -6,7 +6,8 @@ learner on ``--learner-device`` (default ``gpu``; the actors act on the CPU,
 as the preset's). The clock starts before ``train`` is called (so JAX's start,
 the envs' and the compiles count) and the time to ``--threshold`` (default 18)
 is the wall time at the first update whose training return (the mean of the
-last 100 episodes, clipped rewards off: envpool reports the game's score) is
+last 100 episodes of the training envs: clipped rewards, no sticky actions;
+Pong's rewards are +-1 and it has no lives, so this is the game's score) is
 at least the threshold. The run goes on to ``--total-env-steps`` unless
 ``--stop-at-threshold``. Needs envpool (``pip install 'ppo-async[atari]'``).
 

@@ -22,7 +22,8 @@ would have made of them. Its forward is the same call, so the forward's bits
 do not change; its gradients equal autodiff's up to the order of float
 sums (tests/networks/test_conv.py). The canonical form is chosen for the CPU
 only (``lax.platform_dependent``): on a GPU or TPU the backward is autodiff's,
-as before.
+as before. Being a ``custom_vjp``, it has no forward-mode derivative (``jax.jvp``,
+``jax.jacfwd``); nothing in the package takes one.
 """
 
 from __future__ import annotations
