@@ -100,7 +100,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--learner-timeout-s", type=float, default=600.0,
                         help="a CPU update of the CNN can keep the actors' threads waiting long")
     parser.add_argument("--num-steps", type=int, default=0,
-                        help="steps per env and update (0: the preset's 128; fewer for a smoke run)")
+                        help="steps per env and update (0: the preset's 128; fewer: a smoke run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

@@ -257,8 +257,8 @@ def measure(args) -> list[dict[str, Any]]:
 def _print_row(row: dict[str, Any]) -> None:
     flags = f" XLA_FLAGS={row['xla_flags']!r}" if row["xla_flags"] else ""
     conv = f" conv {row['conv']}" if row["conv"] else ""
-    print(f"   {row['way']:6s} {row['layout']:13s}{conv}{flags}: {row['fwd_bwd_ms']:.1f} ms forward+"
-          f"backward per minibatch of {row['minibatch']}"
+    print(f"   {row['way']:6s} {row['layout']:13s}{conv}{flags}: {row['fwd_bwd_ms']:.1f} ms "
+          f"forward+backward per minibatch of {row['minibatch']}"
           + (f" (forward {row['fwd_ms']:.1f} ms)" if row["fwd_ms"] == row["fwd_ms"] else "")
           + f", load {row['load_average_1_min']:.2f}", flush=True)
 

@@ -202,7 +202,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="none: MLPs on the flattened grid (the presets'); minatar: one conv")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per game")
     parser.add_argument("--num-steps", type=int, default=0,
-                        help="steps per env and update (0: the presets' 128; fewer for a smoke run)")
+                        help="steps per env and update (0: the presets' 128; fewer: a smoke run)")
     parser.add_argument("--workers", type=int, default=1,
                         help="runs at once (1: each run's wall time is its own)")
     parser.add_argument("--dry-run", action="store_true",

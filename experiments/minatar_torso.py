@@ -172,7 +172,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="every run's budget (default 2M; the docstring says why not 10M)")
     parser.add_argument("--seeds", type=int, default=2, help="seeds 0..N-1 (default 2)")
     parser.add_argument("--num-steps", type=int, default=0,
-                        help="steps per env and update (0: the preset's 128; fewer for a smoke run)")
+                        help="steps per env and update (0: the preset's 128; fewer: a smoke run)")
     parser.add_argument("--dry-run", action="store_true",
                         help="build and print every run's config, train nothing")
     parser.add_argument("--out", default=None)
