@@ -397,3 +397,36 @@ def one_real_batch(config):
     program = make_actor_program(config)
     params = jax.device_put(program.params_template, jax.devices("cpu")[0])
     return program, params, stack_experiences(real_chunks(config, program, params))
+
+
+def finished_sweep_runs(sweep_dir: pathlib.Path) -> list[dict[str, Any]]:
+    """The finished runs of a sweep directory (`ppo_async.sweep`): for each ``done`` row of its
+    ``runs.csv``, the row (grid fields, ``seed``, the worker's ``wall_time_s``, ...) and the
+    loaded run directory under ``"run_data"`` (`ppo_async.runs.analysis.load_run`: metrics per
+    update, ``wall_time_s`` of the learner among them)."""
+    from ppo_async.runs.analysis import load_run
+
+    return [{**row, "run_data": load_run(sweep_dir / row["run"])}
+            for row in read_csv(sweep_dir / "runs.csv") if row["status"] == "done"]
+
+
+def steady_rate(env_steps: Sequence[float], wall_time_s: Sequence[float]) -> float:
+    """Env steps per second of a run's metrics from the first update at or past a quarter of
+    its env steps (start-up and compiles left out) to its last; NaN with fewer than two."""
+    total = env_steps[-1] if len(env_steps) else 0
+    first = next((i for i, steps in enumerate(env_steps) if steps >= total / 4), 0)
+    first = max(0, min(first, len(env_steps) - 2))
+    if len(env_steps) < 2 or wall_time_s[-1] <= wall_time_s[first]:
+        return math.nan
+    return float((env_steps[-1] - env_steps[first]) / (wall_time_s[-1] - wall_time_s[first]))
+
+
+def value_at(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """``ys`` at the last point whose ``xs`` is at most ``x`` (a curve read at ``x`` as it
+    stood then: NaN before its first point)."""
+    last = math.nan
+    for xi, yi in zip(xs, ys):
+        if xi > x:
+            break
+        last = float(yi)
+    return last

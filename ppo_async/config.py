@@ -190,7 +190,7 @@ class AsyncActorLearnerConfig:
     init_log_std: float = 0.0
     """Continuous actions, the initial log-std of the Gaussian policy (a learned vector, independent of the state); 0 is a std of 1, as in cleanrl's PPO."""
     torso: TorsoName = "auto"
-    """What reads the observation before the MLPs: 'none' (flattened vectors), 'minatar' (one 3x3 conv), 'nature' (the Nature-DQN CNN) or 'auto' (nature for envpool Atari ids, minatar for other images, else none); see docs/guide/mujoco_atari.md."""
+    """What reads the observation before the MLPs: 'none' (the observation flattened, an image too), 'minatar' (one 3x3 conv), 'nature' (the Nature-DQN CNN) or 'auto' (nature for envpool Atari ids, minatar for other images, else none); see docs/guide/mujoco_atari.md."""
 
     # --- reliability ---
     max_actor_restarts: int = 0

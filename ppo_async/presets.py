@@ -18,7 +18,10 @@ The presets of the README's learning-results table (``cartpole``,
 ``experiments/learning_results.py`` trains (it reads them from here);
 ``atari-pong`` is a starting point for envpool's Atari (not measured here);
 ``hopper``, ``walker2d`` and ``ant`` are MuJoCo locomotion with cleanrl's PPO
-settings, which ``experiments/mujoco_results.py`` trains.
+settings, which ``experiments/mujoco_results.py`` trains; ``breakout-minatar-10m``,
+``asterix-minatar``, ``freeway-minatar`` and ``space-invaders-minatar`` are
+MinAtar at 10M env steps with gymnax-blines' PPO settings, which
+``experiments/minatar_results.py`` trains.
 """
 
 from __future__ import annotations
@@ -59,6 +62,29 @@ MUJOCO_FIELDS: dict[str, Any] = dict(
 )
 MUJOCO_PRESETS = ("hopper", "walker2d", "ant")
 
+# MinAtar at 10M env steps: the PPO settings of gymnax-blines
+# (github.com/RobertTLange/gymnax-blines, agents/<Game>-MinAtar/ppo.yaml, the
+# same file for all four games), whose checkpoints' returns gymnax's README
+# lists (the reference in experiments/minatar_results.py). 64 envs x 128
+# steps per update (here 2 actors x 32 envs), 4 epochs x 8 minibatches (of
+# 1024), Adam lr 5e-4 held constant, gamma 0.999, GAE lambda 0.95, clip 0.2
+# for the ratio and the value, entropy 0.01, value weight 0.5, grad norm 0.5,
+# separate actor and critic MLPs of 2 x 256 on the flattened 10x10xC grid
+# (torso "none"). What differs here: the MLPs are tanh (theirs relu), the
+# orthogonal init is this package's, and there is no 5% warm-up of the lr.
+MINATAR_FIELDS: dict[str, Any] = dict(
+    total_env_steps=10_000_000, num_actors=2, envs_per_actor=32, num_steps=128,
+    num_epochs=4, num_minibatches=8, learning_rate=5e-4, anneal_lr=False, gamma=0.999,
+    gae_lambda=0.95, clip_eps=0.2, value_clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
+    max_grad_norm=0.5, torso="none", hidden_sizes=(256, 256),
+)
+# Preset name -> gymnax id. Breakout's is "breakout-minatar-10m": "breakout-minatar"
+# stays the README table's short-budget config.
+MINATAR_PRESETS: dict[str, str] = {
+    "breakout-minatar-10m": "Breakout-MinAtar", "asterix-minatar": "Asterix-MinAtar",
+    "freeway-minatar": "Freeway-MinAtar", "space-invaders-minatar": "SpaceInvaders-MinAtar",
+}
+
 # Field overrides on the dataclass defaults (2 actors x 4 envs x 64 steps, lr
 # 5e-4, gamma 0.99, 4 epochs x 4 minibatches). Pendulum's rewards reach -16
 # per step and this preset does not scale them (normalize_rewards is off: the
@@ -92,6 +118,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_steps=128, num_epochs=4, num_minibatches=4, learning_rate=2.5e-4, clip_eps=0.1,
         ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95,
     ),
+    **{name: dict(env_id=env_id, **MINATAR_FIELDS) for name, env_id in MINATAR_PRESETS.items()},
     **{name: dict(env_id=f"gymnasium:{env}-v5", **MUJOCO_FIELDS)
        for name, env in (("hopper", "Hopper"), ("walker2d", "Walker2d"))},
     # Ant differs from the other two in two measured ways (docs/results.md, "Why

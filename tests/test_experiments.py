@@ -783,3 +783,89 @@ def test_cleanrl_bridge_gives_gymnasium_0_28s_same_step_reset_and_final_info(mon
             assert info is None
     assert np.abs(obs).max() <= 0.1
     envs.close()
+
+
+def test_minatar_torso_alternates_the_torsos_per_seed_and_reads_them_at_equal_wall_time(
+        tmp_path, script, capsys):
+    torso = script("minatar_torso")
+    # One update of 64 envs x 16 steps per run; each run is a sweep worker (a fresh process).
+    argv = ["--total-env-steps", "1024", "--num-steps", "16", "--seeds", "1",
+            "--out", str(tmp_path)]
+    result = torso.main(argv)
+    assert sorted((r["torso"], r["seed"], r["env_steps"]) for r in result["runs"]) == [
+        ("minatar", 0, 1024), ("none", 0, 1024)]
+    walls = {r["torso"]: r["learner_wall_time_s"] for r in result["runs"]}
+    assert {r["equal_wall_time_s"] for r in result["runs"]} == {min(walls.values())}
+    assert all(r["wall_time_s"] > 0 and r["env_steps_per_s"] != r["env_steps_per_s"]  # 1 update
+               for r in result["runs"])
+    for name in ("runs.csv", "curves.csv", "torso.png", "summary.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    runs = read_rows(tmp_path / "sweeps" / "seed=0" / "runs.csv")
+    assert [r["torso"] for r in runs] == ["minatar", "none"]  # the order they ran in
+    out = capsys.readouterr().out
+    assert "| minatar | 1,024 | 1 |" in out and "python experiments/minatar_torso.py" in out
+    # The torsos' curves at equal wall time: a curve read before its first point is NaN.
+    assert math.isnan(torso.common.value_at([2.0, 3.0], [1.0, 5.0], 1.0))
+    assert torso.common.value_at([2.0, 3.0], [1.0, 5.0], 2.5) == 1.0
+    summary = {"minatar": {"return_at_equal_wall_time": 2.0}, "none": {
+        "return_at_equal_wall_time": 3.0}}
+    assert torso.winner(summary) == "none"
+
+
+def test_minatar_results_trains_each_game_resumably_beside_the_published_return(
+        tmp_path, script, capsys):
+    results = script("minatar_results")
+    argv = ["--games", "breakout-minatar-10m", "--total-env-steps", "1024", "--num-steps", "16",
+            "--seeds", "1", "--out", str(tmp_path)]
+    planned = results.main([*argv, "--dry-run"])
+    assert planned == {"breakout-minatar-10m": [
+        "seed=0 (fresh): Breakout-MinAtar, 1 updates of 1024, torso none"]}
+    first = results.main(argv)
+    (row,) = first["results"]
+    assert (row["env_id"], row["torso"], row["seed"], row["env_steps"]) == (
+        "Breakout-MinAtar", "none", 0, 1024)
+    assert row["wall_time_s"] > 0
+    for name in ("results.csv", "curves.csv", "learning_curves.png", "summary.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    out = capsys.readouterr().out
+    assert "| Breakout-MinAtar | `breakout-minatar-10m` | none | 1,024 | 1 |" in out
+    assert "| 28 |" in out and "gymnax README" in out  # the published reference column
+    # A rerun skips the finished run: the same row, its wall time unchanged.
+    again = results.main(argv)
+    assert again["results"] == first["results"]
+    assert set(results.PUBLISHED) == {"Breakout-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
+                                      "SpaceInvaders-MinAtar"}
+
+
+def test_cnn_update_times_the_projects_update_and_a_plain_jit_without_torch(
+        tmp_path, script, capsys):
+    cnn = script("cnn_update")
+    # A minibatch of 16 frames (8 envs x 8 steps / 4 minibatches); torch is left out (CI has
+    # no side venv), and asking for it without the venv is refused before any run.
+    with pytest.raises(SystemExit):
+        cnn.main(["--ways", "torch", "--torch-python", str(tmp_path / "none")])
+    assert "needs" in capsys.readouterr().err
+    result = cnn.main(["--ways", "update", "jit", "--num-steps", "8", "--repeats", "1",
+                       "--out", str(tmp_path)])
+    rows = {row["way"]: row for row in result["rows"]}
+    assert set(rows) == {"update", "jit"}
+    assert {row["minibatch"] for row in rows.values()} == {16}
+    assert rows["update"]["minibatches_per_call"] == 16  # 4 epochs x 4 minibatches
+    assert rows["update"]["fwd_bwd_ms"] > 0 and rows["jit"]["fwd_ms"] > 0
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["machine"]["cpu_count"] >= 1 and len(read_rows(tmp_path / "results.csv")) == 2
+    assert "x fastest" in capsys.readouterr().out
+
+
+def test_atari_pong_smoke_runs_a_few_updates_and_reports_no_threshold_reached(
+        tmp_path, script, capsys):
+    pytest.importorskip("envpool")
+    pong = script("atari_pong")
+    result = pong.main(["--learner-device", "cpu", "--total-env-steps", "256",
+                        "--num-steps", "16", "--out", str(tmp_path)])
+    assert (result["env_steps"], result["updates"]) == (256, 2)  # 8 envs x 16 steps each
+    assert not result["reached"] and math.isnan(result["time_to_threshold_s"])
+    assert result["config"]["torso"] == "nature" and result["learner_device"] == "cpu"
+    assert [row["env_steps"] for row in read_rows(tmp_path / "curve.csv")] == ["128", "256"]
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    assert "return 18 not reached" in capsys.readouterr().out

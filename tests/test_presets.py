@@ -106,6 +106,28 @@ def test_the_mujoco_presets_are_cleanrls_continuous_ppo_on_gymnasium_v5(name, en
     assert not config.use_vtrace and config.actor_backend == "processes"
 
 
+# gymnax-blines' agents/<Game>-MinAtar/ppo.yaml (the same for the four games), whose
+# checkpoints' returns gymnax's README lists; copied here so that a changed preset fails.
+GYMNAX_BLINES_MINATAR = dict(
+    total_env_steps=10_000_000, num_epochs=4, num_minibatches=8, learning_rate=5e-4,
+    anneal_lr=False, gamma=0.999, gae_lambda=0.95, clip_eps=0.2, value_clip_eps=0.2,
+    ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=(256, 256), torso="none",
+)
+
+
+@pytest.mark.parametrize("name, env_id", [
+    ("breakout-minatar-10m", "Breakout-MinAtar"), ("asterix-minatar", "Asterix-MinAtar"),
+    ("freeway-minatar", "Freeway-MinAtar"), ("space-invaders-minatar", "SpaceInvaders-MinAtar")])
+def test_the_minatar_presets_are_gymnax_blines_ppo(name, env_id):
+    config = preset(name)
+    assert config.env_id == env_id
+    assert {f: getattr(config, f) for f in GYMNAX_BLINES_MINATAR} == GYMNAX_BLINES_MINATAR
+    # 64 envs x 128 steps per update, minibatches of 1024, as theirs.
+    assert (config.num_envs, config.num_steps, config.minibatch_size) == (64, 128, 1024)
+    # The MLPs read the flattened 10x10xC grid.
+    assert config.network_torso == "none"
+
+
 def test_preset_overrides_and_unknown_names():
     config = preset("pendulum", seed=3, num_actors=4)
     assert (config.seed, config.num_actors, config.gamma) == (3, 4, 0.95)

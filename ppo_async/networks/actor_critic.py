@@ -2,8 +2,8 @@
 
 ``make_network(observation_shape, action_space, torso=...)`` puts a torso
 (`TORSOS`) in front of the actor and critic MLPs: "none" (vectors go straight
-into the MLPs; any other shape but an image, a grid ``(H, W)`` or a scalar,
-is flattened into one), "minatar" (one small conv, for MinAtar-shaped
+into the MLPs; any other shape, an image, a grid ``(H, W)`` or a scalar, is
+flattened into one), "minatar" (one small conv, for MinAtar-shaped
 ``[10, 10, C]`` images) or "nature" (the Nature-DQN CNN for ``[84, 84, 4]``
 Atari frames, which it scales from [0, 255] to [0, 1] itself); "auto" picks
 "minatar" for images and "none" for the rest. The head follows the action
@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppo_async.networks.conv import conv_nhwc
 from ppo_async.networks.distributions import Categorical, DiagGaussian, Distribution
 
 # Newton-Schulz steps of the polar factor. Each step maps a singular value s
@@ -161,8 +162,8 @@ class MinAtarTorso(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.Conv(16, (3, 3), padding="VALID",
-                    kernel_init=orthogonal(math.sqrt(2.0)))(x)
+        x = nn.Conv(16, (3, 3), padding="VALID", kernel_init=orthogonal(math.sqrt(2.0)),
+                    conv_general_dilated=conv_nhwc)(x)
         x = nn.relu(x)
         return x.reshape(*x.shape[:-3], -1)
 
@@ -176,7 +177,9 @@ class NatureTorso(nn.Module):
     becomes 20x20, 9x9, then 7x7x64 = 3136 features before the dense layer.
     The division is inside the network, so actors, learner, evaluation and
     the sync twin all feed it the env's raw pixels (uint8, or their float32
-    copies) and all see the same [0, 1] inputs.
+    copies) and all see the same [0, 1] inputs. The convolutions are
+    `ppo_async.networks.conv.conv_nhwc`: their gradients run on XLA's fast CPU
+    path inside the update's minibatch loop too.
     """
 
     pixel_max: float = 255.0
@@ -187,7 +190,7 @@ class NatureTorso(nn.Module):
         for features, size, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
             x = nn.Conv(features, (size, size), strides=(stride, stride), padding="VALID",
                         kernel_init=orthogonal(math.sqrt(2.0)),
-                        bias_init=nn.initializers.zeros)(x)
+                        bias_init=nn.initializers.zeros, conv_general_dilated=conv_nhwc)(x)
             x = nn.relu(x)
         x = x.reshape(*x.shape[:-3], -1)
         return nn.relu(_dense(512, math.sqrt(2.0))(x))
@@ -257,7 +260,8 @@ def make_network(
         (`RecurrentActorCritic` with that cell).
       rnn_hidden_size: features of the recurrent cell (recurrent networks only).
       torso: one of `TORSOS`, or "auto": "minatar" for an image, "none" for
-        any other shape. A torso that cannot read the observation raises ValueError.
+        any other shape ("none" flattens an image too). A torso that cannot
+        read the observation raises ValueError.
       init_log_std: the initial log-std of a continuous policy's Gaussian
         (one learned number per action dimension, state-independent).
     """
@@ -302,9 +306,11 @@ def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
 
     "auto" is "minatar" for an image ``(H, W, C)`` and "none" for any other
     shape (a vector ``(D,)``; a grid ``(H, W)`` or a scalar, which "none"
-    flattens). Raises ValueError for an unknown name, or a torso that cannot
-    read the observation (a conv on anything but an image, "none" on an
-    image, the Nature torso on an image under `NATURE_MIN_SIZE` pixels a side).
+    flattens). "none" reads an image too, flattened (MinAtar's 10x10xC grid
+    into an MLP, as gymnax-blines' PPO baselines do). Raises ValueError for
+    an unknown name, or a torso that cannot read the observation (a conv on
+    anything but an image, the Nature torso on an image under
+    `NATURE_MIN_SIZE` pixels a side).
     """
     shape = tuple(observation_shape)
     image = len(shape) == 3
@@ -312,11 +318,10 @@ def resolve_torso(torso: str, observation_shape: Sequence[int]) -> str:
         return "minatar" if image else "none"
     if torso not in TORSOS:
         raise ValueError(f"torso {torso!r}: expected 'auto' or one of {TORSOS}")
-    if image != (torso != "none"):
+    if torso != "none" and not image:
         raise ValueError(
-            f"torso {torso!r} cannot read observations of shape {shape}: 'none' takes "
-            "vectors (D,) (and flattens other shapes), 'minatar' and 'nature' take images "
-            "(H, W, C)"
+            f"torso {torso!r} cannot read observations of shape {shape}: 'minatar' and "
+            "'nature' take images (H, W, C); 'none' takes any shape, flattened"
         )
     if torso == "nature" and min(shape[:2]) < NATURE_MIN_SIZE:
         raise ValueError(

@@ -245,6 +245,20 @@ def test_other_observation_shapes_are_read_as_their_flattened_vector(observation
         make_network(observation_shape, _Discrete(), torso="minatar")
 
 
+def test_no_torso_on_an_image_is_the_mlp_of_its_flattened_grid():
+    # MinAtar's 10x10x4 grid read by the MLPs alone (gymnax-blines' PPO
+    # baselines): the network of the flat 400-vector, bit for bit.
+    shape, flat_shape = (10, 10, 4), (400,)
+    network = make_network(shape, _Discrete(), torso="none", hidden_sizes=(32, 32))
+    flat = make_network(flat_shape, _Discrete(), hidden_sizes=(32, 32))
+    assert network.torso == "none" and network.observation_rank == 3
+    params = init_params(network, jax.random.key(0), shape)
+    chex.assert_trees_all_equal(params, init_params(flat, jax.random.key(0), flat_shape))
+    grids = np.random.default_rng(5).integers(0, 2, (2, BATCH, *shape)).astype(np.float32)
+    chex.assert_trees_all_equal(network.apply(params, grids),
+                                flat.apply(params, grids.reshape(2, BATCH, *flat_shape)))
+
+
 @pytest.mark.parametrize(
     "action_space",
     [
@@ -476,7 +490,7 @@ def test_nature_actor_critic_and_its_recurrent_twin_on_atari_frames():
 
 @pytest.mark.parametrize("shape, torso, problem", [
     ((4,), "nature", "cannot read observations"),
-    ((10, 10, 4), "none", "cannot read observations"),
+    ((10, 5), "minatar", "cannot read observations"),
     ((10, 10, 4), "nature", "at least 36x36"),
     ((4,), "resnet", "expected 'auto' or one of"),
 ])
