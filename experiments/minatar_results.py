@@ -175,7 +175,7 @@ def plot(curves: list[dict[str, Any]], path: pathlib.Path) -> None:
                 warnings.simplefilter("ignore", RuntimeWarning)  # before any episode ended
                 mean, std = np.nanmean(returns, 0), np.nanstd(returns, 0)
             ax.plot(steps, mean, color=color, linewidth=2, marker="." if length < 50 else None,
-                    label=f"torso {torso} ({len(seeds)} seeds)")
+                    label=f"torso {torso} ({len(seeds)} seed{'s' * (len(seeds) > 1)})")
             ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2)
         ax.axhline(PUBLISHED[env_id], color="k", linestyle="--", linewidth=1,
                    label="gymnax-blines PPO, 10M")
